@@ -1,0 +1,1 @@
+"""zoo.datasets: LightningDataModules and generators for the built-in datasets."""

@@ -1,0 +1,1 @@
+"""zoo.eval: measuring and storing (profiling, benchmarks, the results database). It never trains."""

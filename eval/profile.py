@@ -1,0 +1,164 @@
+"""Profiling: parameters, MACs and CPU latency / throughput.
+
+MACs are counted with ``torch.utils.flop_counter.FlopCounterMode`` (which reports FLOPs as 2 per
+multiply-add, so MACs = FLOPs / 2). It counts convolutions, matrix products (mm, addmm, bmm,
+baddbmm, linear), and scaled-dot-product attention; it does not count norms, pooling,
+elementwise ops, softmax or activations. That is the "core MACs" of the reference pages (fvcore
+additionally counts norm layers: fvcore totals are 0.5-1 % higher for the PoolFormer family).
+Counting runs on the ``meta`` device when the model can be built there, so full-size models cost
+no memory and almost no time.
+"""
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Callable
+
+import torch
+from torch import nn
+
+
+def count_params(model: nn.Module) -> dict[str, int]:
+    total = sum(p.numel() for p in model.parameters())
+    trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    return {'params': total, 'trainable_params': trainable}
+
+
+def count_macs(model: nn.Module, input_size=(3, 224, 224), batch_size: int = 1, example=None) -> int:
+    """Multiply-adds of one forward pass (conv, linear, matmul, attention; 1 multiply-add = 1 MAC).
+
+    ``example`` overrides the input (e.g. token ids for language models).
+    """
+    from torch.utils.flop_counter import FlopCounterMode
+
+    p = next(iter(model.parameters()), None)
+    device = p.device if p is not None else torch.device('cpu')
+    if example is None:
+        example = torch.zeros(batch_size, *input_size, device=device)
+    was_training = model.training
+    model.eval()
+    try:
+        # Grad mode on: inference-only fused kernels (oneDNN conv+GELU) are invisible to the counter.
+        with FlopCounterMode(display=False) as counter, torch.enable_grad():
+            model(example)
+    finally:
+        model.train(was_training)
+    return counter.get_total_flops() // 2
+
+
+@dataclass
+class Latency:
+    """One latency measurement: the keys the results database stores it under, and the figures."""
+    model: str
+    batch_size: int
+    input_size: tuple
+    device: str = 'cpu'
+    threads: int = 1
+    dtype: str = 'float32'
+    channels_last: bool = False
+    compiled: bool = False
+    mode: str = 'inference'
+    times_ms: list = field(default_factory=list, repr=False)
+
+    @property
+    def median_ms(self) -> float:
+        return statistics.median(self.times_ms)
+
+    @property
+    def min_ms(self) -> float:
+        return min(self.times_ms)
+
+    @property
+    def max_ms(self) -> float:
+        return max(self.times_ms)
+
+    @property
+    def iqr_ms(self) -> float:
+        if len(self.times_ms) < 4:
+            return 0.0
+        q = statistics.quantiles(self.times_ms, n=4)
+        return q[2] - q[0]
+
+    @property
+    def throughput(self) -> float:
+        """Samples per second at the median step time."""
+        return self.batch_size / (self.median_ms / 1000.0)
+
+    def as_dict(self) -> dict:
+        d = asdict(self)
+        d.pop('times_ms')
+        d.update(median_ms=self.median_ms, min_ms=self.min_ms, max_ms=self.max_ms, iqr_ms=self.iqr_ms,
+                 throughput=self.throughput, repeats=len(self.times_ms))
+        return d
+
+
+_DTYPES = {'float32': torch.float32, 'fp32': torch.float32, 'bfloat16': torch.bfloat16, 'bf16': torch.bfloat16,
+           'float16': torch.float16, 'fp16': torch.float16}
+
+
+def resolve_dtype(dtype: str | torch.dtype) -> torch.dtype:
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    if dtype not in _DTYPES:
+        raise ValueError(f'unknown dtype {dtype!r}; expected one of {", ".join(_DTYPES)}')
+    return _DTYPES[dtype]
+
+
+def _step_fn(model: nn.Module, x: torch.Tensor, mode: str) -> Callable[[], None]:
+    if mode == 'inference':
+        model.eval()
+
+        def step():
+            with torch.inference_mode():
+                model(x)
+    elif mode == 'train':
+        model.train()
+
+        def step():
+            model.zero_grad(set_to_none=True)
+            model(x).float().sum().backward()
+    else:
+        raise ValueError(f"mode must be 'inference' or 'train', got {mode!r}")
+    return step
+
+
+def benchmark(models: dict[str, nn.Module], input_size=(3, 224, 224), batch_size: int = 1, warmup: int = 3,
+              repeats: int = 10, threads: int | None = None, dtype: str = 'float32', channels_last: bool = False,
+              mode: str = 'inference', inputs: dict[str, torch.Tensor] | None = None) -> dict[str, Latency]:
+    """Time several models in one process, interleaved (A, B, A, B, ...), so that machine noise
+    hits all of them alike. Returns a ``Latency`` per model with every repeat's time."""
+    if threads is not None:
+        torch.set_num_threads(threads)
+    threads = torch.get_num_threads()
+    tdtype = resolve_dtype(dtype)
+    steps, results = {}, {}
+    for name, model in models.items():
+        x = inputs[name] if inputs and name in inputs else torch.randn(batch_size, *input_size)
+        if x.is_floating_point():
+            x = x.to(tdtype)
+        model = model.to(tdtype) if tdtype != torch.float32 else model
+        if channels_last and x.ndim == 4:
+            model = model.to(memory_format=torch.channels_last)
+            x = x.contiguous(memory_format=torch.channels_last)
+        steps[name] = _step_fn(model, x, mode)
+        results[name] = Latency(name, batch_size, tuple(input_size), 'cpu', threads, str(tdtype).replace('torch.', ''),
+                                channels_last, False, mode)
+    for _ in range(warmup):
+        for step in steps.values():
+            step()
+    for _ in range(repeats):
+        for name, step in steps.items():
+            t0 = time.perf_counter()
+            step()
+            results[name].times_ms.append((time.perf_counter() - t0) * 1000.0)
+    return results
+
+
+def profile(model: nn.Module, name: str = 'model', input_size=(3, 224, 224), batch_size: int = 1,
+            **bench_kwargs) -> dict:
+    """Params, MACs and latency of one model, as one flat record."""
+    rec = {'model': name, **count_params(model), 'macs': count_macs(model, input_size)}
+    lat = benchmark({name: model}, input_size=input_size, batch_size=batch_size, **bench_kwargs)[name]
+    rec.update(lat.as_dict())
+    return rec

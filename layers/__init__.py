@@ -1,0 +1,14 @@
+"""zoo.layers: interchangeable building blocks, registered by kind.
+
+>>> from zoo import layers
+>>> layers.list_layers('token_mixer')
+>>> Mixer = layers.get('token_mixer', 'pooling')
+
+See ``_registry`` for the kinds and their contracts. This package imports torch and einops only.
+"""
+from ._registry import KINDS, LayerRecord, get, list_layers, name_of, record, records, register
+from .drop import DropPath, LayerScale, drop_path, linear_drop_path_rates
+from . import act, norm, mlp, token_mixers, embed, head  # noqa: F401  (register the blocks)
+
+__all__ = ['KINDS', 'LayerRecord', 'get', 'list_layers', 'name_of', 'record', 'records', 'register',
+           'DropPath', 'LayerScale', 'drop_path', 'linear_drop_path_rates']

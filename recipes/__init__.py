@@ -1,0 +1,1 @@
+"""zoo.recipes: Lightning systems, the command line and sweeps. Imports Lightning; not imported by ``import zoo``."""

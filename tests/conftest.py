@@ -1,0 +1,35 @@
+"""Shared test helpers. Tests enumerate the registries: a new block or model is tested by registering it."""
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+import zoo
+
+# Keep the suite fast and deterministic on the 2-core CI machine.
+torch.set_num_threads(min(2, os.cpu_count() or 1))
+
+NUM_CLASSES = 7
+
+
+def example_input(name: str, batch: int = 2, seed: int = 0) -> torch.Tensor:
+    """A valid input for a registered model, by task."""
+    info = zoo.model_info(name)
+    g = torch.Generator().manual_seed(seed)
+    if info.task == 'language_modeling':
+        vocab = getattr(zoo.create(name), 'vocab_size', 32)
+        return torch.randint(0, vocab, (batch, info.input_size[-1]), generator=g)
+    return torch.randn(batch, *info.input_size, generator=g)
+
+
+def model_output(model, x):
+    """Logits (or the main output) of any registered model."""
+    out = model(x)
+    return out[0] if isinstance(out, (tuple, list)) else out
+
+
+@pytest.fixture
+def tmp_ckpt(tmp_path):
+    return tmp_path / 'model.pth'

@@ -1,0 +1,167 @@
+"""zoo.create, the registries' errors, timm and mmengine interop, and checkpoint loading."""
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import zoo
+from reference_poolformer import OfficialPoolFormer
+
+
+def test_list_models_patterns_and_natural_sort():
+    names = zoo.list_models('poolformer_s*')
+    assert names == ['poolformer_s12', 'poolformer_s24', 'poolformer_s36']
+    assert 'poolformer_tiny' in zoo.list_models(tiny=True)
+    assert zoo.list_models(family='poolformer', tiny=False) == ['poolformer_m36', 'poolformer_m48', 'poolformer_s12',
+                                                                'poolformer_s24', 'poolformer_s36']
+
+
+def test_model_info_record():
+    info = zoo.model_info('poolformer_s12')
+    assert info.family == 'poolformer' and info.task == 'classification'
+    assert info.params == 11_915_176 and info.tiny == 'poolformer_tiny'
+    assert 'arXiv 2111.11418' in info.paper and 'sail-sg/poolformer' in info.repo
+    assert info.as_dict()['input_size'] == (3, 224, 224)
+
+
+def test_create_num_classes_and_drops_none():
+    m = zoo.create('poolformer_tiny', num_classes=10, in_chans=None, drop_path_rate=None)
+    assert m.head.fc.out_features == 10
+
+
+def test_misspelt_model_lists_close_matches():
+    with pytest.raises(KeyError, match='poolformer_s12'):
+        zoo.create('poolformer_s121')
+    with pytest.raises(KeyError, match='poolformer_s12'):
+        zoo.model_info('poolfromer_s12')
+
+
+def test_unknown_override_names_model_and_accepted_args():
+    with pytest.raises(TypeError, match=r'poolformer_tiny got unknown argument\(s\) tokn_mixer.*accepts:.*token_mixer'):
+        zoo.create('poolformer_tiny', tokn_mixer='pooling')
+
+
+@pytest.mark.parametrize('mixer', zoo.layers.list_layers('token_mixer'))
+def test_metaformer_takes_every_registered_token_mixer(mixer):
+    m = zoo.create('metaformer_tiny', num_classes=5, token_mixer=mixer)
+    y = m(torch.randn(2, 3, 32, 32))
+    assert y.shape == (2, 5)
+    y.sum().backward()
+
+
+def test_metaformer_per_stage_mixers_and_norms():
+    m = zoo.create('metaformer_tiny', token_mixer=['pooling', 'pooling', 'attention', 'attention'],
+                   norm_layer=['groupnorm1', 'groupnorm1', 'layernorm2d', 'layernorm2d'])
+    assert type(m.stages[2].blocks[0].token_mixer).__name__ == 'Attention'
+    assert m(torch.randn(1, 3, 32, 32)).shape == (1, 1000)
+    with pytest.raises(ValueError, match='3 entries but the model has 4 stages'):
+        zoo.create('metaformer_tiny', token_mixer=['pooling'] * 3)
+
+
+def test_metaformer_s12_attention_full_size_on_meta():
+    with torch.device('meta'):
+        m = zoo.create('metaformer_s12', token_mixer='attention')
+        y = m(torch.zeros(1, 3, 224, 224))
+    assert y.shape == (1, 1000)
+
+
+def test_input_too_small_is_a_clear_error():
+    with pytest.raises(ValueError, match='at least'):
+        zoo.create('poolformer_tiny')(torch.randn(1, 3, 2, 2))
+
+
+def test_any_input_size_works():
+    m = zoo.create('poolformer_tiny', num_classes=3).eval()
+    assert m(torch.randn(1, 3, 48, 40)).shape == (1, 3)
+
+
+def test_timm_prefix_builds_timm_models():
+    m = zoo.create('timm/resnet18', num_classes=4).eval()
+    assert m(torch.randn(1, 3, 32, 32)).shape == (1, 4)
+    with pytest.raises(KeyError, match='timm has no model'):
+        zoo.create('timm/not_a_model_xyz')
+
+
+def test_mmengine_registry_builds_zoo_models():
+    from mmengine.registry import MODELS
+    m = MODELS.build(dict(type='zoo.poolformer_tiny', num_classes=6))
+    assert type(m).__name__ == 'MetaFormer' and m.num_classes == 6
+
+
+def _perturbed(model):
+    g = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for p in model.parameters():  # make layer scales and norms matter
+            p.add_(torch.randn(p.shape, generator=g) * 0.1)
+    return model
+
+
+def test_timm_weights_reproduce_timm_logits(tmp_path):
+    import timm
+    ref = _perturbed(timm.create_model('poolformer_s12', num_classes=10)).eval()
+    path = tmp_path / 'timm_poolformer_s12.pth'
+    torch.save(ref.state_dict(), path)
+    ours = zoo.create('poolformer_s12', num_classes=10, checkpoint=path, timm_head=True).eval()
+    x = torch.randn(2, 3, 64, 64)
+    with torch.no_grad():
+        assert torch.allclose(ours(x), ref(x), atol=1e-4, rtol=1e-4)
+        # With the official head the same weights give a different function (the documented head order).
+        official_head = zoo.create('poolformer_s12', num_classes=10, checkpoint=path).eval()
+        assert (official_head(x) - ref(x)).abs().max() > 1e-3
+
+
+def test_official_weights_reproduce_official_logits(tmp_path):
+    ref = _perturbed(OfficialPoolFormer(num_classes=10)).eval()
+    path = tmp_path / 'official_s12.pth'
+    torch.save({'state_dict': ref.state_dict()}, path)
+    ours = zoo.create('poolformer_s12', num_classes=10, checkpoint=path).eval()
+    x = torch.randn(2, 3, 64, 64)
+    with torch.no_grad():
+        assert torch.allclose(ours(x), ref(x), atol=1e-4, rtol=1e-4)
+        feats = ref.patch_embed(x)
+        for m in ref.network:
+            feats = m(feats)
+        scale = feats.abs().max()
+        assert (ours.forward_features(x) - feats).abs().max() <= 1e-5 * scale, 'features differ beyond float error'
+
+
+
+def test_safetensors_checkpoint(tmp_path):
+    from safetensors.torch import save_file
+    a = zoo.create('poolformer_tiny', num_classes=3).eval()
+    path = tmp_path / 'w.safetensors'
+    save_file({k: v.contiguous() for k, v in a.state_dict().items()}, str(path))
+    b = zoo.create('poolformer_tiny', num_classes=3, checkpoint=path).eval()
+    x = torch.randn(1, 3, 32, 32)
+    with torch.no_grad():
+        assert torch.allclose(a(x), b(x), atol=1e-6)
+
+
+def test_new_head_when_num_classes_differs(tmp_path):
+    a = zoo.create('poolformer_tiny', num_classes=3)
+    torch.save(a.state_dict(), tmp_path / 'a.pth')
+    with pytest.warns(UserWarning, match='different number of classes'):
+        b = zoo.create('poolformer_tiny', num_classes=5, checkpoint=tmp_path / 'a.pth')
+    assert torch.equal(a.stem.conv.weight, b.stem.conv.weight)
+
+
+def test_mismatched_checkpoint_lists_first_mismatches(tmp_path):
+    torch.save(zoo.create('poolformer_tiny').state_dict(), tmp_path / 'tiny.pth')
+    with pytest.raises(ValueError, match=r'does not fit poolformer_s12:(.|\n)*shape mismatches: stem.conv.weight'):
+        zoo.create('poolformer_s12', checkpoint=tmp_path / 'tiny.pth')
+    (tmp_path / 'junk.pth').write_bytes(b'not a checkpoint')
+    with pytest.raises(ValueError, match='could not read checkpoint'):
+        zoo.create('poolformer_tiny', checkpoint=tmp_path / 'junk.pth')
+    with pytest.raises(FileNotFoundError, match='checkpoint not found'):
+        zoo.create('poolformer_tiny', checkpoint=tmp_path / 'missing.pth')
+
+
+def test_import_zoo_stays_light():
+    code = ('import sys, zoo, zoo.layers; heavy = [m for m in ("lightning", "pytorch_lightning", "optuna", '
+            '"torch._dynamo", "timm", "mmengine", "torchvision.datasets", "sqlalchemy") if m in sys.modules]; '
+            'print(heavy); sys.exit(1 if heavy else 0)')
+    res = subprocess.run([sys.executable, '-c', code], capture_output=True, text=True)
+    assert res.returncode == 0, f'import zoo pulled in {res.stdout.strip()} {res.stderr[-500:]}'

@@ -1,0 +1,67 @@
+"""Helpers every family uses: argument checking, input checking and the feature-map contract."""
+from __future__ import annotations
+
+import inspect
+from dataclasses import dataclass
+
+import torch
+
+
+class UnknownArgumentError(TypeError):
+    """An override the model's constructor does not take (re-raised by ``zoo.create`` with the model name)."""
+
+    def __init__(self, cls: type, unknown: list[str], accepted: list[str]):
+        self.cls, self.unknown, self.accepted = cls, unknown, accepted
+        super().__init__(f'{cls.__name__} got unknown argument(s) {", ".join(unknown)}; '
+                         f'accepted: {", ".join(accepted)}')
+
+
+def accepted_args(cls: type) -> list[str]:
+    params = inspect.signature(cls.__init__).parameters
+    return [n for n, p in params.items() if n != 'self' and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
+
+
+def build_model(cls: type, cfg: dict, overrides: dict):
+    """``cls(**{**cfg, **overrides})`` after checking that every override is a constructor argument."""
+    accepted = accepted_args(cls)
+    unknown = sorted(k for k in overrides if k not in accepted)
+    if unknown:
+        raise UnknownArgumentError(cls, unknown, accepted)
+    return cls(**{**cfg, **overrides})
+
+
+def check_image(x: torch.Tensor, in_chans: int, min_size: int, model: str,
+                fixed_size: tuple[int, int] | None = None) -> None:
+    """Raise a clear error for an input the model cannot take, before torch does so deep inside."""
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f'{model} expects a tensor of shape (B, {in_chans}, H, W), got {type(x).__name__}')
+    if x.ndim != 4:
+        raise ValueError(f'{model} expects a 4-d image batch (B, {in_chans}, H, W), got shape {tuple(x.shape)}')
+    if x.shape[1] != in_chans:
+        raise ValueError(f'{model} was built for in_chans={in_chans} but the input has {x.shape[1]} channels '
+                         f'(shape {tuple(x.shape)}); build it with zoo.create(..., in_chans={x.shape[1]})')
+    h, w = x.shape[-2:]
+    if fixed_size is not None and (h, w) != tuple(fixed_size):
+        raise ValueError(f'{model} was built for {fixed_size[0]}x{fixed_size[1]} inputs (its weights depend on '
+                         f'the size) but got {h}x{w}; build it with img_size={h} or resize the input')
+    if min(h, w) < min_size:
+        raise ValueError(f'{model} needs inputs of at least {min_size}x{min_size}, got {h}x{w}')
+
+
+@dataclass(frozen=True)
+class FeatureInfo:
+    """One multi-scale output: its channels, its stride from the input and the module that makes it."""
+    num_chs: int
+    reduction: int
+    module: str
+
+    def __getitem__(self, key):  # timm-style dict access: info['num_chs']
+        return getattr(self, key)
+
+
+def select_features(feature_info: list[FeatureInfo], out_indices) -> tuple[tuple[int, ...], list[FeatureInfo]]:
+    n = len(feature_info)
+    idx = tuple(i % n for i in out_indices) if out_indices is not None else tuple(range(n))
+    if any(not -n <= i < n for i in (out_indices or ())):
+        raise ValueError(f'out_indices {tuple(out_indices)} out of range for {n} feature levels')
+    return idx, [feature_info[i] for i in idx]

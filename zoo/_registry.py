@@ -1,0 +1,93 @@
+"""The model registry: ``@register_model`` on a function whose name is the model name (timm's way).
+
+Metadata lives here, never in test lists: family, task, paper, official repository, default
+input size, published numbers and the name of the tiny CPU variant.
+"""
+from __future__ import annotations
+
+import difflib
+import fnmatch
+import re
+from dataclasses import asdict, dataclass, field
+from typing import Callable
+
+TASKS = ('classification', 'detection', 'language_modeling', 'denoising')
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    name: str
+    family: str
+    task: str = 'classification'
+    paper: str = ''
+    repo: str = ''
+    input_size: tuple = (3, 224, 224)
+    params: int | None = None        # published trainable parameters, exact where the paper's code gives it
+    macs: int | None = None          # published multiply-adds at input_size (fvcore-style: 1 MAC = 1 multiply-add)
+    top1: float | None = None        # published ImageNet-1k top-1 (%)
+    capabilities: tuple = ()         # e.g. ('features', 'timm_weights', 'official_weights')
+    tiny: str | None = None          # name of the tiny CPU variant of the same family
+    is_tiny: bool = False
+    # (timm model name, zoo.create overrides) that make this model compute exactly what timm's does,
+    # so timm's weights load and reproduce timm's outputs (used by `zoo bench --vs` and the tests).
+    timm_equivalent: tuple | None = None
+    fn: Callable | None = field(default=None, repr=False, compare=False)
+
+    def as_dict(self) -> dict:
+        d = asdict(self)
+        d.pop('fn')
+        return d
+
+
+_MODELS: dict[str, ModelInfo] = {}
+
+
+def register_model(fn: Callable | None = None, /, *, family: str, task: str = 'classification', **meta):
+    """Register a model entrypoint: ``@register_model(family='poolformer', params=11_915_176, ...)``."""
+    if task not in TASKS:
+        raise ValueError(f'unknown task {task!r}; expected one of {TASKS}')
+
+    def deco(f: Callable) -> Callable:
+        name = f.__name__
+        if name in _MODELS:
+            raise ValueError(f'model {name!r} is registered twice')
+        if 'input_size' in meta:
+            meta['input_size'] = tuple(meta['input_size'])
+        meta['capabilities'] = tuple(meta.get('capabilities', ()))
+        _MODELS[name] = ModelInfo(name=name, family=family, task=task, is_tiny=name.endswith('_tiny'), fn=f,
+                                  **meta)
+        return f
+    return deco(fn) if fn is not None else deco
+
+
+def _natural_key(s: str):
+    return [int(t) if t.isdigit() else t for t in re.split(r'(\d+)', s)]
+
+
+def list_models(pattern: str = '*', family: str | None = None, task: str | None = None,
+                tiny: bool | None = None) -> list[str]:
+    """Registered model names matching a glob pattern, naturally sorted (s12 before s24 before s108)."""
+    names = [n for n, info in _MODELS.items()
+             if fnmatch.fnmatch(n, pattern)
+             and (family is None or info.family == family)
+             and (task is None or info.task == task)
+             and (tiny is None or info.is_tiny == tiny)]
+    return sorted(names, key=_natural_key)
+
+
+def unknown_model_error(name: str) -> KeyError:
+    close = difflib.get_close_matches(name, list(_MODELS), n=4, cutoff=0.5)
+    hint = f' Did you mean {", ".join(map(repr, close))}?' if close else ''
+    return KeyError(f'no model named {name!r}.{hint} `zoo.list_models()` lists the {len(_MODELS)} registered '
+                    f'models; prefix a timm name with "timm/" to build one of timm\'s.')
+
+
+def model_info(name: str) -> ModelInfo:
+    """The registry record of a model."""
+    if name not in _MODELS:
+        raise unknown_model_error(name)
+    return _MODELS[name]
+
+
+def families() -> list[str]:
+    return sorted({info.family for info in _MODELS.values()})

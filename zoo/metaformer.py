@@ -1,0 +1,300 @@
+"""MetaFormer and PoolFormer.
+
+"MetaFormer Is Actually What You Need for Vision", Yu et al., CVPR 2022, arXiv 2111.11418.
+Official code: https://github.com/sail-sg/poolformer (``models/poolformer.py``, ``models/metaformer.py``).
+
+A generic MetaFormer: a 7x7/s4 stem, four stages of ``x + ls * mixer(norm(x))`` and
+``x + ls * mlp(norm(x))`` blocks with strided 3x3 convolutions between stages, and a
+norm-pool-linear head. The token mixer (and the norm) is a registry argument, for all stages
+or one per stage, so ``zoo.create('metaformer_s12', token_mixer='attention')`` is the ablation.
+
+Differences from the official code, all numerically neutral:
+- module names follow timm's port (``stem.conv``, ``stages.i.downsample``, ``stages.i.blocks.j``),
+  so timm checkpoints load unchanged; official checkpoints are remapped by ``remap_checkpoint``;
+- the network runs in channels-last memory on CPU (1x1 convs become one GEMM, average pooling
+  vectorises over channels); the logical layout stays NCHW.
+
+Head: the official head is GroupNorm(1, C) over the whole map, then mean, then linear; timm's
+is mean, then LayerNorm over channels (eps 1e-6), then linear. ``timm_head=True`` selects timm's
+so that weights trained in timm reproduce timm's logits exactly.
+"""
+from __future__ import annotations
+
+import inspect
+from collections.abc import Sequence
+
+import torch
+from einops import rearrange
+from torch import nn
+
+from zoo import layers
+from zoo.layers import DropPath, LayerScale, linear_drop_path_rates
+
+from ._builder import FeatureInfo, build_model, check_image, select_features
+from ._registry import register_model
+
+__all__ = ['MetaFormer', 'MetaFormerBlock']
+
+
+def _per_stage(value, n: int, what: str) -> list:
+    if isinstance(value, (list, tuple)):
+        if len(value) != n:
+            raise ValueError(f'{what} has {len(value)} entries but the model has {n} stages')
+        return list(value)
+    return [value] * n
+
+
+class MetaFormerBlock(nn.Module):
+    """``x + DropPath(ls1 * mixer(norm1(x)))`` then ``x + DropPath(ls2 * mlp(norm2(x)))`` on NCHW maps."""
+
+    def __init__(self, dim: int, token_mixer=layers.token_mixers.Pooling, norm_layer=layers.norm.GroupNorm1,
+                 mlp_layer=layers.mlp.ConvMlp, mlp_ratio: float = 4.0, act_layer=nn.GELU, drop: float = 0.0,
+                 drop_path: float = 0.0, layer_scale_init_value: float | None = 1e-5,
+                 input_resolution: tuple[int, int] | None = None):
+        super().__init__()
+        mixer_cls = layers.get('token_mixer', token_mixer)
+        mixer_kwargs = {}
+        if 'input_resolution' in inspect.signature(mixer_cls).parameters:
+            mixer_kwargs['input_resolution'] = input_resolution  # mixers whose weights depend on the grid
+        self.norm1 = layers.get('norm', norm_layer)(dim)
+        self.token_mixer = mixer_cls(dim, **mixer_kwargs)
+        # A mixer declared 'nlc' works on (B, H*W, C) tokens; the block converts around it.
+        self.mixer_tokens = getattr(mixer_cls, 'layout', 'nchw') == 'nlc'
+        self.drop_path1 = DropPath(drop_path) if drop_path > 0 else nn.Identity()
+        self.layer_scale1 = LayerScale(dim, layer_scale_init_value) if layer_scale_init_value else nn.Identity()
+        self.norm2 = layers.get('norm', norm_layer)(dim)
+        self.mlp = layers.get('channel_mixer', mlp_layer)(dim, int(mlp_ratio * dim), act_layer=act_layer, drop=drop)
+        self.drop_path2 = DropPath(drop_path) if drop_path > 0 else nn.Identity()
+        self.layer_scale2 = LayerScale(dim, layer_scale_init_value) if layer_scale_init_value else nn.Identity()
+
+    def mix(self, x: torch.Tensor) -> torch.Tensor:
+        if not self.mixer_tokens:
+            return self.token_mixer(x)
+        h, w = x.shape[-2:]
+        t = self.token_mixer(rearrange(x, 'b c h w -> b (h w) c'))
+        return rearrange(t, 'b (h w) c -> b c h w', h=h, w=w)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.drop_path1(self.layer_scale1(self.mix(self.norm1(x))))
+        x = x + self.drop_path2(self.layer_scale2(self.mlp(self.norm2(x))))
+        return x
+
+
+class MetaFormerStage(nn.Module):
+    """Optional downsampling (the first stage has none) followed by ``depth`` blocks."""
+
+    def __init__(self, in_chs: int, out_chs: int, depth: int, downsample_layer, drop_path_rates: list[float],
+                 **block_kwargs):
+        super().__init__()
+        ds = layers.get('downsample', downsample_layer)
+        self.downsample = ds(in_chs, out_chs) if in_chs != out_chs else nn.Identity()
+        self.blocks = nn.Sequential(*[MetaFormerBlock(out_chs, drop_path=dp, **block_kwargs)
+                                      for dp in drop_path_rates])
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.blocks(self.downsample(x))
+
+
+class MetaFormer(nn.Module):
+    """A four-stage MetaFormer with interchangeable token mixers.
+
+    Args:
+        depths, dims: blocks and channels per stage.
+        token_mixer, norm_layer: a block spec (name, class or partial) or one per stage.
+        layer_scale_init_value: layer-scale init (``None`` disables layer scale).
+        drop_path_rate: stochastic depth, rising linearly over all blocks.
+        timm_head: timm's head order (pool, LayerNorm, fc) instead of the official one.
+        img_size: used only by token mixers whose weights depend on the grid.
+        features_only: return the multi-scale maps of ``out_indices`` instead of logits.
+    """
+
+    def __init__(self, depths: Sequence[int] = (2, 2, 6, 2), dims: Sequence[int] = (64, 128, 320, 512),
+                 num_classes: int = 1000, in_chans: int = 3, token_mixer='pooling', norm_layer='groupnorm1',
+                 mlp_layer='mlp', mlp_ratio: float = 4.0, act_layer='gelu', stem_layer='patch_embed',
+                 downsample_layer='conv', layer_scale_init_value: float | None = 1e-5, drop_rate: float = 0.0,
+                 proj_drop_rate: float = 0.0, drop_path_rate: float = 0.0, timm_head: bool = False,
+                 img_size: int | Sequence[int] = 224, channels_last: bool = True, features_only: bool = False,
+                 out_indices: Sequence[int] | None = None):
+        super().__init__()
+        n = len(depths)
+        if len(dims) != n:
+            raise ValueError(f'depths {tuple(depths)} and dims {tuple(dims)} must have the same length')
+        mixers = _per_stage(token_mixer, n, 'token_mixer')
+        norms = _per_stage(norm_layer, n, 'norm_layer')
+        self.num_classes = num_classes
+        self.in_chans = in_chans
+        self.channels_last = channels_last
+        self.img_size = (img_size, img_size) if isinstance(img_size, int) else tuple(img_size)
+        self.num_features = dims[-1]
+        act = layers.get('act', act_layer)
+
+        self.stem = layers.get('stem', stem_layer)(in_chans, dims[0])
+        stride = self.stem.stride
+        rates = linear_drop_path_rates(drop_path_rate, list(depths))
+        stages, info = [], []
+        prev = dims[0]
+        for i in range(n):
+            stride *= 1 if i == 0 else 2
+            grid = (self.img_size[0] // stride, self.img_size[1] // stride)
+            stages.append(MetaFormerStage(prev, dims[i], depths[i], downsample_layer, rates[i],
+                                          token_mixer=mixers[i], norm_layer=norms[i], mlp_layer=mlp_layer,
+                                          mlp_ratio=mlp_ratio, act_layer=act, drop=proj_drop_rate,
+                                          layer_scale_init_value=layer_scale_init_value, input_resolution=grid))
+            info.append(FeatureInfo(dims[i], stride, f'stages.{i}'))
+            prev = dims[i]
+        self.stages = nn.Sequential(*stages)
+        self.features_only = features_only
+        self.out_indices, self.feature_info = select_features(info, out_indices)
+        if features_only:
+            self.head = None
+        else:
+            self.head = layers.get('head', 'classifier')(
+                dims[-1], num_classes, norm_layer=layers.norm.LayerNorm2d if timm_head else norms[-1],
+                pool_first=timm_head, drop_rate=drop_rate)
+        self.apply(self._init_weights)
+        if channels_last:  # weights in the layout the convolutions want, once, not at every call
+            self.to(memory_format=torch.channels_last)
+
+    classifier_prefix = 'head.fc'
+
+    @staticmethod
+    def _init_weights(m: nn.Module) -> None:
+        # Official init: trunc_normal(.02) on Linear layers (and, inside ConvMlp, the 1x1 convs);
+        # stem and downsampling convs keep PyTorch's default.
+        if isinstance(m, nn.Linear):
+            nn.init.trunc_normal_(m.weight, std=0.02)
+            if m.bias is not None:
+                nn.init.zeros_(m.bias)
+        elif isinstance(m, layers.mlp.ConvMlp):
+            for conv in (m.fc1, m.fc2):
+                nn.init.trunc_normal_(conv.weight, std=0.02)
+                if conv.bias is not None:
+                    nn.init.zeros_(conv.bias)
+
+    def _stem(self, x: torch.Tensor) -> torch.Tensor:
+        check_image(x, self.in_chans, min_size=3, model=getattr(self, 'zoo_name', 'MetaFormer'))
+        if self.channels_last:
+            x = x.contiguous(memory_format=torch.channels_last)
+        return self.stem(x)
+
+    def forward_features(self, x: torch.Tensor) -> torch.Tensor:
+        """(B, in_chans, H, W) -> (B, dims[-1], H/32, W/32)."""
+        return self.stages(self._stem(x))
+
+    def forward_intermediates(self, x: torch.Tensor) -> list[torch.Tensor]:
+        """The maps after each stage in ``out_indices``: (B, dims[i], H/(4*2^i), W/(4*2^i))."""
+        x = self._stem(x)
+        feats = []
+        for i, stage in enumerate(self.stages):
+            x = stage(x)
+            if i in self.out_indices:
+                feats.append(x)
+        return feats
+
+    def forward_head(self, x: torch.Tensor, pre_logits: bool = False) -> torch.Tensor:
+        return self.head(x, pre_logits=pre_logits)
+
+    def forward(self, x: torch.Tensor):
+        if self.features_only:
+            return self.forward_intermediates(x)
+        return self.forward_head(self.forward_features(x))
+
+    def reset_classifier(self, num_classes: int) -> None:
+        self.num_classes = num_classes
+        self.head.reset(num_classes)
+
+    @staticmethod
+    def remap_checkpoint(state_dict: dict) -> dict:
+        """Map the official PoolFormer layout onto ours; timm's layout is ours already.
+
+        Official: ``patch_embed.proj``, ``network.{0,2,4,6}.j.*`` (stages), ``network.{1,3,5}.proj``
+        (downsampling), ``layer_scale_1`` (a bare parameter), ``norm``, ``head``.
+        """
+        if 'stem.conv.weight' in state_dict:
+            return state_dict
+        out = {}
+        for k, v in state_dict.items():
+            parts = k.split('.')
+            if parts[0] == 'patch_embed':
+                k = 'stem.conv.' + '.'.join(parts[2:])
+            elif parts[0] == 'network':
+                idx = int(parts[1])
+                if idx % 2 == 0:  # a stage: network.{2i}.{j}.rest -> stages.i.blocks.j.rest
+                    rest = '.'.join(parts[3:])
+                    rest = rest.replace('layer_scale_1', 'layer_scale1.scale').replace('layer_scale_2',
+                                                                                         'layer_scale2.scale')
+                    k = f'stages.{idx // 2}.blocks.{parts[2]}.{rest}'
+                else:  # downsampling before stage (idx + 1) / 2
+                    k = f'stages.{(idx + 1) // 2}.downsample.conv.' + '.'.join(parts[3:])
+            elif parts[0] == 'norm':
+                k = 'head.norm.' + '.'.join(parts[1:])
+            elif parts[0] == 'head':
+                k = 'head.fc.' + '.'.join(parts[1:])
+            out[k] = v
+        return out
+
+
+def _create(cfg: dict, kwargs: dict) -> MetaFormer:
+    return build_model(MetaFormer, cfg, kwargs)
+
+
+_POOLFORMER = dict(family='poolformer', paper='MetaFormer Is Actually What You Need for Vision (arXiv 2111.11418)',
+                   repo='https://github.com/sail-sg/poolformer', input_size=(3, 224, 224),
+                   capabilities=('features', 'official_weights', 'timm_weights'), tiny='poolformer_tiny')
+_S = dict(dims=(64, 128, 320, 512))
+_M = dict(dims=(96, 192, 384, 768))
+
+
+@register_model(**_POOLFORMER, timm_equivalent=('poolformer_s12', {'timm_head': True}),
+                params=11_915_176, macs=1_822_678_528, top1=77.2)
+def poolformer_s12(**kwargs):
+    return _create(dict(depths=(2, 2, 6, 2), **_S, layer_scale_init_value=1e-5, drop_path_rate=0.1), kwargs)
+
+
+@register_model(**_POOLFORMER, timm_equivalent=('poolformer_s24', {'timm_head': True}),
+                params=21_388_968, macs=3_412_906_496, top1=80.3)
+def poolformer_s24(**kwargs):
+    return _create(dict(depths=(4, 4, 12, 4), **_S, layer_scale_init_value=1e-5, drop_path_rate=0.1), kwargs)
+
+
+@register_model(**_POOLFORMER, timm_equivalent=('poolformer_s36', {'timm_head': True}),
+                params=30_862_760, macs=5_003_134_464, top1=81.4)
+def poolformer_s36(**kwargs):
+    return _create(dict(depths=(6, 6, 18, 6), **_S, layer_scale_init_value=1e-6, drop_path_rate=0.2), kwargs)
+
+
+@register_model(**_POOLFORMER, timm_equivalent=('poolformer_m36', {'timm_head': True}),
+                params=56_172_520, macs=8_801_876_736, top1=82.1)
+def poolformer_m36(**kwargs):
+    return _create(dict(depths=(6, 6, 18, 6), **_M, layer_scale_init_value=1e-6, drop_path_rate=0.3), kwargs)
+
+
+@register_model(**_POOLFORMER, timm_equivalent=('poolformer_m48', {'timm_head': True}),
+                params=73_473_448, macs=11_590_708_992, top1=82.5)
+def poolformer_m48(**kwargs):
+    return _create(dict(depths=(8, 8, 24, 8), **_M, layer_scale_init_value=1e-6, drop_path_rate=0.4), kwargs)
+
+
+@register_model(**{**_POOLFORMER, 'input_size': (3, 32, 32)})
+def poolformer_tiny(**kwargs):
+    """A CPU-sized PoolFormer for tests and built-in data (32x32 inputs, about 0.1 M params)."""
+    return _create(dict(depths=(1, 1, 2, 1), dims=(16, 32, 64, 96), layer_scale_init_value=1e-5), kwargs)
+
+
+_METAFORMER = dict(family='metaformer', paper=_POOLFORMER['paper'], repo=_POOLFORMER['repo'],
+                   capabilities=('features',), tiny='metaformer_tiny')
+
+
+@register_model(**_METAFORMER, params=11_915_176, macs=1_822_678_528)
+def metaformer_s12(**kwargs):
+    """PoolFormer-S12 geometry with any token mixer (``token_mixer=...``, one spec or one per stage).
+
+    With the default pooling mixer this is ``poolformer_s12``; published numbers are for that.
+    """
+    return _create(dict(depths=(2, 2, 6, 2), **_S, layer_scale_init_value=1e-5, drop_path_rate=0.1), kwargs)
+
+
+@register_model(**{**_METAFORMER, 'input_size': (3, 32, 32)})
+def metaformer_tiny(**kwargs):
+    """The tiny geometry with any token mixer: the CPU testbed for mixer ablations."""
+    return _create(dict(depths=(1, 1, 2, 1), dims=(16, 32, 64, 96), layer_scale_init_value=1e-5), kwargs)
