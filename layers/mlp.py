@@ -27,18 +27,34 @@ class ConvMlp(nn.Module):
         self.drop2 = nn.Dropout(drop)
 
     def forward(self, x):
-        if _fusable(x, self):
-            # Inference on CPU: oneDNN applies GELU inside the fc1 convolution (no extra pass over
-            # the 4x-wide hidden tensor); the same function as fc1 then GELU, to float rounding.
-            h = torch.ops.mkldnn._convolution_pointwise(x, self.fc1.weight, self.fc1.bias, [0, 0], [1, 1], [1, 1], 1,
-                                                        'gelu', [None], 'none')
-            # fc2 as a GEMM over the channels-last view: (B, 4C, H, W) viewed as (B, H, W, 4C).
-            y = torch.nn.functional.linear(h.permute(0, 2, 3, 1), self.fc2.weight.flatten(1), self.fc2.bias)
-            return y.permute(0, 3, 1, 2)  # b h w c -> b c h w (channels-last strides)
+        if fusable(x, self):
+            return self.forward_fused(x)
         return self.drop2(self.fc2(self.drop1(self.act(self.fc1(x)))))
 
+    def forward_fused(self, x: torch.Tensor, residual: torch.Tensor | None = None,
+                      scale: torch.Tensor | None = None) -> torch.Tensor:
+        """Inference on CPU: ``residual + scale * mlp(x)`` in two oneDNN kernels.
 
-def _fusable(x: torch.Tensor, mlp: ConvMlp) -> bool:
+        GELU runs inside the fc1 convolution and the residual add inside fc2 (the per-channel
+        scale is folded into fc2's weight and bias), so neither the 4x-wide hidden tensor nor the
+        output takes an extra pass through memory. The same function as the plain path to float
+        rounding (tested). Call only when ``fusable(x, self)``.
+        """
+        h = torch.ops.mkldnn._convolution_pointwise(x, self.fc1.weight, self.fc1.bias, [0, 0], [1, 1], [1, 1], 1,
+                                                    'gelu', [None], 'none')
+        w, b = self.fc2.weight, self.fc2.bias
+        if scale is not None:
+            w, b = w * scale.view(-1, 1, 1, 1), (b * scale if b is not None else None)
+        if residual is None:
+            # fc2 as a GEMM over the channels-last view: (B, 4C, H, W) viewed as (B, H, W, 4C).
+            y = torch.nn.functional.linear(h.permute(0, 2, 3, 1), w.flatten(1), b)
+            return y.permute(0, 3, 1, 2)  # b h w c -> b c h w (channels-last strides)
+        return torch.ops.mkldnn._convolution_pointwise.binary(h, residual, w, b, [0, 0], [1, 1], [1, 1], 1, 'add',
+                                                              1.0, None, [], None)
+
+
+def fusable(x: torch.Tensor, mlp: ConvMlp) -> bool:
+    """Whether the oneDNN inference path applies: no autograd, CPU fp32 channels-last, exact GELU."""
     return (not torch.is_grad_enabled() or not (x.requires_grad or mlp.fc1.weight.requires_grad)) \
         and x.device.type == 'cpu' and x.dtype == torch.float32 and type(mlp.act) is nn.GELU \
         and mlp.act.approximate == 'none' and _HAS_MKLDNN_FUSION and x.is_contiguous(memory_format=torch.channels_last)

@@ -165,3 +165,16 @@ def test_import_zoo_stays_light():
             'print(heavy); sys.exit(1 if heavy else 0)')
     res = subprocess.run([sys.executable, '-c', code], capture_output=True, text=True)
     assert res.returncode == 0, f'import zoo pulled in {res.stdout.strip()} {res.stderr[-500:]}'
+
+
+def test_fast_inference_path_equals_autograd_path():
+    torch.manual_seed(0)
+    m = _perturbed(zoo.create('poolformer_tiny', num_classes=5)).eval()
+    x = torch.randn(2, 3, 32, 32)
+    block = m.stages[0].blocks[0]
+    with torch.inference_mode():
+        fast = m(x)
+        assert block._fast_inference(torch.randn(1, 16, 8, 8).contiguous(memory_format=torch.channels_last))
+    slow = m(x)  # grad enabled: the plain autograd path
+    assert not block._fast_inference(torch.randn(1, 16, 8, 8, requires_grad=True))
+    assert torch.allclose(fast, slow, atol=1e-5, rtol=1e-5)
