@@ -11,7 +11,7 @@ import torch
 
 import zoo
 
-from .profile import Latency, benchmark, count_macs, count_params
+from .profile import Latency, benchmark, count_macs, count_params, fingerprint
 
 
 def _build(name: str, vs: str | None, num_classes: int | None):
@@ -56,7 +56,8 @@ def run(names: list[str], vs: str | None = None, batch_sizes=(1,), img_size: int
             models[vs] = _build(vs, None, num_classes)
         size = input_size_of(name, img_size)
         diff = max_logit_diff(models[name], models[vs], size) if vs else None
-        static = {n: {**count_params(m), 'macs': count_macs(m, size)} for n, m in models.items()}
+        static = {n: {**count_params(m), 'macs': count_macs(m, size), 'arch_fingerprint': fingerprint(m)}
+                  for n, m in models.items()}
         for bs in batch_sizes:
             lat: dict[str, Latency] = benchmark(models, input_size=size, batch_size=bs, warmup=warmup,
                                                 repeats=repeats, threads=threads, dtype=dtype, mode=mode)
@@ -68,6 +69,16 @@ def run(names: list[str], vs: str | None = None, batch_sizes=(1,), img_size: int
                     row['max_abs_diff'] = diff
                 rows.append(row)
     return rows
+
+
+def record(rows: list[dict], db=None) -> int:
+    """Write ``run()``'s rows to the results database (one latency row each); returns how many."""
+    from .results import open_db
+
+    store = open_db(db)
+    for r in rows:
+        store.add_latency_record(r)
+    return len(rows)
 
 
 def print_table(rows: list[dict]) -> None:

@@ -10,6 +10,7 @@ no memory and almost no time.
 """
 from __future__ import annotations
 
+import hashlib
 import statistics
 import time
 from dataclasses import asdict, dataclass, field
@@ -162,3 +163,16 @@ def profile(model: nn.Module, name: str = 'model', input_size=(3, 224, 224), bat
     lat = benchmark({name: model}, input_size=input_size, batch_size=batch_size, **bench_kwargs)[name]
     rec.update(lat.as_dict())
     return rec
+
+
+def fingerprint(model) -> str:
+    """A hash of a network's module structure (class and constructor summary of every submodule) and its
+    parameter and buffer shapes. Two names that build the same network get the same fingerprint;
+    weights and the name do not enter it."""
+    h = hashlib.sha256()
+    for name, m in model.named_modules():
+        h.update(f'{name}|{type(m).__name__}|{m.extra_repr()}\n'.encode())
+    for kind, items in (('p', model.named_parameters()), ('b', model.named_buffers())):
+        for name, t in items:
+            h.update(f'{kind}|{name}|{tuple(t.shape)}|{t.dtype}\n'.encode())
+    return h.hexdigest()[:16]

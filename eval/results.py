@@ -41,6 +41,8 @@ from typing import Any, Iterable
 import sqlalchemy as sa
 from sqlalchemy import event, exc as sa_exc
 
+from .profile import fingerprint  # noqa: F401  (re-exported: part of the results API)
+
 SCHEMA_VERSION = 2
 DEFAULT_PATH = 'zoo-results.db'
 STATUSES = ('running', 'finished', 'failed', 'pruned', 'crashed')
@@ -49,8 +51,9 @@ DISABLED = ('none', 'off', '0', 'false', '')
 STALE_AFTER = _dt.timedelta(hours=24)
 
 
-class ResultsDBError(RuntimeError):
-    """The results database cannot be used as asked (bad file, newer schema, unreachable server, bad query)."""
+class ResultsDBError(ValueError):
+    """The results database cannot be used as asked (bad file, newer schema, unreachable server, bad query).
+    A ValueError, so the CLI reports it as a one-line error."""
 
 
 # ----------------------------------------------------------------------------------------------------- schema
@@ -526,19 +529,6 @@ def _select_columns(df, columns):
 
 
 # ----------------------------------------------------------------------------------------- fingerprints, keys
-def fingerprint(model) -> str:
-    """A hash of a network's module structure (class and constructor summary of every submodule) and its
-    parameter and buffer shapes. Two names that build the same network get the same fingerprint;
-    weights and the name do not enter it."""
-    h = hashlib.sha256()
-    for name, m in model.named_modules():
-        h.update(f'{name}|{type(m).__name__}|{m.extra_repr()}\n'.encode())
-    for kind, items in (('p', model.named_parameters()), ('b', model.named_buffers())):
-        for name, t in items:
-            h.update(f'{kind}|{name}|{tuple(t.shape)}|{t.dtype}\n'.encode())
-    return h.hexdigest()[:16]
-
-
 def config_key(model: str, dataset: str | None, hparams: dict | None, block_choices: dict | None,
                max_epochs: int | None) -> str:
     """What makes two runs repeats of one configuration: everything but the seed."""

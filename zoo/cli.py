@@ -2,7 +2,10 @@
 
     zoo list [PATTERN] [--family F] [--task T] [--blocks]
     zoo info NAME
-    zoo bench NAME... [--batch-size 1 16] [--img-size 224] [--vs timm/NAME]
+    zoo bench NAME... [--batch-size 1 16] [--img-size 224] [--vs timm/NAME] [--db URL]
+    zoo results [--task T] [--dataset D] [--model PATTERN] [--metric val/acc1] [--format table|csv|json|markdown]
+                [--plot pareto.png] [--db URL]
+    zoo sweep recipes/sweeps/NAME.py [--n-trials N] [--n-jobs J] [--study-name S] [--db URL]
 
 Training subcommands (``fit``, ``validate``, ``test``, ``predict``) are LightningCLI and load
 Lightning only when used.
@@ -63,7 +66,60 @@ def _cmd_bench(args) -> int:
     bench.print_table(rows)
     if args.json:
         print(json.dumps(rows, indent=2, default=str))
+    if args.db:
+        from zoo.eval.results import resolve_url
+        if resolve_url(args.db) is not None:
+            n = bench.record(rows, db=args.db)
+            print(f'{n} latency rows written to {resolve_url(args.db)}', file=sys.stderr)
     return 0
+
+
+def _cmd_results(args) -> int:
+    from zoo.eval import results
+
+    board = None
+    if args.runs:
+        df = results.runs(db=args.db, model=args.model, task=args.task, dataset=args.dataset)
+        print(df.to_string(max_colwidth=40) if args.format == 'table' else
+              df.to_csv(index=False) if args.format == 'csv' else df.to_json(orient='records', indent=2, default_handler=str)
+              if args.format == 'json' else df.to_markdown(index=False))
+    else:
+        board = results.leaderboard(args.task, args.dataset, args.metric, db=args.db, model=args.model)
+        print(results.format_board(board, args.format))
+    if args.plot:
+        if board is None:
+            board = results.leaderboard(args.task, args.dataset, args.metric, db=args.db, model=args.model)
+        results.plot_pareto(board, args.plot)
+        print(f'Pareto plot written to {args.plot}', file=sys.stderr)
+    return 0
+
+
+def _cmd_sweep(args) -> int:
+    from zoo.recipes.sweep import run_sweep
+
+    run_sweep(args.file, n_trials=args.n_trials, n_jobs=args.n_jobs, db=args.db, study_name=args.study_name,
+              timeout=args.timeout, extra_args=args.overrides)
+    return 0
+
+
+def _pop_db(argv: list[str]) -> list[str]:
+    """``zoo fit ... --db URL`` (or ``--db none``): the results database of a training run, passed on through
+    ``ZOO_DB`` because LightningCLI does not know the option."""
+    out, i = [], 0
+    while i < len(argv):
+        a = argv[i]
+        if a == '--db' and i + 1 < len(argv):
+            import os
+            os.environ['ZOO_DB'] = argv[i + 1]
+            i += 2
+            continue
+        if a.startswith('--db='):
+            import os
+            os.environ['ZOO_DB'] = a.split('=', 1)[1]
+        else:
+            out.append(a)
+        i += 1
+    return out
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -93,7 +149,29 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument('--mode', default='inference', choices=['inference', 'train'])
     p.add_argument('--num-classes', type=int)
     p.add_argument('--json', action='store_true', help='also print the rows as JSON')
+    p.add_argument('--db', help='also write the rows to this results database (path or SQLAlchemy URL)')
     p.set_defaults(func=_cmd_bench)
+
+    p = sub.add_parser('results', help='leaderboard from the results database (best per model, CI over seeds)')
+    p.add_argument('--task')
+    p.add_argument('--dataset')
+    p.add_argument('--model', help="glob pattern, e.g. 'poolformer*'")
+    p.add_argument('--metric', default='val/acc1', help='final metric to rank by (default val/acc1)')
+    p.add_argument('--format', default='table', choices=['table', 'csv', 'json', 'markdown'])
+    p.add_argument('--plot', metavar='PNG', help='also draw metric vs latency with the Pareto front to this file')
+    p.add_argument('--runs', action='store_true', help='list the runs instead of the leaderboard')
+    p.add_argument('--db', help='results database path or SQLAlchemy URL (default $ZOO_DB or ./zoo-results.db)')
+    p.set_defaults(func=_cmd_results)
+
+    p = sub.add_parser('sweep', help='an Optuna sweep from recipes/sweeps/NAME.py, stored in the results database')
+    p.add_argument('file', help='a search-space file, e.g. recipes/sweeps/poolformer_digits.py')
+    p.add_argument('--n-trials', type=int, default=None, help='trials to run now (added to those already stored)')
+    p.add_argument('--n-jobs', type=int, default=1, help='parallel trials in this process')
+    p.add_argument('--study-name', help='default: the file name; the same name resumes the study')
+    p.add_argument('--timeout', type=float, help='stop starting trials after this many seconds')
+    p.add_argument('--db', help='results database path or SQLAlchemy URL (default $ZOO_DB or ./zoo-results.db)')
+    p.add_argument('overrides', nargs='*', help='extra LightningCLI arguments for every trial, after --')
+    p.set_defaults(func=_cmd_sweep)
     return parser
 
 
@@ -101,7 +179,7 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     if argv and argv[0] in TRAIN_COMMANDS:
         from zoo.recipes.cli import run_lightning_cli
-        return run_lightning_cli(argv)
+        return run_lightning_cli(_pop_db(argv))
     parser = build_parser()
     args = parser.parse_args(argv)
     if not getattr(args, 'func', None):
