@@ -1,0 +1,212 @@
+"""Lightning callbacks of every recipe run.
+
+``ResultsCallback`` records a run in the results database (``zoo.eval.results``): the run row when
+fit / validate / test starts, metrics per epoch and at the end, the final status (``finished``,
+``failed`` on an exception, ``pruned`` when an Optuna pruner stops it) and, after training, the
+model's batch-1 CPU latency with its parameters, MACs and architecture fingerprint. A run killed
+outright stays ``running`` with its host and pid, and the next process that opens the store marks it
+``crashed``. Only global rank 0 writes.
+"""
+from __future__ import annotations
+
+import copy
+import os
+import time
+import traceback
+from typing import Any
+
+import torch
+from lightning.pytorch.callbacks import Callback
+
+from zoo.eval import results as _results
+
+# Environment switch for the end-of-training latency measurement ("0" turns it off).
+LATENCY_ENV = 'ZOO_RECORD_LATENCY'
+
+
+def _scalars(metrics: dict) -> dict[str, float]:
+    out = {}
+    for k, v in metrics.items():
+        if isinstance(v, torch.Tensor):
+            if v.numel() != 1:
+                continue
+            v = v.item()
+        if isinstance(v, (int, float)) and not isinstance(v, bool):
+            out[k] = float(v)
+    return out
+
+
+class ResultsCallback(Callback):
+    """Write the run, its metrics and its latency to the results database.
+
+    Args:
+        db: path or SQLAlchemy URL (default ``$ZOO_DB`` or ``./zoo-results.db``).
+        latency: measure the trained model's latency at batch 1 when fit ends.
+        latency_repeats / latency_warmup: timing iterations (medians are recorded).
+        study_name / trial_number: link the run to an Optuna trial (set by ``zoo sweep``).
+        recipe / config: the config file and the resolved config; when not given they are taken from
+            LightningCLI's ``SaveConfigCallback`` if the trainer has one, else the system's hparams.
+    """
+
+    def __init__(self, db: str | None = None, latency: bool | None = None, latency_repeats: int = 10,
+                 latency_warmup: int = 3, study_name: str | None = None, trial_number: int | None = None,
+                 recipe: str | None = None, config: dict | None = None):
+        self.db = db
+        self.latency = os.environ.get(LATENCY_ENV, '1') != '0' if latency is None else latency
+        self.latency_repeats, self.latency_warmup = latency_repeats, latency_warmup
+        self.study_name, self.trial_number = study_name, trial_number
+        self.recipe, self.config = recipe, config
+        self.run_id: int | None = None
+        self._store = None
+        self._stage: str | None = None
+        self._closed = False
+
+    # ------------------------------------------------------------------------------------------ run row
+    def setup(self, trainer, pl_module, stage: str) -> None:
+        if not trainer.is_global_zero:
+            return
+        self._store = _results.open_db(self.db)
+        self._stage, self._closed, self._t0 = stage, False, time.perf_counter()
+        self.run_id = self._store.start_run(**self._describe(trainer, pl_module, stage))
+
+    def _describe(self, trainer, pl_module, stage: str) -> dict:
+        hparams = _results._jsonable(dict(getattr(pl_module, 'hparams', {}) or {}))
+        name = getattr(pl_module, 'model_name', None) or hparams.get('name') or type(pl_module).__name__
+        family = variant = None
+        task = getattr(pl_module, 'task', None)
+        try:
+            import zoo
+            info = zoo.model_info(name)
+            family, task = info.family, task or info.task
+            variant = name[len(family) + 1:] if name.startswith(family + '_') else name
+        except (KeyError, ValueError):
+            pass
+        dm = trainer.datamodule
+        dataset = (getattr(dm, 'dataset_name', None) or getattr(dm, 'name', None)
+                   or (type(dm).__name__.removesuffix('DataModule').lower() if dm is not None else None))
+        recipe, config = self._config(trainer)
+        seed = os.environ.get('PL_GLOBAL_SEED')
+        if seed is None and isinstance(config, dict):
+            seed = config.get('seed_everything')
+        net = self._network(pl_module)
+        fields = dict(model=name, variant=variant, family=family, task=task, dataset=dataset, stage=stage,
+                      recipe=recipe, config=config, hparams=hparams,
+                      block_choices=dict(getattr(pl_module, 'block_choices', {}) or {}),
+                      seed=int(seed) if seed not in (None, True, False) else None,
+                      max_epochs=trainer.max_epochs if stage == 'fit' else None,
+                      git_commit=_results.git_commit(),
+                      env={**_results.environment(self._device(trainer)), 'precision': str(trainer.precision),
+                           'devices': trainer.num_devices, 'strategy': type(trainer.strategy).__name__},
+                      study_name=self.study_name, trial_number=self.trial_number)
+        if net is not None:
+            fields.update(arch_fingerprint=_results.fingerprint(net), params=sum(p.numel() for p in net.parameters()))
+        return fields
+
+    @staticmethod
+    def _device(trainer) -> str:
+        return type(trainer.accelerator).__name__.removesuffix('Accelerator').lower()
+
+    def _config(self, trainer) -> tuple[str | None, Any]:
+        recipe, config = self.recipe, self.config
+        if config is None:
+            from lightning.pytorch.cli import SaveConfigCallback
+            for cb in trainer.callbacks:
+                if isinstance(cb, SaveConfigCallback):
+                    ns = cb.config
+                    config = cb.parser.dump(ns, format='json', skip_none=False)
+                    import json
+                    config = json.loads(config)
+                    files = ns.get('config') or []
+                    recipe = recipe or ','.join(str(getattr(f, 'relative', f)) for f in files) or None
+                    break
+        return recipe, config
+
+    @staticmethod
+    def _network(pl_module) -> torch.nn.Module | None:
+        """The architecture inside the system (systems hold it as ``model``/``net``; else the system itself)."""
+        for attr in ('model', 'net', 'network'):
+            m = getattr(pl_module, attr, None)
+            if isinstance(m, torch.nn.Module):
+                return m
+        return pl_module
+
+    # ------------------------------------------------------------------------------------------ metrics
+    def on_train_epoch_end(self, trainer, pl_module) -> None:
+        # Runs after the epoch's validation, so val/* of this epoch are in callback_metrics.
+        if self.run_id is not None and not trainer.sanity_checking:
+            self._store.log_metrics(self.run_id, _scalars(trainer.callback_metrics), epoch=trainer.current_epoch,
+                                    step=trainer.global_step)
+
+    def on_fit_end(self, trainer, pl_module) -> None:
+        if self.run_id is None:
+            return
+        self._store.log_metrics(self.run_id, _scalars(trainer.callback_metrics), epoch=trainer.current_epoch,
+                                step=trainer.global_step, final=True)
+        if self.latency:
+            self._record_latency(trainer, pl_module)
+
+    def on_validation_end(self, trainer, pl_module) -> None:
+        if self.run_id is not None and self._stage == 'validate':
+            self._store.log_metrics(self.run_id, _scalars(trainer.callback_metrics), final=True)
+
+    def on_test_end(self, trainer, pl_module) -> None:
+        if self.run_id is not None and self._stage == 'test':
+            self._store.log_metrics(self.run_id, _scalars(trainer.callback_metrics), final=True)
+
+    def teardown(self, trainer, pl_module, stage: str) -> None:
+        if self.run_id is not None and not self._closed:
+            self._closed = True
+            self._store.finish_run(self.run_id, 'finished')
+
+    def on_exception(self, trainer, pl_module, exception: BaseException) -> None:
+        if self.run_id is None or self._closed:
+            return
+        self._closed = True
+        pruned = type(exception).__name__ == 'TrialPruned'
+        metrics = _scalars(trainer.callback_metrics)
+        if metrics:     # what the run reached before it stopped
+            self._store.log_metrics(self.run_id, metrics, epoch=trainer.current_epoch, step=trainer.global_step,
+                                    final=True)
+        err = f'{type(exception).__name__}: {exception}'
+        if not pruned:
+            err += '\n' + ''.join(traceback.format_exception(exception)[-8:])
+        self._store.finish_run(self.run_id, 'pruned' if pruned else 'failed', error=err[:20000])
+
+    # ------------------------------------------------------------------------------------------ latency
+    def _example_input(self, trainer, pl_module, net) -> torch.Tensor | None:
+        x = getattr(pl_module, 'example_input_array', None)
+        if isinstance(x, torch.Tensor):
+            return x[:1]
+        dm = trainer.datamodule
+        size = None
+        if dm is not None and getattr(dm, 'img_size', None):
+            s = dm.img_size
+            s = (s, s) if isinstance(s, int) else tuple(s)
+            size = (getattr(dm, 'in_chans', 3), *s)
+        if size is None:
+            try:
+                import zoo
+                size = zoo.model_info(getattr(pl_module, 'model_name', '')).input_size
+            except (KeyError, ValueError, TypeError):
+                return None
+        return torch.randn(1, *size)
+
+    def _record_latency(self, trainer, pl_module) -> None:
+        from zoo.eval.profile import benchmark, count_macs, count_params
+
+        net = self._network(pl_module)
+        x = self._example_input(trainer, pl_module, net)
+        if net is None or x is None:
+            return
+        net = copy.deepcopy(net).cpu().eval()
+        name = getattr(pl_module, 'model_name', None) or type(pl_module).__name__
+        try:
+            macs = count_macs(net, example=x)
+        except Exception:       # a model the FLOP counter cannot trace still gets its latency
+            macs = None
+        lat = benchmark({name: net}, input_size=tuple(x.shape[1:]), batch_size=1, inputs={name: x},
+                        warmup=self.latency_warmup, repeats=self.latency_repeats)[name]
+        params = count_params(net)['params']
+        self._store.add_latency_record(lat.as_dict(), params=params, macs=macs, run_id=self.run_id,
+                                       arch_fingerprint=_results.fingerprint(net))
+        self._store.update_run(self.run_id, macs=macs, params=params)

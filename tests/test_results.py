@@ -1,0 +1,389 @@
+"""The results database: schema and migrations, bad input, crash detection, concurrency, fingerprints,
+queries, leaderboard, Pareto plot, the CLI, and the Lightning recording callback."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import sqlalchemy as sa
+import torch
+
+from zoo.cli import main
+from zoo.eval import results as R
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(autouse=True)
+def zoo_db(tmp_path, monkeypatch):
+    """Every test gets its own database file; nothing is written into the checkout."""
+    path = tmp_path / 'results.db'
+    monkeypatch.setenv('ZOO_DB', str(path))
+    monkeypatch.setenv('ZOO_RECORD_LATENCY', '1')
+    yield path
+    for db in R._DBS.values():
+        db.close()
+    R._DBS.clear()
+
+
+def _describe(engine) -> dict:
+    insp = sa.inspect(engine)
+    return {t: (sorted((c['name'], str(c['type']), c['nullable']) for c in insp.get_columns(t)),
+                sorted(i['name'] for i in insp.get_indexes(t)),
+                sorted((tuple(f['constrained_columns']), f['referred_table'], f['options'].get('ondelete'))
+                       for f in insp.get_foreign_keys(t)))
+            for t in insp.get_table_names()}
+
+
+def _run(db, model='net_a', acc=0.9, seed=0, status='finished', dataset='digits', **kw):
+    rid = db.start_run(model, task='classification', dataset=dataset, seed=seed, hparams={'lr': 0.01}, **kw)
+    db.log_metrics(rid, {'val/acc1': acc - 0.1, 'train/loss': 1.0}, epoch=0)
+    db.log_metrics(rid, {'val/acc1': acc}, final=True)
+    db.finish_run(rid, status)
+    return rid
+
+
+# ----------------------------------------------------------------------------------------- schema, migrations
+def test_fresh_schema_equals_the_declared_tables(zoo_db, tmp_path):
+    db = R.open_db()
+    assert db.schema_version() == R.SCHEMA_VERSION
+    reference = sa.create_engine(f'sqlite:///{tmp_path / "reference.db"}')
+    R.metadata.create_all(reference)
+    assert _describe(db.engine) == _describe(reference)     # the migration path builds exactly the declared schema
+
+
+def test_a_version_1_file_is_migrated_and_keeps_its_rows(zoo_db):
+    from alembic.migration import MigrationContext
+    from alembic.operations import Operations
+
+    engine = sa.create_engine(f'sqlite:///{zoo_db}')
+    with engine.begin() as conn:            # a store written by the first release
+        R.schema_table.create(conn)
+        R.MIGRATIONS[0](Operations(MigrationContext.configure(conn)))
+        conn.execute(R.schema_table.insert().values(id=1, version=1, updated_at=R._now()))
+        conn.exec_driver_sql("INSERT INTO zoo_runs (uid, model, status, started_at, seed) "
+                             "VALUES ('old', 'net_old', 'finished', '2026-01-01 00:00:00', 3)")
+        conn.exec_driver_sql("INSERT INTO zoo_metrics (run_id, name, value, final) VALUES (1, 'val/acc1', 0.5, 1)")
+    assert 'arch_fingerprint' not in [c['name'] for c in sa.inspect(engine).get_columns('zoo_runs')]
+    engine.dispose()
+
+    db = R.open_db()
+    assert db.schema_version() == 2
+    old = db.runs(model='net_old')
+    assert old.seed.tolist() == [3] and old['val/acc1'].tolist() == [0.5] and old.arch_fingerprint.isna().all()
+    rid = db.start_run('net_new', arch_fingerprint='abc', study_name='s', trial_number=0)
+    assert db.runs(id=rid).study_name.tolist() == ['s']
+
+
+def test_a_newer_schema_is_refused_and_left_untouched(zoo_db):
+    R.open_db().close()
+    R._DBS.clear()
+    engine = sa.create_engine(f'sqlite:///{zoo_db}')
+    with engine.begin() as conn:
+        conn.execute(R.schema_table.update().values(version=R.SCHEMA_VERSION + 1))
+    engine.dispose()
+    before = zoo_db.read_bytes()
+    with pytest.raises(R.ResultsDBError, match='newer than this zoo'):
+        R.ResultsDB(str(zoo_db))
+    assert zoo_db.read_bytes() == before
+
+
+def test_a_file_that_is_not_a_database_is_a_clear_error_and_kept(zoo_db):
+    zoo_db.write_bytes(b'my thesis notes, not a database\n' * 200)
+    before = zoo_db.read_bytes()
+    with pytest.raises(R.ResultsDBError, match='not a SQLite database'):
+        R.ResultsDB(str(zoo_db))
+    assert zoo_db.read_bytes() == before
+    assert main(['results', '--db', str(zoo_db)]) == 2
+
+
+def test_an_unreachable_server_is_a_clear_error():
+    with pytest.raises(R.ResultsDBError, match='cannot open results database'):
+        R.ResultsDB('postgresql+psycopg://zoo:secret@127.0.0.1:9/zoo?connect_timeout=2')
+    with pytest.raises(R.ResultsDBError, match='cannot use results database URL'):
+        R.ResultsDB('nosuchdialect://x/y')
+
+
+def test_unknown_columns_and_fields_are_clear_errors():
+    db = R.open_db()
+    _run(db)
+    with pytest.raises(R.ResultsDBError, match="unknown column 'colour'"):
+        R.runs(colour='red')
+    with pytest.raises(R.ResultsDBError, match=r"unknown column\(s\) \['nope'\]"):
+        R.runs(columns=['model', 'nope'])
+    with pytest.raises(R.ResultsDBError, match='unknown run field'):
+        db.start_run('x', colour='red')
+    with pytest.raises(R.ResultsDBError, match='unknown status'):
+        db.finish_run(1, 'exploded')
+    assert R.runs(columns=['model', 'val/acc1']).values.tolist() == [['net_a', 0.9]]
+
+
+def test_disabled_store():
+    assert R.resolve_url('none') is None
+    with pytest.raises(R.ResultsDBError, match='disabled'):
+        R.open_db('none')
+
+
+# ------------------------------------------------------------------------------------- statuses, crash, concurrency
+def test_failed_and_pruned_runs_are_kept():
+    db = R.open_db()
+    for st in ('finished', 'failed', 'pruned'):
+        _run(db, status=st)
+    df = R.runs()
+    assert sorted(df.status) == ['failed', 'finished', 'pruned']
+    assert (df.wall_s >= 0).all() and df.ended_at.notna().all()
+    board = R.leaderboard('classification', 'digits')
+    assert board.run_ids.tolist() == ['1']           # only the finished run ranks; the others stay queryable
+
+
+def test_a_killed_run_is_marked_crashed_when_the_store_is_next_opened(zoo_db):
+    code = ('import os, signal\nfrom zoo.eval import results as R\n'
+            'rid = R.open_db().start_run("victim", seed=0)\nprint(rid, flush=True)\nos.kill(os.getpid(), signal.SIGKILL)\n')
+    proc = subprocess.run([sys.executable, '-c', code], cwd=ROOT, capture_output=True, text=True,
+                          env={**os.environ, 'ZOO_DB': str(zoo_db)})
+    assert proc.returncode == -9, proc.stderr
+    alive = R.ResultsDB(str(zoo_db)).start_run('alive')      # this process's own run must stay 'running'
+    db = R.ResultsDB(str(zoo_db))
+    df = db.runs().set_index('model')
+    assert df.loc['victim', 'status'] == 'crashed' and df.loc['victim', 'pid'] != os.getpid()
+    assert 'killed' in df.loc['victim', 'error']
+    assert df.loc['alive', 'status'] == 'running' and alive
+
+
+def test_four_processes_recording_at_once_lose_nothing(zoo_db):
+    code = ('import sys\nfrom zoo.eval import results as R\ndb = R.open_db()\nw = int(sys.argv[1])\n'
+            'for i in range(15):\n'
+            '    rid = db.start_run(f"w{w}", seed=i, dataset="digits", task="classification")\n'
+            '    db.log_metrics(rid, {"val/acc1": i / 15, "val/loss": 1.0}, epoch=0)\n'
+            '    db.log_metrics(rid, {"val/acc1": i / 15}, final=True)\n'
+            '    db.add_latency(f"w{w}", 1.0 + i, input_shape=(3, 8, 8), batch_size=1, run_id=rid)\n'
+            '    db.finish_run(rid)\n')
+    R.open_db()         # create the schema first, so the workers race on rows, not on DDL
+    procs = [subprocess.Popen([sys.executable, '-c', code, str(w)], cwd=ROOT, stderr=subprocess.PIPE, text=True,
+                              env={**os.environ, 'ZOO_DB': str(zoo_db)}) for w in range(4)]
+    for p in procs:
+        assert p.wait(timeout=300) == 0, p.stderr.read()
+    df = R.runs()
+    assert len(df) == 60 and (df.status == 'finished').all()
+    assert df.groupby('model').size().tolist() == [15] * 4
+    assert len(R.metrics()) == 60 * 3 and len(R.latency()) == 60
+
+
+# ------------------------------------------------------------------------------------------------- fingerprints
+def test_fingerprint_recognises_two_names_for_the_same_network():
+    import zoo
+    with torch.device('meta'):          # shapes only: full-size models cost nothing
+        a = zoo.create('poolformer_s12')
+        b = zoo.create('metaformer_s12', token_mixer='pooling')
+        c = zoo.create('metaformer_s12', token_mixer='identity')
+        d = zoo.create('poolformer_s12', num_classes=10)
+    assert R.fingerprint(a) == R.fingerprint(b)
+    assert len({R.fingerprint(a), R.fingerprint(c), R.fingerprint(d)}) == 3
+    db = R.open_db()
+    _run(db, 'poolformer_s12', arch_fingerprint=R.fingerprint(a))
+    db.add_latency('metaformer_s12', 40.0, input_shape=(3, 224, 224), batch_size=1, arch_fingerprint=R.fingerprint(b))
+    assert db.aliases('poolformer_s12') == ['metaformer_s12', 'poolformer_s12']
+    board = R.leaderboard('classification', 'digits')
+    assert board.latency_ms.tolist() == [40.0] and board.aliases.tolist() == ['metaformer_s12']
+
+
+# -------------------------------------------------------------------------------------- leaderboard and plots
+@pytest.fixture
+def fixture_db():
+    """Three models, some with several seeds, one failed run, latency for each."""
+    db = R.open_db()
+    spec = {'fast': ([0.80, 0.82, 0.84], 2.0), 'slow_good': ([0.90, 0.91, 0.92, 0.93], 8.0),
+            'slow_bad': ([0.70], 9.0), 'mid': ([0.86, 0.88], 4.0)}
+    for model, (accs, lat) in spec.items():
+        for seed, acc in enumerate(accs):
+            _run(db, model, acc, seed, block_choices={'token_mixer': 'pooling'}, params=1000 * len(model))
+        db.add_latency(model, lat, input_shape=(3, 32, 32), batch_size=1, params=1000 * len(model), macs=5_000_000)
+        db.add_latency(model, lat * 10, input_shape=(3, 32, 32), batch_size=16)      # not latency: ignored
+    _run(db, 'fast', 0.99, 7, status='failed', block_choices={'token_mixer': 'pooling'})
+    _run(db, 'fast', 0.5, 0, dataset='cifar10')
+    # a worse configuration of 'mid' (other lr): the board keeps the better one
+    rid = db.start_run('mid', task='classification', dataset='digits', seed=0, hparams={'lr': 1.0})
+    db.log_metrics(rid, {'val/acc1': 0.1}, final=True)
+    db.finish_run(rid)
+    return db
+
+
+def test_leaderboard_best_per_model_with_bootstrap_ci(fixture_db):
+    board = R.leaderboard('classification', 'digits', 'val/acc1')
+    assert board.model.tolist() == ['slow_good', 'mid', 'fast', 'slow_bad']
+    row = board.set_index('model').loc['slow_good']
+    assert row.n_seeds == 4 and row['mean'] == pytest.approx(0.915)
+    assert 0.90 <= row.ci_low < 0.915 < row.ci_high <= 0.93
+    assert row.iqm == pytest.approx(0.915) and row.latency_ms == 8.0
+    assert board.set_index('model').loc['slow_bad'].ci_low is None            # one seed: no interval
+    assert board.set_index('model').loc['fast', 'mean'] == pytest.approx(0.82)  # the failed 0.99 is not counted
+    assert R.leaderboard('classification', 'cifar10').model.tolist() == ['fast']
+    assert R.leaderboard(model='slow*').model.tolist() == ['slow_good', 'slow_bad']
+    with pytest.raises(R.ResultsDBError, match="no final metric 'val/psnr'"):
+        R.leaderboard('classification', 'digits', 'val/psnr')
+    assert R.leaderboard('denoising').empty
+
+
+def test_pareto_front_and_plot(fixture_db, tmp_path):
+    board = R.leaderboard('classification', 'digits')
+    front = R.pareto_front(board.latency_ms, board['mean'])
+    assert [board.model[i] for i in front] == ['fast', 'mid', 'slow_good']
+    assert R.pareto_front([1, 2, 3], [0.1, 0.2, 0.05], higher_is_better=False) == [0, 2]
+    out = tmp_path / 'pareto.png'
+    fig = R.plot_pareto(board, out)
+    assert out.read_bytes()[:8] == b'\x89PNG\r\n\x1a\n'
+    labels = [t.get_text() for t in fig.axes[0].texts]
+    assert sorted(labels) == sorted(board.model)
+
+
+def test_bootstrap_and_iqm():
+    lo, hi = R.bootstrap_ci([1.0, 2.0, 3.0, 4.0])
+    assert 1.0 <= lo < 2.5 < hi <= 4.0
+    assert R.bootstrap_ci([1.0]) != R.bootstrap_ci([1.0])   # NaNs
+    assert R.iqm([0, 1, 2, 3, 4, 5, 6, 100]) == pytest.approx(3.5)
+
+
+def test_cli_results_formats_and_plot(fixture_db, tmp_path, capsys):
+    assert main(['results', '--task', 'classification', '--dataset', 'digits']) == 0
+    out = capsys.readouterr().out
+    assert 'slow_good' in out and '0.9150' in out and '95% CI' in out
+    assert main(['results', '--dataset', 'digits', '--format', 'csv']) == 0
+    csv = capsys.readouterr().out
+    assert csv.splitlines()[0].startswith('model,family,block_choices,n_seeds,mean')
+    assert main(['results', '--dataset', 'digits', '--format', 'json']) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert [r['model'] for r in rows][0] == 'slow_good' and rows[0]['n_seeds'] == 4
+    assert main(['results', '--dataset', 'digits', '--format', 'markdown', '--model', 'slow*']) == 0
+    md = capsys.readouterr().out
+    assert md.startswith('| model') and 'slow_bad' in md and 'fast' not in md
+    png = tmp_path / 'p.png'
+    assert main(['results', '--dataset', 'digits', '--plot', str(png)]) == 0
+    assert png.stat().st_size > 1000
+    capsys.readouterr()
+    assert main(['results', '--runs', '--format', 'csv']) == 0
+    assert len(capsys.readouterr().out.strip().splitlines()) == 1 + len(R.runs())
+    assert main(['results', '--metric', 'val/nothing']) == 2
+
+
+def test_bench_db_writes_latency_rows(zoo_db, capsys):
+    assert main(['bench', 'poolformer_tiny', '--repeats', '2', '--warmup', '1', '--db', str(zoo_db)]) == 0
+    lat = R.latency()
+    assert lat.model.tolist() == ['poolformer_tiny'] and lat.batch_size.tolist() == [1]
+    assert lat.median_ms[0] > 0 and lat.params[0] > 0 and lat.macs[0] > 0 and lat.arch_fingerprint[0]
+    assert lat.input_shape[0] == 'x'.join(map(str, __import__('zoo').model_info('poolformer_tiny').input_size))
+
+
+def test_import_zoo_does_not_load_sqlalchemy():
+    code = 'import sys, zoo; print("sqlalchemy" in sys.modules, "zoo.eval.results" in sys.modules)'
+    out = subprocess.run([sys.executable, '-c', code], cwd=ROOT, capture_output=True, text=True, check=True).stdout
+    assert out.split() == ['False', 'False']
+
+
+# ----------------------------------------------------------------------------------------- recording callback
+def _tiny_system():
+    import lightning.pytorch as pl
+
+    class TinySystem(pl.LightningModule):
+        """A stand-in recipe system: a small network, val/acc1 logged per epoch."""
+
+        def __init__(self, lr: float = 0.05, fail_at_epoch: int | None = None, prune_at_epoch: int | None = None):
+            super().__init__()
+            self.save_hyperparameters()
+            self.model_name = 'tiny_mlp'
+            self.block_choices = {'act_layer': 'relu'}
+            self.model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(16, 8), torch.nn.ReLU(),
+                                             torch.nn.Linear(8, 2))
+            self.example_input_array = torch.zeros(2, 1, 4, 4)
+
+        def forward(self, x):
+            return self.model(x)
+
+        def training_step(self, batch, _):
+            x, y = batch
+            loss = torch.nn.functional.cross_entropy(self(x), y)
+            self.log('train/loss', loss, on_epoch=True, on_step=False)
+            return loss
+
+        def validation_step(self, batch, _):
+            x, y = batch
+            self.log('val/acc1', (self(x).argmax(1) == y).float().mean(), on_epoch=True)
+            if self.hparams.fail_at_epoch == self.current_epoch and not self.trainer.sanity_checking:
+                raise RuntimeError('the loss went to NaN (on purpose)')
+
+        def on_validation_epoch_end(self):
+            if self.hparams.prune_at_epoch == self.current_epoch and not self.trainer.sanity_checking:
+                import optuna
+                raise optuna.TrialPruned('pruned on purpose')
+
+        def test_step(self, batch, _):
+            x, y = batch
+            self.log('test/acc1', (self(x).argmax(1) == y).float().mean())
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=self.hparams.lr)
+
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(64, 1, 4, 4, generator=g)
+    y = (x.mean((1, 2, 3)) > 0).long()
+    loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, y), batch_size=16)
+    return TinySystem, loader
+
+
+def _trainer(**kw):
+    import lightning.pytorch as pl
+    from zoo.recipes.callbacks import ResultsCallback
+
+    cb = ResultsCallback(latency_repeats=2, latency_warmup=1, **kw)
+    return pl.Trainer(max_epochs=2, accelerator='cpu', devices=1, logger=False, enable_checkpointing=False,
+                      enable_progress_bar=False, enable_model_summary=False, callbacks=[cb]), cb
+
+
+def test_callback_records_run_metrics_and_latency():
+    import lightning.pytorch as pl
+
+    pl.seed_everything(3)
+    System, loader = _tiny_system()
+    trainer, cb = _trainer()
+    system = System()
+    trainer.fit(system, loader, loader)
+    run = R.runs().iloc[0]
+    assert run.status == 'finished' and run.model == 'tiny_mlp' and run.seed == 3 and run.stage == 'fit'
+    assert run.hparams['lr'] == 0.05 and run.block_choices == {'act_layer': 'relu'} and run.max_epochs == 2
+    assert run.env['torch'] == torch.__version__ and run.env['device'] == 'cpu' and run.host and run.pid
+    assert run.arch_fingerprint == R.fingerprint(system.model) and run.params == 8 * 16 + 8 + 2 * 8 + 2
+    assert run.macs == 16 * 8 + 8 * 2 and run.wall_s > 0
+    per_epoch = R.metrics(cb.run_id, name='val/acc1', final=False)
+    assert per_epoch.epoch.tolist() == [0, 1]
+    final = R.metrics(cb.run_id, final=True).set_index('name').value
+    assert final['val/acc1'] == pytest.approx(trainer.callback_metrics['val/acc1'].item())
+    assert 'train/loss' in final
+    lat = R.latency()
+    assert lat.run_id.tolist() == [cb.run_id] and lat.input_shape.tolist() == ['1x4x4'] and lat.macs[0] == 144
+
+    trainer2, cb2 = _trainer()
+    trainer2.test(system, loader)
+    test_run = R.runs(id=cb2.run_id).iloc[0]
+    assert test_run.stage == 'test' and test_run.status == 'finished' and 0 <= test_run['test/acc1'] <= 1
+    assert len(R.latency()) == 1                     # latency is measured after training only
+
+
+def test_callback_marks_failed_and_pruned_runs():
+    System, loader = _tiny_system()
+    trainer, cb = _trainer(latency=False)
+    with pytest.raises(RuntimeError, match='NaN'):
+        trainer.fit(System(fail_at_epoch=1), loader, loader)
+    failed = R.runs(id=cb.run_id).iloc[0]
+    assert failed.status == 'failed' and 'NaN (on purpose)' in failed.error
+    assert R.metrics(cb.run_id, name='val/acc1', final=False).epoch.tolist() == [0]   # the epoch it finished
+
+    import optuna
+    trainer, cb = _trainer(latency=False, study_name='s', trial_number=4)
+    with pytest.raises(optuna.TrialPruned):
+        trainer.fit(System(prune_at_epoch=0), loader, loader)
+    pruned = R.runs(id=cb.run_id).iloc[0]
+    assert pruned.status == 'pruned' and pruned.study_name == 's' and pruned.trial_number == 4
+    assert not R.latency().run_id.isin([cb.run_id]).any()
