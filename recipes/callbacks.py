@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import copy
 import os
-import time
 import traceback
 from typing import Any
 
@@ -57,6 +56,8 @@ class ResultsCallback(Callback):
         self.study_name, self.trial_number = study_name, trial_number
         self.recipe, self.config = recipe, config
         self.run_id: int | None = None
+        self.latency_ms: float | None = None
+        self._trial = None
         self._store = None
         self._stage: str | None = None
         self._closed = False
@@ -65,9 +66,22 @@ class ResultsCallback(Callback):
     def setup(self, trainer, pl_module, stage: str) -> None:
         if not trainer.is_global_zero:
             return
-        self._store = _results.open_db(self.db)
-        self._stage, self._closed, self._t0 = stage, False, time.perf_counter()
+        from .sweep import CURRENT_TRIAL
+        self._trial = CURRENT_TRIAL.get()
+        if self._trial is not None and self.study_name is None:
+            self.study_name, self.trial_number = self._trial.study_name, self._trial.trial_number
+        self._store = _results.open_db(self.db or (self._trial.db if self._trial is not None else None))
+        self._stage, self._closed, self._final = stage, False, None
         self.run_id = self._store.start_run(**self._describe(trainer, pl_module, stage))
+        if self._trial is not None:
+            self._trial.run_id = self.run_id
+
+    def _close(self, status: str, error: str | None = None, metrics: dict | None = None) -> None:
+        self._closed = True
+        self._store.finish_run(self.run_id, status, error=error)
+        if self._trial is not None:
+            self._trial.status, self._trial.error = status, error
+            self._trial.metrics.update(metrics or {})
 
     def _describe(self, trainer, pl_module, stage: str) -> dict:
         hparams = _results._jsonable(dict(getattr(pl_module, 'hparams', {}) or {}))
@@ -140,28 +154,29 @@ class ResultsCallback(Callback):
     def on_fit_end(self, trainer, pl_module) -> None:
         if self.run_id is None:
             return
-        self._store.log_metrics(self.run_id, _scalars(trainer.callback_metrics), epoch=trainer.current_epoch,
-                                step=trainer.global_step, final=True)
+        self._final = _scalars(trainer.callback_metrics)
+        self._store.log_metrics(self.run_id, self._final, epoch=trainer.current_epoch, step=trainer.global_step,
+                                final=True)
         if self.latency:
             self._record_latency(trainer, pl_module)
 
     def on_validation_end(self, trainer, pl_module) -> None:
         if self.run_id is not None and self._stage == 'validate':
-            self._store.log_metrics(self.run_id, _scalars(trainer.callback_metrics), final=True)
+            self._final = _scalars(trainer.callback_metrics)
+            self._store.log_metrics(self.run_id, self._final, final=True)
 
     def on_test_end(self, trainer, pl_module) -> None:
         if self.run_id is not None and self._stage == 'test':
-            self._store.log_metrics(self.run_id, _scalars(trainer.callback_metrics), final=True)
+            self._final = _scalars(trainer.callback_metrics)
+            self._store.log_metrics(self.run_id, self._final, final=True)
 
     def teardown(self, trainer, pl_module, stage: str) -> None:
         if self.run_id is not None and not self._closed:
-            self._closed = True
-            self._store.finish_run(self.run_id, 'finished')
+            self._close('finished', metrics=getattr(self, '_final', None))
 
     def on_exception(self, trainer, pl_module, exception: BaseException) -> None:
         if self.run_id is None or self._closed:
             return
-        self._closed = True
         pruned = type(exception).__name__ == 'TrialPruned'
         metrics = _scalars(trainer.callback_metrics)
         if metrics:     # what the run reached before it stopped
@@ -170,7 +185,7 @@ class ResultsCallback(Callback):
         err = f'{type(exception).__name__}: {exception}'
         if not pruned:
             err += '\n' + ''.join(traceback.format_exception(exception)[-8:])
-        self._store.finish_run(self.run_id, 'pruned' if pruned else 'failed', error=err[:20000])
+        self._close('pruned' if pruned else 'failed', error=err[:20000], metrics=metrics)
 
     # ------------------------------------------------------------------------------------------ latency
     def _example_input(self, trainer, pl_module, net) -> torch.Tensor | None:
@@ -210,3 +225,17 @@ class ResultsCallback(Callback):
         self._store.add_latency_record(lat.as_dict(), params=params, macs=macs, run_id=self.run_id,
                                        arch_fingerprint=_results.fingerprint(net))
         self._store.update_run(self.run_id, macs=macs, params=params)
+        self.latency_ms = lat.median_ms
+        if self._trial is not None:
+            self._trial.latency_ms = lat.median_ms
+
+
+def results_callbacks() -> list[Callback]:
+    """The recording callbacks of a ``zoo fit/validate/test`` run, for ``default_callbacks()``: a
+    ``ResultsCallback`` unless ``ZOO_DB=none`` (``zoo fit --db none``), plus the callbacks of the sweep
+    trial this run belongs to (Optuna's pruning callback), if any."""
+    from .sweep import CURRENT_TRIAL
+
+    trial = CURRENT_TRIAL.get()
+    cbs: list[Callback] = [] if _results.resolve_url() is None and trial is None else [ResultsCallback()]
+    return cbs + (list(trial.callbacks) if trial is not None else [])

@@ -1,0 +1,247 @@
+"""``zoo sweep``: Optuna studies over recipes, stored in the results database.
+
+A sweep is a Python file under ``recipes/sweeps/`` with a define-by-run search space::
+
+    BASE = 'recipes/configs/poolformer/poolformer_tiny_digits_quick.yaml'   # the recipe every trial starts from
+    METRIC = 'val/acc1'                                    # what the trial returns (its final value)
+    DIRECTIONS = ('maximize',)                             # or ('maximize', 'minimize'): accuracy vs latency (ms)
+    N_TRIALS = 20                                          # default --n-trials
+
+    def space(trial) -> dict:                              # dotted LightningCLI keys -> values
+        return {'model.init_args.lr': trial.suggest_float('lr', 1e-4, 1e-2, log=True)}
+
+Optional: ``sampler(seed)`` and ``pruner()`` returning Optuna objects, ``ARGS`` (extra CLI arguments
+for every trial), ``SEED``.
+
+Storage is the results database URL itself (Optuna's tables beside ``zoo_*``), so ``--study-name``
+resumes a study after a crash or kill (``load_if_exists``), and every trial is also a run row with
+``study_name`` and ``trial_number``. ``--n-trials N`` is the number of trials the study should hold
+when done (complete + pruned + failed), so re-running the same command resumes instead of adding N more.
+
+Single-objective studies prune with optuna-integration's ``PyTorchLightningPruningCallback``
+(``MedianPruner`` by default). Multi-objective studies (the second objective is the trained model's
+batch-1 CPU latency in ms) cannot prune (``Trial.report`` raises for them) and use an explicitly
+chosen sampler, TPE (multivariate), so results do not move with Optuna's default.
+
+SQLite and several workers: Optuna's FAQ advises against SQLite for parallel optimisation ("database
+is locked"). We give Optuna's engine a long busy timeout and record heartbeats, which our tests show
+loses no trial with two processes on one file; for many machines use a PostgreSQL URL.
+"""
+from __future__ import annotations
+
+import contextvars
+import importlib.util
+import json
+import os
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+class SweepError(ValueError):
+    """A sweep file or a sweep run is not usable as given."""
+
+
+@dataclass
+class TrialContext:
+    """What a sweep trial shares with the recording callback of the run it starts."""
+    study_name: str
+    trial_number: int
+    db: str | None = None                             # the sweep's database URL (runs are recorded there)
+    callbacks: list = field(default_factory=list)   # extra Lightning callbacks (the pruner)
+    run_id: int | None = None
+    status: str | None = None
+    error: str | None = None
+    metrics: dict = field(default_factory=dict)
+    latency_ms: float | None = None
+
+
+CURRENT_TRIAL: contextvars.ContextVar[TrialContext | None] = contextvars.ContextVar('zoo_sweep_trial', default=None)
+
+
+@dataclass
+class Sweep:
+    path: Path
+    base: Path
+    metric: str
+    directions: tuple
+    n_trials: int
+    module: Any
+
+    @property
+    def multi_objective(self) -> bool:
+        return len(self.directions) > 1
+
+
+def load_sweep(path: str | os.PathLike) -> Sweep:
+    """Import a sweep file and check what it declares."""
+    path = Path(path)
+    if not path.is_file():
+        found = sorted(p.name for p in (ROOT / 'recipes' / 'sweeps').glob('*.py') if not p.name.startswith('_'))
+        raise SweepError(f'sweep file {path} not found; sweeps in this checkout: {", ".join(found) or "none"}')
+    spec = importlib.util.spec_from_file_location(f'zoo_sweep_{path.stem}', path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    missing = [n for n in ('BASE', 'space') if not hasattr(mod, n)]
+    if missing:
+        raise SweepError(f'{path} must define {" and ".join(missing)} (BASE = the recipe config, '
+                         'space(trial) -> {"model.init_args.lr": trial.suggest_float(...), ...})')
+    base = Path(mod.BASE)
+    for cand in (base, Path.cwd() / base, ROOT / base, path.parent / base):
+        if cand.is_file():
+            base = cand.resolve()
+            break
+    else:
+        raise SweepError(f'{path}: base recipe {mod.BASE} not found (looked in the working directory and {ROOT})')
+    directions = tuple(getattr(mod, 'DIRECTIONS', ('maximize',)))
+    if not 1 <= len(directions) <= 2 or any(d not in ('maximize', 'minimize') for d in directions):
+        raise SweepError(f"{path}: DIRECTIONS must be ('maximize'|'minimize',) or (metric direction, 'minimize') "
+                         f'for latency; got {directions}')
+    return Sweep(path=path, base=base, metric=getattr(mod, 'METRIC', 'val/acc1'), directions=directions,
+                 n_trials=int(getattr(mod, 'N_TRIALS', 10)), module=mod)
+
+
+def storage(db: str | None = None):
+    """Optuna's RDB storage on the results database URL (a long busy timeout for SQLite, heartbeats so a
+    killed worker's trial is failed, not left running forever)."""
+    import optuna
+
+    from zoo.eval.results import open_db, resolve_url
+
+    url = resolve_url(db)
+    if url is None:
+        raise SweepError('a sweep needs a database (ZOO_DB=none disables it); pass --db PATH')
+    open_db(url)            # our tables and migrations first; a bad file is reported by the results store
+    kw = {'connect_args': {'timeout': 120}} if url.startswith('sqlite') else {'pool_pre_ping': True}
+    return optuna.storages.RDBStorage(url, engine_kwargs=kw, heartbeat_interval=30, grace_period=120)
+
+
+def _sampler(sweep: Sweep, seed: int | None):
+    import optuna
+
+    if hasattr(sweep.module, 'sampler'):
+        return sweep.module.sampler(seed)
+    # Chosen explicitly (Optuna 5 changed the multi-objective default from NSGA-II to TPE): TPE handles
+    # the small budgets of CPU sweeps; constant_liar keeps parallel workers from sampling the same point.
+    return optuna.samplers.TPESampler(seed=seed, multivariate=True, constant_liar=True)
+
+
+def _pruner(sweep: Sweep):
+    import optuna
+
+    if sweep.multi_objective:
+        return optuna.pruners.NopPruner()        # Trial.report raises for multi-objective studies
+    if hasattr(sweep.module, 'pruner'):
+        return sweep.module.pruner()
+    return optuna.pruners.MedianPruner(n_startup_trials=2, n_warmup_steps=1)
+
+
+def _argv(sweep: Sweep, params: dict, extra_args: list[str]) -> list[str]:
+    argv = ['fit', '-c', str(sweep.base)]
+    for key, value in params.items():
+        argv.append(f'--{key}={value if isinstance(value, str) else json.dumps(value)}')
+    return argv + list(getattr(sweep.module, 'ARGS', [])) + list(extra_args)
+
+
+def _run_cli(argv: list[str]) -> None:
+    from zoo.recipes.cli import run_lightning_cli
+
+    rc = run_lightning_cli(argv)
+    if rc not in (None, 0):
+        raise SweepError(f'zoo {" ".join(argv)} exited with status {rc}')
+
+
+def make_objective(sweep: Sweep, study_name: str, extra_args: list[str], db_url: str | None = None):
+    import optuna
+
+    def objective(trial: optuna.Trial):
+        from optuna_integration import PyTorchLightningPruningCallback
+
+        params = sweep.module.space(trial)
+        if not isinstance(params, dict):
+            raise SweepError(f'{sweep.path}: space(trial) must return a dict of CLI keys to values')
+        ctx = TrialContext(study_name, trial.number, db=db_url)
+        if not sweep.multi_objective:
+            ctx.callbacks.append(PyTorchLightningPruningCallback(trial, monitor=sweep.metric))
+        token = CURRENT_TRIAL.set(ctx)
+        try:
+            _run_cli(_argv(sweep, params, extra_args))
+        except optuna.TrialPruned:
+            raise
+        except BaseException as e:
+            if ctx.status == 'pruned':
+                raise optuna.TrialPruned(str(e)) from e
+            raise
+        finally:
+            CURRENT_TRIAL.reset(token)
+            if ctx.run_id is not None:
+                trial.set_user_attr('zoo_run_id', ctx.run_id)
+        if ctx.status == 'pruned':
+            raise optuna.TrialPruned(ctx.error or 'pruned')
+        if ctx.status != 'finished':
+            raise SweepError(f'trial {trial.number} ended with status {ctx.status}: {ctx.error}')
+        if sweep.metric not in ctx.metrics:
+            raise SweepError(f'trial {trial.number}: metric {sweep.metric!r} was not logged; logged: '
+                             f'{", ".join(sorted(ctx.metrics)) or "nothing"}')
+        value = ctx.metrics[sweep.metric]
+        if not sweep.multi_objective:
+            return value
+        if ctx.latency_ms is None:
+            raise SweepError(f'trial {trial.number}: no latency was measured (multi-objective sweeps need it; '
+                             'do not set ZOO_RECORD_LATENCY=0)')
+        trial.set_user_attr('latency_ms', ctx.latency_ms)
+        return value, ctx.latency_ms
+
+    return objective
+
+
+def run_sweep(path: str | os.PathLike, n_trials: int | None = None, n_jobs: int = 1, db: str | None = None,
+              study_name: str | None = None, timeout: float | None = None, extra_args: list[str] | None = None,
+              seed: int | None = None):
+    """Create or resume the study and run trials until it holds ``n_trials`` (default: the file's N_TRIALS)."""
+    import optuna
+    from optuna.trial import TrialState
+
+    sweep = load_sweep(path)
+    study_name = study_name or sweep.path.stem
+    seed = seed if seed is not None else getattr(sweep.module, 'SEED', None)
+    st = storage(db)
+    study = optuna.create_study(study_name=study_name, storage=st, load_if_exists=True, directions=list(sweep.directions),
+                                sampler=_sampler(sweep, seed), pruner=_pruner(sweep))
+    stored = [d.value for d in study.directions]
+    wanted = [optuna.study.StudyDirection.MAXIMIZE if d == 'maximize' else optuna.study.StudyDirection.MINIMIZE
+              for d in sweep.directions]
+    if stored != [w.value for w in wanted]:
+        raise SweepError(f'study {study_name!r} exists with other directions; pick another --study-name')
+    study.set_metric_names([sweep.metric] + (['latency_ms'] if sweep.multi_objective else []))
+    study.set_user_attr('base_recipe', str(sweep.base.relative_to(ROOT) if sweep.base.is_relative_to(ROOT)
+                                           else sweep.base))
+    study.set_user_attr('sweep_file', sweep.path.name)
+    optuna.storages.fail_stale_trials(study)            # trials of a killed worker: failed, not running forever
+    target = n_trials if n_trials is not None else sweep.n_trials
+    done_states = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)
+    remaining = target - len(study.get_trials(deepcopy=False, states=done_states))
+    if remaining > 0:
+        study.optimize(make_objective(sweep, study_name, extra_args or [], st.url), n_trials=remaining, n_jobs=n_jobs,
+                       timeout=timeout, catch=(SweepError, RuntimeError, ValueError),
+                       callbacks=[optuna.study.MaxTrialsCallback(target, states=done_states)])
+    _report(study, sweep)
+    return study
+
+
+def _report(study, sweep: Sweep) -> None:
+    from optuna.trial import TrialState
+
+    trials = study.get_trials(deepcopy=False)
+    counts = {s.name.lower(): sum(t.state == s for t in trials) for s in TrialState}
+    print(f'study {study.study_name}: ' + ', '.join(f'{n} {k}' for k, n in counts.items() if n), file=sys.stderr)
+    if sweep.multi_objective:
+        for t in study.best_trials:
+            print(f'  Pareto trial {t.number}: {sweep.metric}={t.values[0]:.4f} latency={t.values[1]:.2f} ms '
+                  f'{t.params}', file=sys.stderr)
+    elif counts.get('complete'):
+        print(f'  best trial {study.best_trial.number}: {sweep.metric}={study.best_value:.4f} '
+              f'{study.best_trial.params}', file=sys.stderr)
