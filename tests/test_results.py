@@ -387,3 +387,22 @@ def test_callback_marks_failed_and_pruned_runs():
     pruned = R.runs(id=cb.run_id).iloc[0]
     assert pruned.status == 'pruned' and pruned.study_name == 's' and pruned.trial_number == 4
     assert not R.latency().run_id.isin([cb.run_id]).any()
+
+
+# --------------------------------------------------------------------------------------------------- notebook
+def test_compare_notebook_runs_top_to_bottom(fixture_db, capsys):
+    import matplotlib
+    import matplotlib.pyplot as plt
+    matplotlib.use('Agg')
+
+    nb = json.loads((ROOT / 'notebooks' / 'compare.ipynb').read_text())
+    assert nb['nbformat'] == 4
+    ns: dict = {}
+    for cell in nb['cells']:
+        if cell['cell_type'] == 'code':
+            exec(compile(''.join(cell['source']), 'compare.ipynb', 'exec'), ns)
+    out = capsys.readouterr().out
+    assert 'classification / digits: 4 models ranked by val/acc1' in out
+    assert "Pareto front: ['fast', 'mid', 'slow_good']" in out
+    assert ns['board'].model.tolist()[0] == 'slow_good' and len(ns['seeds']) == 3 + 4 + 1 + 2
+    plt.close('all')
