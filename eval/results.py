@@ -272,6 +272,12 @@ class ResultsDB:
             dbapi_conn.isolation_level = None
             cur = dbapi_conn.cursor()
             cur.execute('PRAGMA foreign_keys=ON')
+            # WAL: readers never block the writer (a notebook open while a sweep runs), and with
+            # synchronous=NORMAL a commit needs no fsync (durable across process crashes; a power cut may
+            # lose the last commits, never corrupt the file). Not for network file systems (use a server URL).
+            if cur.execute('PRAGMA journal_mode').fetchone()[0].lower() != 'wal':
+                cur.execute('PRAGMA journal_mode=WAL')
+            cur.execute('PRAGMA synchronous=NORMAL')
             cur.close()
 
         @event.listens_for(self.engine, 'begin')
