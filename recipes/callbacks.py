@@ -133,6 +133,11 @@ class ResultsCallback(Callback):
                     files = ns.get('config') or []
                     recipe = recipe or ','.join(str(getattr(f, 'relative', f)) for f in files) or None
                     break
+            else:       # no SaveConfigCallback (fast_dev_run, a plain Trainer): what the objects declare
+                config = {'model': _results._jsonable(dict(getattr(trainer.lightning_module, 'hparams', {}) or {})),
+                          'data': _results._jsonable(dict(getattr(trainer.datamodule, 'hparams', {}) or {})),
+                          'trainer': {'max_epochs': trainer.max_epochs, 'max_steps': trainer.max_steps,
+                                      'fast_dev_run': trainer.fast_dev_run, 'precision': str(trainer.precision)}}
         return recipe, config
 
     @staticmethod

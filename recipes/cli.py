@@ -28,8 +28,11 @@ _RUN_DIR_ENV = 'ZOO_RUN_DIR'  # rank 0's run folder, inherited by the processes 
 
 
 def default_callbacks(run_dir: str | Path | None = None, monitor: str = 'val/acc1', mode: str = 'max') -> list[Callback]:
-    """The callbacks every run gets: progress bar, last + best checkpoints, learning-rate monitor."""
+    """The callbacks every run gets: progress bar, last + best checkpoints, learning-rate monitor, and the
+    results-database recorder (off with ``zoo fit --db none`` or ``ZOO_DB=none``)."""
     from lightning.pytorch.callbacks import LearningRateMonitor, ModelCheckpoint, TQDMProgressBar
+
+    from .callbacks import results_callbacks
 
     ckpt_dir = str(Path(run_dir) / 'checkpoints') if run_dir is not None else None
     return [
@@ -37,6 +40,7 @@ def default_callbacks(run_dir: str | Path | None = None, monitor: str = 'val/acc
         ModelCheckpoint(dirpath=ckpt_dir, filename='best-epoch{epoch}-step{step}', auto_insert_metric_name=False,
                         monitor=monitor, mode=mode, save_top_k=1, save_last=True),
         LearningRateMonitor(logging_interval='step'),
+        *results_callbacks(),
     ]
 
 
