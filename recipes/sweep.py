@@ -140,7 +140,8 @@ def _pruner(sweep: Sweep):
 
 
 def _argv(sweep: Sweep, params: dict, extra_args: list[str]) -> list[str]:
-    argv = ['fit', '-c', str(sweep.base)]
+    base = sweep.base.relative_to(Path.cwd()) if sweep.base.is_relative_to(Path.cwd()) else sweep.base
+    argv = ['fit', '-c', str(base)]     # relative where possible: the run row's recipe reads like the docs
     for key, value in params.items():
         argv.append(f'--{key}={value if isinstance(value, str) else json.dumps(value)}')
     return argv + list(getattr(sweep.module, 'ARGS', [])) + list(extra_args)
@@ -152,6 +153,28 @@ def _run_cli(argv: list[str]) -> None:
     rc = run_lightning_cli(argv)
     if rc not in (None, 0):
         raise SweepError(f'zoo {" ".join(argv)} exited with status {rc}')
+
+
+def _record_unstarted(sweep: Sweep, params: dict, extra_args: list[str], ctx: TrialContext) -> int:
+    """A ``failed`` run row for a trial whose run never reached the trainer (e.g. a rejected value)."""
+    import yaml
+
+    from zoo.eval.results import open_db
+
+    name = params.get('model.init_args.name')
+    for a in [*getattr(sweep.module, 'ARGS', []), *extra_args]:
+        if a.startswith('--model.init_args.name='):
+            name = name or a.split('=', 1)[1]
+    if name is None:
+        cfg = yaml.safe_load(sweep.base.read_text()) or {}
+        name = ((cfg.get('model') or {}).get('init_args') or {}).get('name', 'unknown')
+    store = open_db(ctx.db)
+    run_id = store.start_run(name, recipe=str(sweep.base), hparams=params, study_name=ctx.study_name,
+                             trial_number=ctx.trial_number, stage='fit')
+    ctx.status = 'failed'
+    ctx.error = ctx.error or 'the run stopped before training started (its configuration was rejected; see the log)'
+    store.finish_run(run_id, 'failed', error=ctx.error)
+    return run_id
 
 
 def make_objective(sweep: Sweep, study_name: str, extra_args: list[str], db_url: str | None = None):
@@ -177,8 +200,9 @@ def make_objective(sweep: Sweep, study_name: str, extra_args: list[str], db_url:
             raise
         finally:
             CURRENT_TRIAL.reset(token)
-            if ctx.run_id is not None:
-                trial.set_user_attr('zoo_run_id', ctx.run_id)
+            if ctx.run_id is None:      # failed before training started (bad configuration): still a run row
+                ctx.run_id = _record_unstarted(sweep, params, extra_args, ctx)
+            trial.set_user_attr('zoo_run_id', ctx.run_id)
         if ctx.status == 'pruned':
             raise optuna.TrialPruned(ctx.error or 'pruned')
         if ctx.status != 'finished':

@@ -5,7 +5,7 @@
     zoo bench NAME... [--batch-size 1 16] [--img-size 224] [--vs timm/NAME] [--db URL]
     zoo results [--task T] [--dataset D] [--model PATTERN] [--metric val/acc1] [--format table|csv|json|markdown]
                 [--plot pareto.png] [--db URL]
-    zoo sweep recipes/sweeps/NAME.py [--n-trials N] [--n-jobs J] [--study-name S] [--db URL]
+    zoo sweep recipes/sweeps/NAME.py [--n-trials N] [--n-jobs J] [--study-name S] [--db URL] [--trial-args '...']
 
 Training subcommands (``fit``, ``validate``, ``test``, ``predict``) are LightningCLI and load
 Lightning only when used.
@@ -95,10 +95,12 @@ def _cmd_results(args) -> int:
 
 
 def _cmd_sweep(args) -> int:
+    import shlex
+
     from zoo.recipes.sweep import run_sweep
 
     run_sweep(args.file, n_trials=args.n_trials, n_jobs=args.n_jobs, db=args.db, study_name=args.study_name,
-              timeout=args.timeout, extra_args=args.overrides)
+              timeout=args.timeout, extra_args=shlex.split(args.trial_args))
     return 0
 
 
@@ -170,7 +172,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument('--study-name', help='default: the file name; the same name resumes the study')
     p.add_argument('--timeout', type=float, help='stop starting trials after this many seconds')
     p.add_argument('--db', help='results database path or SQLAlchemy URL (default $ZOO_DB or ./zoo-results.db)')
-    p.add_argument('overrides', nargs='*', help='extra LightningCLI arguments for every trial, after --')
+    p.add_argument('--trial-args', default='', metavar='ARGS',
+                   help="extra LightningCLI arguments for every trial, one string: '--trainer.max_epochs=2'")
     p.set_defaults(func=_cmd_sweep)
     return parser
 

@@ -1,0 +1,170 @@
+"""``zoo sweep``: every sweep file for two trials, resume after a kill, two processes on one SQLite file,
+pruned and failed trials kept, trials linked to run rows."""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from zoo.cli import main
+from zoo.eval import results as R
+
+ROOT = Path(__file__).resolve().parents[1]
+SWEEPS = sorted(p for p in (ROOT / 'recipes' / 'sweeps').glob('*.py') if not p.name.startswith('_'))
+BASE = ROOT / 'recipes' / 'configs' / 'poolformer' / 'poolformer_tiny_digits_15e.yaml'
+# Each trial: one epoch of two training batches and one validation batch.
+FAST = '--trainer.max_epochs=1 --trainer.limit_train_batches=2 --trainer.limit_val_batches=1'
+
+
+@pytest.fixture(autouse=True)
+def zoo_db(tmp_path, monkeypatch):
+    path = tmp_path / 'results.db'
+    monkeypatch.setenv('ZOO_DB', str(path))
+    monkeypatch.setenv('ZOO_RUNS', str(tmp_path / 'runs'))     # run folders out of the checkout
+    monkeypatch.setenv('ZOO_RECORD_LATENCY', '1')
+    yield path
+    for db in R._DBS.values():
+        db.close()
+    R._DBS.clear()
+
+
+def _study(name, db):
+    import optuna
+    return optuna.load_study(study_name=name, storage=R.resolve_url(str(db)))
+
+
+def _check_links(study, db):
+    """Every trial of the study is a run row with its study name and trial number, and vice versa."""
+    rows = R.runs(study_name=study.study_name)
+    numbers = sorted(t.number for t in study.trials)
+    assert sorted(rows.trial_number) == numbers
+    for t in study.trials:
+        if 'zoo_run_id' in t.user_attrs:
+            assert rows.set_index('id').loc[t.user_attrs['zoo_run_id'], 'trial_number'] == t.number
+    return rows
+
+
+def test_there_are_sweeps():
+    assert {p.stem for p in SWEEPS} >= {'poolformer_digits', 'metaformer_digits_latency'}
+
+
+@pytest.mark.parametrize('path', SWEEPS, ids=[p.stem for p in SWEEPS])
+def test_every_sweep_runs_two_trials(path, zoo_db, capsys):
+    assert main(['sweep', str(path), '--n-trials', '2', '--trial-args', FAST]) == 0
+    study = _study(path.stem, zoo_db)
+    assert len(study.trials) == 2 and all(t.state.name == 'COMPLETE' for t in study.trials)
+    rows = _check_links(study, zoo_db)
+    assert (rows.status == 'finished').all() and rows.recipe.str.endswith(BASE.name).all()
+    assert set(rows.dataset) == {'digits'} and rows['val/acc1'].between(0, 1).all()
+    if len(study.directions) == 2:      # accuracy vs latency: the latency objective is the run's latency row
+        lat = R.latency()
+        for t in study.trials:
+            assert lat.set_index('run_id').loc[t.user_attrs['zoo_run_id'], 'median_ms'] == pytest.approx(t.values[1])
+        assert study.best_trials
+    # running the same command again resumes: the study already holds 2 trials, nothing is added
+    assert main(['sweep', str(path), '--n-trials', '2', '--trial-args', FAST]) == 0
+    assert len(_study(path.stem, zoo_db).trials) == 2
+
+
+def _write_sweep(tmp_path, body: str, name='custom') -> Path:
+    p = tmp_path / f'{name}.py'
+    p.write_text(f'BASE = {str(BASE)!r}\nMETRIC = "val/acc1"\n' + body)
+    return p
+
+
+def test_pruned_and_failed_trials_are_kept(tmp_path, zoo_db):
+    from zoo.recipes.sweep import run_sweep
+
+    sweep = _write_sweep(tmp_path, '''
+def space(trial):
+    lr = trial.suggest_categorical("lr", [0.002, "nan"])
+    return {"model.init_args.lr": lr}
+
+def pruner():
+    import optuna
+    return optuna.pruners.ThresholdPruner(lower=1.01)      # prunes every trial at its first report
+
+def sampler(seed):
+    import optuna
+    return optuna.samplers.BruteForceSampler(seed=0)
+''')
+    study = run_sweep(sweep, n_trials=2, extra_args=FAST.split())
+    states = sorted(t.state.name for t in study.trials)
+    rows = _check_links(study, zoo_db).set_index('trial_number')
+    by_lr = {t.params['lr']: t for t in study.trials}
+    assert states == ['FAIL', 'PRUNED']
+    assert by_lr[0.002].state.name == 'PRUNED' and rows.loc[by_lr[0.002].number, 'status'] == 'pruned'
+    assert by_lr['nan'].state.name == 'FAIL' and rows.loc[by_lr['nan'].number, 'status'] == 'failed'
+    assert rows.loc[by_lr['nan'].number, 'error']
+
+
+def test_a_killed_sweep_resumes_and_its_trial_is_marked_crashed(tmp_path, zoo_db):
+    sweep = _write_sweep(tmp_path, '''
+N_TRIALS = 3
+def space(trial):
+    return {"model.init_args.lr": trial.suggest_float("lr", 1e-3, 1e-2, log=True)}
+''', name='killme')
+    env = {**os.environ, 'ZOO_DB': str(zoo_db)}
+    proc = subprocess.Popen([sys.executable, '-m', 'zoo.cli', 'sweep', str(sweep), '--trial-args', FAST],
+                            cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:                                 # kill it as soon as the first trial has finished
+        deadline = time.time() + 240
+        while time.time() < deadline:
+            if zoo_db.exists() and len(R.ResultsDB(str(zoo_db), check_crashed=False).runs(status='finished')) >= 1:
+                break
+            assert proc.poll() is None, 'the sweep ended before it could be killed'
+            time.sleep(0.2)
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+    from zoo.recipes.sweep import run_sweep
+    study = run_sweep(sweep, extra_args=FAST.split())        # same name: resumes to N_TRIALS done trials
+    done = [t for t in study.trials if t.state.name in ('COMPLETE', 'PRUNED', 'FAIL')]
+    assert len(done) == 3
+    rows = _check_links(study, zoo_db)
+    # the trial that was running when the process died (if it had started) is a crashed run, not lost
+    assert set(rows.status) <= {'finished', 'crashed', 'pruned'}
+    assert (rows.status == 'finished').sum() >= 3 - (rows.status == 'pruned').sum()
+    running = [t.number for t in study.trials if t.state.name == 'RUNNING']
+    assert sorted(rows[rows.status == 'crashed'].trial_number) == running
+
+
+def test_two_processes_on_one_sqlite_file_lose_no_trial(tmp_path, zoo_db):
+    sweep = _write_sweep(tmp_path, '''
+def space(trial):
+    return {"model.init_args.lr": trial.suggest_float("lr", 1e-3, 1e-2, log=True)}
+
+def pruner():
+    import optuna
+    return optuna.pruners.NopPruner()
+''', name='shared')
+    env = {**os.environ, 'ZOO_DB': str(zoo_db)}
+    R.open_db()
+    procs = [subprocess.Popen([sys.executable, '-m', 'zoo.cli', 'sweep', str(sweep), '--n-trials', '4',
+                               '--trial-args', FAST], cwd=ROOT, env=env, stdout=subprocess.DEVNULL,
+                              stderr=subprocess.PIPE, text=True) for _ in range(2)]
+    for p in procs:
+        assert p.wait(timeout=600) == 0, p.stderr.read()[-3000:]
+    study = _study('shared', zoo_db)
+    assert len(study.trials) >= 4            # MaxTrialsCallback: each worker stops once 4 are done
+    assert all(t.state.name == 'COMPLETE' for t in study.trials)
+    assert sorted(t.number for t in study.trials) == list(range(len(study.trials)))
+    rows = _check_links(study, zoo_db)
+    assert (rows.status == 'finished').all() and rows.pid.nunique() == 2
+
+
+def test_bad_sweep_files_are_clear_errors(tmp_path, capsys):
+    assert main(['sweep', str(tmp_path / 'nope.py')]) == 2
+    assert 'poolformer_digits.py' in capsys.readouterr().err
+    bad = tmp_path / 'bad.py'
+    bad.write_text('X = 1\n')
+    assert main(['sweep', str(bad)]) == 2
+    assert 'must define BASE and space' in capsys.readouterr().err
+    bad.write_text('BASE = "missing.yaml"\ndef space(t):\n    return {}\n')
+    assert main(['sweep', str(bad)]) == 2
+    assert 'base recipe missing.yaml not found' in capsys.readouterr().err
