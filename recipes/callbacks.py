@@ -72,9 +72,14 @@ class ResultsCallback(Callback):
             self.study_name, self.trial_number = self._trial.study_name, self._trial.trial_number
         self._store = _results.open_db(self.db or (self._trial.db if self._trial is not None else None))
         self._stage, self._closed, self._final = stage, False, None
-        self.run_id = self._store.start_run(**self._describe(trainer, pl_module, stage))
+        fields = self._describe(trainer, pl_module, stage)
+        if self._trial is not None and self._trial.run_id is not None and not self._trial.claimed:
+            self.run_id = self._trial.run_id            # the row the sweep wrote when the trial started
+            self._store.update_run(self.run_id, **fields)
+        else:
+            self.run_id = self._store.start_run(**fields)
         if self._trial is not None:
-            self._trial.run_id = self.run_id
+            self._trial.run_id, self._trial.claimed = self.run_id, True
 
     def _close(self, status: str, error: str | None = None, metrics: dict | None = None) -> None:
         self._closed = True
@@ -112,6 +117,7 @@ class ResultsCallback(Callback):
                       env={**_results.environment(self._device(trainer)), 'precision': str(trainer.precision),
                            'devices': trainer.num_devices, 'strategy': type(trainer.strategy).__name__},
                       study_name=self.study_name, trial_number=self.trial_number)
+        fields['config_key'] = _results.config_key(name, dataset, hparams, fields['block_choices'], fields['max_epochs'])
         if net is not None:
             fields.update(arch_fingerprint=_results.fingerprint(net), params=sum(p.numel() for p in net.parameters()))
         return fields

@@ -52,7 +52,8 @@ class TrialContext:
     trial_number: int
     db: str | None = None                             # the sweep's database URL (runs are recorded there)
     callbacks: list = field(default_factory=list)   # extra Lightning callbacks (the pruner)
-    run_id: int | None = None
+    run_id: int | None = None                         # written by the sweep, filled in by ResultsCallback
+    claimed: bool = False                             # a ResultsCallback has taken over run_id
     status: str | None = None
     error: str | None = None
     metrics: dict = field(default_factory=dict)
@@ -155,8 +156,9 @@ def _run_cli(argv: list[str]) -> None:
         raise SweepError(f'zoo {" ".join(argv)} exited with status {rc}')
 
 
-def _record_unstarted(sweep: Sweep, params: dict, extra_args: list[str], ctx: TrialContext) -> int:
-    """A ``failed`` run row for a trial whose run never reached the trainer (e.g. a rejected value)."""
+def _start_trial_run(sweep: Sweep, params: dict, extra_args: list[str], ctx: TrialContext) -> int:
+    """The trial's run row, written before anything else, so a trial killed at any moment is a run row
+    (``crashed`` once the store sees its process gone). The recording callback fills it in."""
     import yaml
 
     from zoo.eval.results import open_db
@@ -168,13 +170,17 @@ def _record_unstarted(sweep: Sweep, params: dict, extra_args: list[str], ctx: Tr
     if name is None:
         cfg = yaml.safe_load(sweep.base.read_text()) or {}
         name = ((cfg.get('model') or {}).get('init_args') or {}).get('name', 'unknown')
-    store = open_db(ctx.db)
-    run_id = store.start_run(name, recipe=str(sweep.base), hparams=params, study_name=ctx.study_name,
-                             trial_number=ctx.trial_number, stage='fit')
+    return open_db(ctx.db).start_run(name, recipe=str(sweep.base), hparams=params, study_name=ctx.study_name,
+                                     trial_number=ctx.trial_number, stage='fit')
+
+
+def _fail_unstarted(ctx: TrialContext) -> None:
+    """The run never reached the trainer (e.g. a value the system rejected): the row says so."""
+    from zoo.eval.results import open_db
+
     ctx.status = 'failed'
     ctx.error = ctx.error or 'the run stopped before training started (its configuration was rejected; see the log)'
-    store.finish_run(run_id, 'failed', error=ctx.error)
-    return run_id
+    open_db(ctx.db).finish_run(ctx.run_id, 'failed', error=ctx.error)
 
 
 def make_objective(sweep: Sweep, study_name: str, extra_args: list[str], db_url: str | None = None):
@@ -189,6 +195,8 @@ def make_objective(sweep: Sweep, study_name: str, extra_args: list[str], db_url:
         ctx = TrialContext(study_name, trial.number, db=db_url)
         if not sweep.multi_objective:
             ctx.callbacks.append(PyTorchLightningPruningCallback(trial, monitor=sweep.metric))
+        ctx.run_id = _start_trial_run(sweep, params, extra_args, ctx)
+        trial.set_user_attr('zoo_run_id', ctx.run_id)
         token = CURRENT_TRIAL.set(ctx)
         try:
             _run_cli(_argv(sweep, params, extra_args))
@@ -200,9 +208,8 @@ def make_objective(sweep: Sweep, study_name: str, extra_args: list[str], db_url:
             raise
         finally:
             CURRENT_TRIAL.reset(token)
-            if ctx.run_id is None:      # failed before training started (bad configuration): still a run row
-                ctx.run_id = _record_unstarted(sweep, params, extra_args, ctx)
-            trial.set_user_attr('zoo_run_id', ctx.run_id)
+            if ctx.status is None:
+                _fail_unstarted(ctx)
         if ctx.status == 'pruned':
             raise optuna.TrialPruned(ctx.error or 'pruned')
         if ctx.status != 'finished':

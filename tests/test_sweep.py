@@ -127,11 +127,10 @@ def space(trial):
     done = [t for t in study.trials if t.state.name in ('COMPLETE', 'PRUNED', 'FAIL')]
     assert len(done) == 3
     rows = _check_links(study, zoo_db)
-    # the trial that was running when the process died (if it had started) is a crashed run, not lost
-    assert set(rows.status) <= {'finished', 'crashed', 'pruned'}
-    assert (rows.status == 'finished').sum() >= 3 - (rows.status == 'pruned').sum()
+    # the trial that was running when the process died is a crashed run, not lost
     running = [t.number for t in study.trials if t.state.name == 'RUNNING']
-    assert sorted(rows[rows.status == 'crashed'].trial_number) == running
+    assert len(running) == 1 and sorted(rows[rows.status == 'crashed'].trial_number) == running
+    assert (rows.status == 'finished').sum() == sum(t.state.name == 'COMPLETE' for t in study.trials)
 
 
 def test_two_processes_on_one_sqlite_file_lose_no_trial(tmp_path, zoo_db):
@@ -145,13 +144,13 @@ def pruner():
 ''', name='shared')
     env = {**os.environ, 'ZOO_DB': str(zoo_db)}
     R.open_db()
-    procs = [subprocess.Popen([sys.executable, '-m', 'zoo.cli', 'sweep', str(sweep), '--n-trials', '4',
+    procs = [subprocess.Popen([sys.executable, '-m', 'zoo.cli', 'sweep', str(sweep), '--n-trials', '3',
                                '--trial-args', FAST], cwd=ROOT, env=env, stdout=subprocess.DEVNULL,
                               stderr=subprocess.PIPE, text=True) for _ in range(2)]
     for p in procs:
         assert p.wait(timeout=600) == 0, p.stderr.read()[-3000:]
     study = _study('shared', zoo_db)
-    assert len(study.trials) >= 4            # MaxTrialsCallback: each worker stops once 4 are done
+    assert len(study.trials) >= 3            # MaxTrialsCallback: each worker stops once 3 are done
     assert all(t.state.name == 'COMPLETE' for t in study.trials)
     assert sorted(t.number for t in study.trials) == list(range(len(study.trials)))
     rows = _check_links(study, zoo_db)
