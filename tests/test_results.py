@@ -406,3 +406,28 @@ def test_compare_notebook_runs_top_to_bottom(fixture_db, capsys):
     assert "Pareto front: ['fast', 'mid', 'slow_good']" in out
     assert ns['board'].model.tolist()[0] == 'slow_good' and len(ns['seeds']) == 3 + 4 + 1 + 2
     plt.close('all')
+
+
+# --------------------------------------------------------------------------------------- zoo fit records itself
+def test_zoo_fit_records_run_metrics_and_latency(zoo_db, tmp_path, monkeypatch):
+    monkeypatch.setenv('ZOO_RUNS', str(tmp_path / 'runs'))
+    cfg = 'recipes/configs/poolformer/poolformer_tiny_digits_15e.yaml'
+    fast = ['--trainer.max_epochs=2', '--trainer.limit_train_batches=2', '--trainer.limit_val_batches=1']
+    monkeypatch.chdir(ROOT)
+    assert main(['fit', '-c', cfg, *fast]) == 0
+    run = R.runs().iloc[0]
+    assert (run.model, run.family, run.variant, run.dataset, run.task) == (
+        'poolformer_tiny', 'poolformer', 'tiny', 'digits', 'classification')
+    assert run.status == 'finished' and run.recipe == cfg and run.seed == 0 and run.max_epochs == 2
+    assert run.block_choices == {'token_mixer': 'pooling'} and run.config['model']['init_args']['lr'] == 0.004
+    assert run.git_commit and run.params > 0 and run.macs > 0
+    assert R.metrics(int(run.id), name='val/acc1', final=False).epoch.tolist() == [0, 1]
+    lat = R.latency()
+    assert lat.run_id.tolist() == [run.id] and lat.input_shape.tolist() == ['1x32x32']
+    assert lat.arch_fingerprint.tolist() == [run.arch_fingerprint]
+    # --db none: nothing recorded; --db PATH: recorded there
+    other = tmp_path / 'other.db'
+    assert main(['fit', '-c', cfg, '--trainer.fast_dev_run=true', '--db', 'none']) == 0
+    monkeypatch.setenv('ZOO_DB', str(zoo_db))
+    assert main(['fit', '-c', cfg, '--trainer.fast_dev_run=true', '--db', str(other), '--seed_everything=1']) == 0
+    assert len(R.runs()) == 1 and R.runs(db=str(other)).seed.tolist() == [1]

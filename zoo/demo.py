@@ -26,9 +26,34 @@ def model_table() -> None:
     console().print(table)
 
 
+def leaderboard() -> None:
+    """The leaderboard of every (task, dataset) in the results database ($ZOO_DB or ./zoo-results.db)."""
+    from pathlib import Path
+
+    from sqlalchemy.engine import make_url
+
+    from zoo.eval import results
+
+    url = results.resolve_url()
+    if url is None or (url.startswith('sqlite') and not Path(make_url(url).database or '').is_file()):
+        print('results database: no runs recorded yet (zoo fit -c recipes/configs/... records every run)')
+        return
+    runs = results.runs(status='finished')
+    if runs.empty:
+        print(f'results database {url}: no finished runs yet')
+        return
+    for (task, dataset), g in runs.groupby(['task', 'dataset']):
+        metric = 'val/acc1' if 'val/acc1' in g.columns and g['val/acc1'].notna().any() else next(
+            (c for c in g.columns if str(c).startswith('val/') and g[c].notna().any()), None)
+        if metric is not None:
+            board = results.leaderboard(task, dataset, metric)
+            print(results.format_board(board, 'table').rstrip() + f'\n  ({task} / {dataset}, {url})')
+
+
 def main() -> None:
     torch.manual_seed(0)
     model_table()
+    leaderboard()       # last: `make demo` ends with the leaderboard from the results database
 
 
 if __name__ == '__main__':
