@@ -18,6 +18,7 @@ import importlib
 import inspect
 import os
 import sys
+import warnings
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -90,6 +91,7 @@ class ZooCLI(LightningCLI):
         model_cfg = cfg.get('model')
         stem = Path(str(configs[-1])).stem if configs else str(_init_args(model_cfg).get('name') or 'run')
         self.run_stem = stem
+        self._check_model_name(model_cfg)  # before making a run folder
         # One run folder for all processes of a DDP job: rank 0 makes it, the ranks it launches inherit it.
         inherited = os.environ.get(_RUN_DIR_ENV)
         if inherited and int(os.environ.get('LOCAL_RANK', '0')) > 0:
@@ -101,6 +103,14 @@ class ZooCLI(LightningCLI):
         if ckpt in ('last', 'best') and not Path(ckpt).is_file():
             cfg.ckpt_path = str(find_checkpoint(cfg.run_root, stem, ckpt))
         self._fill_sizes_from_data(cfg)
+
+    @staticmethod
+    def _check_model_name(model_cfg) -> None:
+        """An unknown ``--model.name`` fails here with the registry's close matches, not deep in instantiation."""
+        name = _init_args(model_cfg).get('name')
+        if isinstance(name, str) and not name.startswith('timm/'):
+            import zoo
+            zoo.model_info(name)  # KeyError naming close matches
 
     @staticmethod
     def _fill_sizes_from_data(cfg) -> None:
@@ -157,9 +167,12 @@ def run_lightning_cli(argv: list[str]) -> int:
         print(f'zoo {command}: error: {problem}', file=sys.stderr)
         return 2
     try:
-        ZooCLI(model_class=LightningModule, datamodule_class=LightningDataModule, subclass_mode_model=True,
-               subclass_mode_data=True, args=argv, auto_configure_optimizers=False,
-               save_config_kwargs={'overwrite': False})
+        with warnings.catch_warnings():  # `python -m zoo.cli fit ...` passes sys.argv on purpose
+            warnings.filterwarnings('ignore', message=".*args parameter is intended")
+            warnings.filterwarnings('ignore', message=".*litlogger")
+            ZooCLI(model_class=LightningModule, datamodule_class=LightningDataModule, subclass_mode_model=True,
+                   subclass_mode_data=True, args=argv, auto_configure_optimizers=False,
+                   save_config_kwargs={'overwrite': False}, parser_kwargs={'prog': 'zoo'})
     except SystemExit as e:  # argparse/jsonargparse: --help, --print_config, or a parse error already printed
         return e.code if isinstance(e.code, int) else (0 if e.code is None else 2)
     except _USAGE_ERRORS as e:
