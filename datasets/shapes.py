@@ -2,7 +2,7 @@
 
 Each image is drawn from its own generator seeded by ``(seed, index)``, so a dataset is the same on
 every machine and any sample can be regenerated alone. Shape, colour, size, position and rotation
-vary; the background is a random dark or light colour distinct from the shape's.
+vary; the background is a random dark colour, the shape a random bright one.
 """
 from __future__ import annotations
 
@@ -13,7 +13,8 @@ import torch
 
 from ._base import ImageDataModule, TransformTensorDataset, split_indices
 
-SHAPES = ('circle', 'triangle', 'square', 'pentagon', 'hexagon', 'star')
+# Chosen to stay distinguishable at 16-32 pixels (pentagons and hexagons look like circles there).
+SHAPES = ('circle', 'triangle', 'square', 'star', 'cross', 'ring')
 
 
 def _polygon(shape: str, cy: float, cx: float, r: float, angle: float) -> tuple[np.ndarray, np.ndarray]:
@@ -21,8 +22,14 @@ def _polygon(shape: str, cy: float, cx: float, r: float, angle: float) -> tuple[
         k = np.arange(10)
         radius = np.where(k % 2 == 0, r, 0.45 * r)
         theta = angle + k * math.pi / 5
+    elif shape == 'cross':  # a plus sign with arms 0.6 r wide: 12 corners
+        a = 0.3 * r
+        ys = np.array([-r, -r, -a, -a, a, a, r, r, a, a, -a, -a])
+        xs = np.array([-a, a, a, r, r, a, a, -a, -a, -r, -r, -a])
+        c, s_ = math.cos(angle), math.sin(angle)
+        return cy + c * ys - s_ * xs, cx + s_ * ys + c * xs
     else:
-        sides = {'triangle': 3, 'square': 4, 'pentagon': 5, 'hexagon': 6}[shape]
+        sides = {'triangle': 3, 'square': 4}[shape]
         radius = r
         theta = angle + np.arange(sides) * 2 * math.pi / sides
     return cy + radius * np.sin(theta), cx + radius * np.cos(theta)
@@ -32,16 +39,20 @@ def draw_shape(shape: str, size: int, rng: np.random.Generator) -> np.ndarray:
     """One (size, size, 3) uint8 image holding one ``shape``."""
     from skimage.draw import disk, polygon
 
-    bg = rng.integers(0, 256, 3)
+    bg = rng.integers(0, 96, 3)  # a dark background and a bright shape, both of random colour
     fg = rng.integers(0, 256, 3)
-    while np.abs(fg.astype(int) - bg.astype(int)).sum() < 200:  # keep the shape visible
-        fg = rng.integers(0, 256, 3)
+    fg[rng.integers(0, 3)] = rng.integers(200, 256)
     img = np.empty((size, size, 3), np.uint8)
     img[:] = bg
-    r = rng.uniform(0.22, 0.42) * size
+    r = rng.uniform(0.28, 0.45) * size
     cy, cx = rng.uniform(r, size - r, 2) if size > 2 * r else (size / 2, size / 2)
-    if shape == 'circle':
+    if shape in ('circle', 'ring'):
         rr, cc = disk((cy, cx), r, shape=img.shape[:2])
+        img[rr, cc] = fg
+        if shape == 'ring':  # hollow: the inner half of the radius back to the background
+            rr, cc = disk((cy, cx), 0.55 * r, shape=img.shape[:2])
+            img[rr, cc] = bg
+        return img
     else:
         rr, cc = polygon(*_polygon(shape, cy, cx, r, rng.uniform(0, 2 * math.pi)), shape=img.shape[:2])
     img[rr, cc] = fg
@@ -67,7 +78,7 @@ class ShapesDataModule(ImageDataModule):
     in_chans = 3
 
     def __init__(self, batch_size: int = 64, num_workers: int = 0, img_size: int = 32, seed: int = 0,
-                 num_samples: int = 1200, num_classes: int = len(SHAPES), val_fraction: float = 0.2,
+                 num_samples: int = 3000, num_classes: int = len(SHAPES), val_fraction: float = 0.2,
                  test_fraction: float = 0.1, data_seed: int = 0):
         super().__init__(batch_size=batch_size, num_workers=num_workers, img_size=img_size, seed=seed)
         if not 1 <= num_classes <= len(SHAPES):

@@ -18,6 +18,7 @@ import importlib
 import inspect
 import os
 import sys
+import warnings
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -71,7 +72,7 @@ def new_run_dir(root: str | Path, stem: str) -> Path:
 def find_checkpoint(root: str | Path, stem: str, which: str) -> Path:
     """``last.ckpt`` (or the best checkpoint) of the latest run of ``stem`` that has one."""
     base = Path(root) / stem
-    runs = sorted((p for p in base.glob('*') if p.is_dir()), reverse=True) if base.is_dir() else []
+    runs = sorted((p for p in base.glob('*') if p.is_dir() and not p.is_symlink()), reverse=True) if base.is_dir() else []
     for run in runs:
         ckpts = [run / 'checkpoints' / 'last.ckpt'] if which == 'last' else sorted(run.glob('checkpoints/best-*.ckpt'))
         ckpts = [c for c in ckpts if c.is_file()]
@@ -79,6 +80,18 @@ def find_checkpoint(root: str | Path, stem: str, which: str) -> Path:
             return ckpts[-1]
     raise FileNotFoundError(f"--ckpt_path {which}: no run of {stem!r} with a {which} checkpoint under {base} "
                             f"(runs are written by `zoo fit -c <config>`; pass a checkpoint file instead)")
+
+
+def _point_latest(run_dir: Path) -> None:
+    """Keep ``<run_root>/<stem>/latest`` pointing at the newest run (configs can name its checkpoints)."""
+    link = run_dir.parent / 'latest'
+    try:
+        if link.is_symlink():
+            link.unlink()
+        if not link.exists():
+            link.symlink_to(run_dir.name, target_is_directory=True)
+    except OSError:  # file systems without symlinks: the timestamped folders are enough
+        pass
 
 
 class ZooCLI(LightningCLI):
@@ -94,6 +107,7 @@ class ZooCLI(LightningCLI):
         model_cfg = cfg.get('model')
         stem = Path(str(configs[-1])).stem if configs else str(_init_args(model_cfg).get('name') or 'run')
         self.run_stem = stem
+        self._check_model_name(model_cfg)  # before making a run folder
         # One run folder for all processes of a DDP job: rank 0 makes it, the ranks it launches inherit it.
         inherited = os.environ.get(_RUN_DIR_ENV)
         if inherited and int(os.environ.get('LOCAL_RANK', '0')) > 0:
@@ -101,10 +115,19 @@ class ZooCLI(LightningCLI):
         else:
             self.run_dir = new_run_dir(cfg.run_root, stem)
             os.environ[_RUN_DIR_ENV] = str(self.run_dir)
+            _point_latest(self.run_dir)
         ckpt = cfg.get('ckpt_path')
         if ckpt in ('last', 'best') and not Path(ckpt).is_file():
             cfg.ckpt_path = str(find_checkpoint(cfg.run_root, stem, ckpt))
         self._fill_sizes_from_data(cfg)
+
+    @staticmethod
+    def _check_model_name(model_cfg) -> None:
+        """An unknown ``--model.name`` fails here with the registry's close matches, not deep in instantiation."""
+        name = _init_args(model_cfg).get('name')
+        if isinstance(name, str) and not name.startswith('timm/'):
+            import zoo
+            zoo.model_info(name)  # KeyError naming close matches
 
     @staticmethod
     def _fill_sizes_from_data(cfg) -> None:
@@ -123,6 +146,7 @@ class ZooCLI(LightningCLI):
                 model_cfg.init_args[k] = getattr(data, k)
 
     def instantiate_trainer(self, **kwargs):
+        from lightning.pytorch.callbacks import ProgressBar
         from lightning.pytorch.loggers import CSVLogger
 
         trainer_cfg = {**self._get(self.config_init, 'trainer', default={}), **kwargs}
@@ -132,12 +156,16 @@ class ZooCLI(LightningCLI):
             trainer_cfg['default_root_dir'] = str(self.run_dir)
         model = self._get(self.config_init, 'model')
         extra = [self._get(self.config_init, c) for c in self._parser(self.subcommand).callback_keys]
-        extra += default_callbacks(self.run_dir, monitor=getattr(model, 'monitor', 'val/acc1'),
-                                   mode=getattr(model, 'monitor_mode', 'max'))
+        extra += [cb for cb in default_callbacks(self.run_dir, monitor=getattr(model, 'monitor', 'val/acc1'),
+                                                 mode=getattr(model, 'monitor_mode', 'max'))
+                  if not (trainer_cfg.get('enable_progress_bar') is False and isinstance(cb, ProgressBar))]
         return self._instantiate_trainer(trainer_cfg, extra)
 
 
-_USAGE_ERRORS = (KeyError, ValueError, TypeError, FileNotFoundError, FloatingPointError, ImportError)
+def _usage_errors() -> tuple[type[Exception], ...]:
+    from lightning.fabric.utilities.exceptions import MisconfigurationException
+    return (KeyError, ValueError, TypeError, FileNotFoundError, FloatingPointError, ImportError,
+            MisconfigurationException)
 
 
 def _check_config_paths(argv: list[str]) -> str | None:
@@ -161,12 +189,15 @@ def run_lightning_cli(argv: list[str]) -> int:
         print(f'zoo {command}: error: {problem}', file=sys.stderr)
         return 2
     try:
-        ZooCLI(model_class=LightningModule, datamodule_class=LightningDataModule, subclass_mode_model=True,
-               subclass_mode_data=True, args=argv, auto_configure_optimizers=False,
-               save_config_kwargs={'overwrite': False})
+        with warnings.catch_warnings():  # `python -m zoo.cli fit ...` passes sys.argv on purpose
+            warnings.filterwarnings('ignore', message=".*args parameter is intended")
+            warnings.filterwarnings('ignore', message=".*litlogger")
+            ZooCLI(model_class=LightningModule, datamodule_class=LightningDataModule, subclass_mode_model=True,
+                   subclass_mode_data=True, args=argv, auto_configure_optimizers=False,
+                   save_config_kwargs={'overwrite': False}, parser_kwargs={'prog': 'zoo'})
     except SystemExit as e:  # argparse/jsonargparse: --help, --print_config, or a parse error already printed
         return e.code if isinstance(e.code, int) else (0 if e.code is None else 2)
-    except _USAGE_ERRORS as e:
+    except _usage_errors() as e:
         msg = e.args[0] if isinstance(e, KeyError) and e.args else e
         print(f'zoo {command}: error: {msg}', file=sys.stderr)
         return 2
