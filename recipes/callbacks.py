@@ -168,7 +168,7 @@ class ResultsCallback(Callback):
         self._final = _scalars(trainer.callback_metrics)
         self._store.log_metrics(self.run_id, self._final, epoch=trainer.current_epoch, step=trainer.global_step,
                                 final=True)
-        if self.latency:
+        if self.latency and not trainer.fast_dev_run:     # a smoke run's latency is not worth its time
             self._record_latency(trainer, pl_module)
 
     def on_validation_end(self, trainer, pl_module) -> None:

@@ -33,3 +33,10 @@ def model_output(model, x):
 @pytest.fixture
 def tmp_ckpt(tmp_path):
     return tmp_path / 'model.pth'
+
+
+@pytest.fixture(autouse=True)
+def _results_db_in_tmp(tmp_path_factory, monkeypatch):
+    """Every `zoo fit/validate/test` records itself in the results database: tests write to a temporary
+    one (per test), never to ./zoo-results.db in the checkout. Tests may set ZOO_DB themselves."""
+    monkeypatch.setenv('ZOO_DB', str(tmp_path_factory.mktemp('zoo_db') / 'results.db'))
