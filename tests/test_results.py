@@ -431,3 +431,18 @@ def test_zoo_fit_records_run_metrics_and_latency(zoo_db, tmp_path, monkeypatch):
     monkeypatch.setenv('ZOO_DB', str(zoo_db))
     assert main(['fit', '-c', cfg, '--trainer.fast_dev_run=true', '--db', str(other), '--seed_everything=1']) == 0
     assert len(R.runs()) == 1 and R.runs(db=str(other)).seed.tolist() == [1]
+
+
+def test_zoo_fit_seeds_runs_repeats_that_pool_into_one_interval(zoo_db, tmp_path, monkeypatch):
+    monkeypatch.setenv('ZOO_RUNS', str(tmp_path / 'runs'))
+    monkeypatch.setenv('ZOO_RECORD_LATENCY', '0')
+    monkeypatch.chdir(ROOT)
+    cfg = 'recipes/configs/poolformer/poolformer_tiny_digits_15e.yaml'
+    assert main(['fit', '-c', cfg, '--seeds', '0,1,2', '--trainer.max_epochs=1', '--trainer.limit_train_batches=2',
+                 '--trainer.limit_val_batches=1']) == 0
+    runs = R.runs()
+    assert sorted(runs.seed) == [0, 1, 2] and runs.config_key.nunique() == 1 and (runs.status == 'finished').all()
+    row = R.leaderboard('classification', 'digits').iloc[0]
+    assert row.n_seeds == 3 and row.run_ids == '1,2,3' and R.latency().empty
+    with pytest.raises(SystemExit, match='comma-separated integers'):
+        main(['fit', '-c', cfg, '--seeds', 'a,b'])

@@ -8,7 +8,8 @@
     zoo sweep recipes/sweeps/NAME.py [--n-trials N] [--n-jobs J] [--study-name S] [--db URL] [--trial-args '...']
 
 Training subcommands (``fit``, ``validate``, ``test``, ``predict``) are LightningCLI and load
-Lightning only when used.
+Lightning only when used; they also take ``--db URL|none`` (the results database) and ``--seeds 0,1,2``
+(one run per seed).
 """
 from __future__ import annotations
 
@@ -104,6 +105,23 @@ def _cmd_sweep(args) -> int:
     return 0
 
 
+def _pop_seeds(argv: list[str]) -> tuple[list[str], list[int] | None]:
+    """``zoo fit ... --seeds 0,1,2``: one run per seed (recorded as repeats of one configuration)."""
+    for i, a in enumerate(argv):
+        if a == '--seeds' or a.startswith('--seeds='):
+            value = a.split('=', 1)[1] if '=' in a else (argv[i + 1] if i + 1 < len(argv) else '')
+            rest = argv[:i] + argv[i + (1 if '=' in a else 2):]
+            try:
+                seeds = [int(s) for s in value.split(',') if s.strip()]
+            except ValueError:
+                seeds = []
+            if not seeds:
+                raise SystemExit(f'zoo {argv[0]}: error: --seeds expects comma-separated integers, e.g. 0,1,2; '
+                                 f'got {value!r}')
+            return rest, seeds
+    return argv, None
+
+
 def _pop_db(argv: list[str]) -> list[str]:
     """``zoo fit ... --db URL`` (or ``--db none``): the results database of a training run, passed on through
     ``ZOO_DB`` because LightningCLI does not know the option."""
@@ -182,7 +200,11 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     if argv and argv[0] in TRAIN_COMMANDS:
         from zoo.recipes.cli import run_lightning_cli
-        return run_lightning_cli(_pop_db(argv))
+        argv, seeds = _pop_seeds(_pop_db(argv))
+        if seeds is None:
+            return run_lightning_cli(argv)
+        codes = [run_lightning_cli([*argv, f'--seed_everything={seed}']) for seed in seeds]
+        return next((c for c in codes if c), 0)
     parser = build_parser()
     args = parser.parse_args(argv)
     if not getattr(args, 'func', None):
