@@ -35,6 +35,13 @@ def _scalars(metrics: dict) -> dict[str, float]:
     return out
 
 
+def _relative(path) -> str:
+    """A recipe path as the docs write it (relative to the working directory) when it lies below it."""
+    p = os.path.abspath(str(path))
+    cwd = os.getcwd()
+    return os.path.relpath(p, cwd) if p.startswith(cwd + os.sep) else str(path)
+
+
 class ResultsCallback(Callback):
     """Write the run, its metrics and its latency to the results database.
 
@@ -137,7 +144,7 @@ class ResultsCallback(Callback):
                     import json
                     config = json.loads(config)
                     files = ns.get('config') or []
-                    recipe = recipe or ','.join(str(getattr(f, 'relative', f)) for f in files) or None
+                    recipe = recipe or ','.join(_relative(getattr(f, 'relative', f)) for f in files) or None
                     break
             else:       # no SaveConfigCallback (fast_dev_run, a plain Trainer): what the objects declare
                 config = {'model': _results._jsonable(dict(getattr(trainer.lightning_module, 'hparams', {}) or {})),

@@ -141,8 +141,7 @@ def _pruner(sweep: Sweep):
 
 
 def _argv(sweep: Sweep, params: dict, extra_args: list[str]) -> list[str]:
-    base = sweep.base.relative_to(Path.cwd()) if sweep.base.is_relative_to(Path.cwd()) else sweep.base
-    argv = ['fit', '-c', str(base)]     # relative where possible: the run row's recipe reads like the docs
+    argv = ['fit', '-c', str(sweep.base)]       # absolute: jsonargparse changes directory while it parses
     for key, value in params.items():
         argv.append(f'--{key}={value if isinstance(value, str) else json.dumps(value)}')
     return argv + list(getattr(sweep.module, 'ARGS', [])) + list(extra_args)
@@ -256,11 +255,34 @@ def run_sweep(path: str | os.PathLike, n_trials: int | None = None, n_jobs: int 
     done_states = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)
     remaining = target - len(study.get_trials(deepcopy=False, states=done_states))
     if remaining > 0:
-        study.optimize(make_objective(sweep, study_name, extra_args or [], st.url), n_trials=remaining, n_jobs=n_jobs,
-                       timeout=timeout, catch=(SweepError, RuntimeError, ValueError),
-                       callbacks=[optuna.study.MaxTrialsCallback(target, states=done_states)])
+        # --n-jobs N: N - 1 more worker processes on the same study (not threads: Lightning, seeding and
+        # jsonargparse's directory changes are process-global), each stopping when the study is full.
+        workers = [_spawn_worker(path, target, study_name, st.url, timeout, extra_args, seed, i)
+                   for i in range(1, min(n_jobs, remaining))]
+        try:
+            study.optimize(make_objective(sweep, study_name, extra_args or [], st.url), n_trials=remaining,
+                           timeout=timeout, catch=(SweepError, RuntimeError, ValueError),
+                           callbacks=[optuna.study.MaxTrialsCallback(target, states=done_states)])
+        finally:
+            codes = [w.wait() for w in workers]
+        if any(codes):
+            raise SweepError(f'{sum(map(bool, codes))} of {len(workers)} extra worker processes failed (exit codes '
+                             f'{codes}); the study is stored, re-run the command to resume')
     _report(study, sweep)
     return study
+
+
+def _spawn_worker(path, n_trials: int, study_name: str, url: str, timeout, extra_args, seed, index: int):
+    import shlex
+    import subprocess
+
+    cmd = [sys.executable, '-m', 'zoo.cli', 'sweep', str(Path(path).resolve()), '--n-trials', str(n_trials),
+           '--study-name', study_name, '--db', url, '--trial-args', shlex.join(extra_args or [])]
+    if timeout is not None:
+        cmd += ['--timeout', str(timeout)]
+    if seed is not None:        # distinct seeds, or both workers would sample the same points
+        cmd += ['--seed', str(seed + index)]
+    return subprocess.Popen(cmd, cwd=os.getcwd())
 
 
 def _report(study, sweep: Sweep) -> None:

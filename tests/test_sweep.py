@@ -112,11 +112,15 @@ def space(trial):
     env = {**os.environ, 'ZOO_DB': str(zoo_db)}
     proc = subprocess.Popen([sys.executable, '-m', 'zoo.cli', 'sweep', str(sweep), '--trial-args', FAST],
                             cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:                                 # kill it as soon as the first trial has finished
+    try:                                 # kill it once the first trial has finished and the second has started
         deadline = time.time() + 240
         while time.time() < deadline:
-            if zoo_db.exists() and len(R.ResultsDB(str(zoo_db), check_crashed=False).runs(status='finished')) >= 1:
-                break
+            if zoo_db.exists():
+                peek = R.ResultsDB(str(zoo_db), check_crashed=False)
+                status = peek.runs().status.tolist()
+                peek.close()
+                if status == ['finished', 'running']:
+                    break
             assert proc.poll() is None, 'the sweep ended before it could be killed'
             time.sleep(0.2)
     finally:

@@ -101,7 +101,7 @@ def _cmd_sweep(args) -> int:
     from zoo.recipes.sweep import run_sweep
 
     run_sweep(args.file, n_trials=args.n_trials, n_jobs=args.n_jobs, db=args.db, study_name=args.study_name,
-              timeout=args.timeout, extra_args=shlex.split(args.trial_args))
+              timeout=args.timeout, extra_args=shlex.split(args.trial_args), seed=args.seed)
     return 0
 
 
@@ -186,7 +186,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser('sweep', help='an Optuna sweep from recipes/sweeps/NAME.py, stored in the results database')
     p.add_argument('file', help='a search-space file, e.g. recipes/sweeps/poolformer_digits.py')
     p.add_argument('--n-trials', type=int, default=None, help='trials to run now (added to those already stored)')
-    p.add_argument('--n-jobs', type=int, default=1, help='parallel trials in this process')
+    p.add_argument('--n-jobs', type=int, default=1, help='parallel worker processes on the study')
+    p.add_argument('--seed', type=int, help="sampler seed (default: the sweep file's SEED, else random)")
     p.add_argument('--study-name', help='default: the file name; the same name resumes the study')
     p.add_argument('--timeout', type=float, help='stop starting trials after this many seconds')
     p.add_argument('--db', help='results database path or SQLAlchemy URL (default $ZOO_DB or ./zoo-results.db)')
