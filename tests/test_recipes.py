@@ -308,3 +308,11 @@ def test_imports_stay_light():
     code = 'import sys, zoo; print([m for m in sys.modules if m.startswith(("zoo.datasets", "zoo.recipes"))])'
     out = subprocess.run([sys.executable, '-c', code], capture_output=True, text=True, cwd=ROOT, check=True)
     assert out.stdout.strip() == '[]', out.stdout
+
+
+def test_demo_trains_tests_and_measures(runs, monkeypatch, tmp_path):
+    from zoo.demo import train_demo
+    monkeypatch.chdir(tmp_path)
+    r = train_demo(extra=['--trainer.max_epochs', '1', '--trainer.limit_train_batches', '8', *QUIET[:2]])
+    assert 0.1 < r['val_acc1'] <= 1 and 0.1 < r['test_acc1'] <= 1 and r['latency_ms'] > 0
+    assert r['best'].is_file() and r['run'].parent == runs / DEMO.stem
