@@ -4,6 +4,7 @@
     zoo fit -c ... --model.name metaformer_tiny --model.model_args '{token_mixer: attention}' --trainer.max_epochs 3
     zoo fit -c ... --ckpt_path last          # resume the latest run of this config
     zoo test -c ... --ckpt_path best         # evaluate the best checkpoint of the latest run
+    zoo predict -c ... --ckpt_path best      # class probabilities of the test split -> <run>/predictions.pt
     zoo fit -c ... --print_config            # the resolved config
 
 Model and data use LightningCLI's subclass form (``class_path`` + ``init_args``). Every run writes
@@ -156,6 +157,19 @@ class ZooCLI(LightningCLI):
         for k in wanted:
             if getattr(data, k, None) is not None:
                 model_cfg.init_args[k] = getattr(data, k)
+
+    def predict(self, **kwargs) -> None:
+        """``zoo predict``: the system's ``predict_step`` outputs, concatenated, saved as ``predictions.pt``."""
+        import torch
+
+        outputs = self.trainer.predict(**{**kwargs, 'return_predictions': True})
+        if outputs and isinstance(outputs[0], list):  # several dataloaders: keep the first
+            outputs = outputs[0]
+        if outputs and all(isinstance(o, torch.Tensor) for o in outputs):
+            path = self.run_dir / (f'predictions-rank{self.trainer.global_rank}.pt' if self.trainer.world_size > 1
+                                   else 'predictions.pt')
+            torch.save(torch.cat(outputs), path)
+            print(f'zoo predict: {sum(len(o) for o in outputs)} predictions saved to {path}')
 
     def instantiate_trainer(self, **kwargs):
         from lightning.pytorch.callbacks import ProgressBar
