@@ -68,8 +68,13 @@ def _model_overrides(cfg: dict, tmp_path: Path) -> list[str]:
         net = zoo.create(args['name'], num_classes=3, **(args.get('model_args') or {}))
         torch.save(net.state_dict(), tmp_path / 'start.pth')
         overrides += ['--model.checkpoint', str(tmp_path / 'start.pth')]
-    if str(args.get('name', '')).endswith(('_s12', '_s24', '_s36', '_m36', '_m48')):
-        overrides += ['--model.name', zoo.model_info(args['name']).tiny or args['name']]  # CPU-sized stand-in
+    name = args.get('name')
+    if isinstance(name, str) and name in zoo.list_models():
+        info = zoo.model_info(name)
+        if info.tiny and info.tiny != name and (info.params or 0) > 5_000_000:  # a GPU recipe: CPU-sized stand-in
+            overrides += ['--model.name', info.tiny]
+            if 'img_size' in (cfg.get('data', {}).get('init_args') or {}):
+                overrides += ['--data.img_size', str(zoo.model_info(info.tiny).input_size[-1])]
     return overrides
 
 
