@@ -87,7 +87,7 @@ class TNTMixer(nn.Module):
     Grid: the weights depend on ``sentence_size`` only, not on the grid (``fixed_size=False``), so
     any input size works. A grid that is not a multiple of ``sentence_size`` is zero-padded at the
     bottom/right to one and the padded words are masked out of the inner attention (Swin-style
-    padding); the padded zeros still enter the word-to-sentence projection like TNT's conv padding.
+    padding); padded words stay zero in the word-to-sentence projection, like TNT's conv padding.
     """
 
     def __init__(self, dim: int, sentence_size: int = 4, inner_heads: int = 4, outer_head_dim: int = 32,
@@ -109,16 +109,18 @@ class TNTMixer(nn.Module):
         b, c, h, w = x.shape
         p = self.sentence_size
         ph, pw = (-h) % p, (-w) % p
-        mask = None
+        mask = keep = None
         if ph or pw:
             x = F.pad(x, (0, pw, 0, ph))
             valid = F.pad(x.new_ones(1, 1, h, w, dtype=torch.bool), (0, pw, 0, ph))
-            valid = rearrange(valid, '1 1 (gh p1) (gw p2) -> (gh gw) 1 1 (p1 p2)', p1=p, p2=p)
-            # (sentences, 1, 1, words) -> one mask row per sentence, repeated over the batch
-            mask = valid.repeat(b, 1, 1, 1)
+            valid = rearrange(valid, '1 1 (gh p1) (gw p2) -> (gh gw) (p1 p2)', p1=p, p2=p).repeat(b, 1)  # (B*N, m)
+            mask = valid[:, None, None, :]   # (B*N, 1, 1, m): padded words are no keys
+            keep = valid[:, :, None]         # (B*N, m, 1): and stay zero in the projection
         gh, gw = x.shape[-2] // p, x.shape[-1] // p
         words = rearrange(x, 'b c (gh p1) (gw p2) -> (b gh gw) (p1 p2) c', p1=p, p2=p)
         inner = self.inner_attn(words, attn_mask=mask)                        # (B*N, p*p, C)
+        if keep is not None:
+            inner = inner * keep
         sentences = self.word_to_sentence(rearrange(words + inner, '(b n) m c -> b n (m c)', b=b))  # (B, N, C)
         outer = self.outer_attn(sentences)                                    # (B, N, C)
         out = rearrange(inner, '(b n) m c -> b n m c', b=b) + outer.unsqueeze(2)
