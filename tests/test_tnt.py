@@ -13,7 +13,7 @@ timm = pytest.importorskip('timm')
 from timm.models import tnt as timm_tnt  # noqa: E402
 
 # The tiny config in timm's own TNT class, to compare whole forward passes cheaply.
-TINY_TIMM = dict(img_size=32, patch_size=4, first_stride=2, embed_dim=96, inner_dim=12, depth=4,
+TINY_TIMM = dict(img_size=32, patch_size=8, first_stride=2, embed_dim=96, inner_dim=12, depth=4,
                  num_heads_outer=3, num_heads_inner=2, num_classes=10)
 
 
@@ -96,7 +96,7 @@ def test_key_mapping_round_trip_and_official_layout():
     assert all(torch.equal(TNT.remap_checkpoint(back)[k], v) for k, v in ours_sd.items())
     assert TNT.remap_checkpoint(ours_sd).keys() == ours_sd.keys()
     # the official layout: timm's own filter and ours must agree on it
-    official = _official_from_timm(sd, d=96, n=64)
+    official = _official_from_timm(sd, d=96, n=16)
     assert 'outer_tokens' in official
     ref2 = timm_tnt.TNT(**TINY_TIMM).eval()
     ref2.load_state_dict(timm_tnt.checkpoint_filter_fn(dict(official), ref2))
@@ -127,7 +127,7 @@ def test_shapes_and_class_token_gets_no_word_contribution():
     torch.manual_seed(0)
     model = zoo.create('tnt_tiny').eval()
     block = model.blocks[0]
-    words, sentences = torch.randn(2 * 64, 4, 12), torch.randn(2, 65, 96)
+    words, sentences = torch.randn(2 * 16, 16, 12), torch.randn(2, 17, 96)
     # silence the outer transformer: what is left is the word-to-sentence fuse
     with torch.no_grad():
         for lin in (block.outer_attn.proj, block.outer_mlp.fc2):
@@ -135,7 +135,7 @@ def test_shapes_and_class_token_gets_no_word_contribution():
             lin.bias.zero_()
         w, s = block(words, sentences)
         _, s2 = block(words * 3 + 1, sentences)
-    assert w.shape == (128, 4, 12) and s.shape == (2, 65, 96)
+    assert w.shape == (32, 16, 12) and s.shape == (2, 17, 96)
     assert torch.equal(s[:, 0], sentences[:, 0]) and torch.equal(s2[:, 0], sentences[:, 0])
     assert not torch.allclose(s[:, 1:], s2[:, 1:])
 
@@ -143,11 +143,11 @@ def test_shapes_and_class_token_gets_no_word_contribution():
 def test_features_only_single_scale_map():
     torch.manual_seed(0)
     model = zoo.create('tnt_tiny', features_only=True).eval()
-    assert [(f.num_chs, f.reduction) for f in model.feature_info] == [(96, 4)]
+    assert [(f.num_chs, f.reduction) for f in model.feature_info] == [(96, 8)]
     x = torch.randn(2, 3, 32, 32)
     with torch.no_grad():
         (fmap,) = model(x)
-    assert fmap.shape == (2, 96, 8, 8)
+    assert fmap.shape == (2, 96, 4, 4)
     full = zoo.create('tnt_tiny').eval()
     missing, unexpected = full.load_state_dict(model.state_dict(), strict=False)
     assert not unexpected and {k.split('.')[0] for k in missing} == {'norm', 'head'}
