@@ -33,6 +33,7 @@ def count_macs(model: nn.Module, input_size=(3, 224, 224), batch_size: int = 1, 
     """
     from torch.utils.flop_counter import FlopCounterMode
 
+    _register_cpu_sdpa_flops()
     p = next(iter(model.parameters()), None)
     device = p.device if p is not None else torch.device('cpu')
     if example is None:
@@ -46,6 +47,21 @@ def count_macs(model: nn.Module, input_size=(3, 224, 224), batch_size: int = 1, 
     finally:
         model.train(was_training)
     return counter.get_total_flops() // 2
+
+
+def _register_cpu_sdpa_flops() -> None:
+    """Teach FlopCounterMode the CPU flash-attention kernel that ``F.scaled_dot_product_attention``
+    dispatches to on CPU tensors (torch counts only the CUDA kernels, and the math fallback on meta).
+    Same formula as torch's: 2 batched matmuls, q @ k^T and attn @ v."""
+    from torch.utils import flop_counter
+
+    op = getattr(torch.ops.aten, '_scaled_dot_product_flash_attention_for_cpu', None)
+    if op is None or op in flop_counter.flop_registry or op.default in flop_counter.flop_registry:
+        return
+
+    @flop_counter.register_flop_formula(op, get_raw=True)
+    def _cpu_flash_flop(query, key, value, *args, out_val=None, **kwargs) -> int:
+        return flop_counter.sdpa_flop_count(query.shape, key.shape, value.shape)
 
 
 @dataclass

@@ -12,3 +12,4 @@ from . import act, norm, mlp, token_mixers, embed, head  # noqa: F401  (register
 
 __all__ = ['KINDS', 'LayerRecord', 'get', 'list_layers', 'name_of', 'record', 'records', 'register',
            'DropPath', 'LayerScale', 'drop_path', 'linear_drop_path_rates']
+from . import tnt  # noqa: F401  (TNT blocks, token_mixer/tnt)
