@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
+from torch import nn
 
 import zoo
 from zoo import layers
@@ -102,8 +103,7 @@ def test_grn_is_identity_at_init_and_matches_the_formula():
     grn = GRN(6)
     x = torch.randn(2, 4, 4, 6)
     assert torch.equal(grn(x), x)
-    nn_ = torch.nn
-    grn.gamma, grn.beta = nn_.Parameter(torch.randn(6)), nn_.Parameter(torch.randn(6))
+    grn.gamma, grn.beta = nn.Parameter(torch.randn(6)), nn.Parameter(torch.randn(6))
     gx = x.pow(2).sum((1, 2), keepdim=True).sqrt()
     ref = grn.gamma * x * (gx / (gx.mean(-1, keepdim=True) + 1e-6)) + grn.beta + x
     assert torch.allclose(grn(x), ref, atol=1e-5)
