@@ -147,7 +147,6 @@ class RaftMLP(nn.Module):
             info.append(FeatureInfo(dims[i], stride, f'levels.{i}'))
             prev = dims[i]
         self.levels = nn.Sequential(*levels)
-        self.min_size = stride
         self.features_only = features_only
         self.out_indices, self.feature_info = select_features(info, out_indices)
         self.norm = None if features_only else nn.LayerNorm(dims[-1])
