@@ -23,6 +23,7 @@ from ._registry import ModelInfo, families, list_models, model_info, register_mo
 from ._factory import create, load_checkpoint, read_state_dict
 from . import metaformer  # noqa: F401  (register the families)
 from . import tnt  # noqa: F401
+from . import raftmlp, stripmlp  # noqa: F401
 
 __version__ = '0.1.0'
 __all__ = ['create', 'list_models', 'model_info', 'families', 'register_model', 'ModelInfo', 'load_checkpoint',

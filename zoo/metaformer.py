@@ -305,5 +305,9 @@ def metaformer_s12(**kwargs):
 
 @register_model(**{**_METAFORMER, 'input_size': (3, 32, 32)})
 def metaformer_tiny(**kwargs):
-    """The tiny geometry with any token mixer: the CPU testbed for mixer ablations."""
-    return _create(dict(depths=(1, 1, 2, 1), dims=(16, 32, 64, 96), layer_scale_init_value=1e-5), kwargs)
+    """The tiny geometry with any token mixer: the CPU testbed for mixer ablations.
+
+    Built for 32x32 inputs (``img_size=32``), so mixers whose weights depend on the grid (raft, strip)
+    get the grids they will see (8/4/2/1).
+    """
+    return _create(dict(depths=(1, 1, 2, 1), dims=(16, 32, 64, 96), layer_scale_init_value=1e-5, img_size=32), kwargs)
