@@ -1,8 +1,8 @@
 """ConvBN Tune mode vs Eval and Deploy on a fine-tuning step of torchvision's ResNet-50 (CPU).
 
 For each mode: the bytes autograd keeps for backward (distinct non-parameter tensors, counted with
-``torch.autograd.graph.saved_tensors_hooks``), the peak resident memory of a fresh process running one
-step, and the step time (forward, cross-entropy, backward, SGD step), interleaved across modes in one
+``torch.autograd.graph.saved_tensors_hooks``), the peak resident memory of a fresh process during one
+step (VmHWM reset before the step, minus the RSS before it), and the step time (forward, cross-entropy, backward, SGD step), interleaved across modes in one
 process, median over repeats. ``mmengine`` is mmengine's efficient ConvBN (``turn_on_efficient_conv_bn_eval``)
 on the same model, for reference.
 
@@ -13,7 +13,6 @@ from __future__ import annotations
 import argparse
 import copy
 import json
-import resource
 import statistics
 import subprocess
 import sys
@@ -76,10 +75,25 @@ def peak_rss_child(mode: str, batch: int, size: int) -> None:
     torch.set_num_threads(1)
     model = build(mode).train() if mode != 'mmengine' else build(mode)
     x, y = torch.randn(batch, 3, size, size), torch.randint(0, 1000, (batch,))
-    base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    make_step(model, x, y)()
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    step = make_step(model, x, y)
+    step()  # first step allocates optimizer state; measure the second
+    base = _rss_kib('VmRSS')
+    with open('/proc/self/clear_refs', 'w') as f:  # reset the kernel's peak-RSS mark (VmHWM) to now
+        f.write('5')
+    step()
+    peak = _rss_kib('VmHWM')
     print(json.dumps({'peak_mib': peak / 1024, 'step_mib': (peak - base) / 1024}))
+
+
+def _rss_kib(field: str) -> int:
+    with open('/proc/self/status') as f:
+        return next(int(line.split()[1]) for line in f if line.startswith(field + ':'))
+
+
+def rss_of(mode: str, batch: int, size: int) -> dict:
+    out = subprocess.run([sys.executable, '-m', 'zoo.eval.convbn_bench', '--_child', mode, '--batch', str(batch),
+                          '--size', str(size)], capture_output=True, text=True, check=True)
+    return json.loads(out.stdout.strip().splitlines()[-1])
 
 
 def main(argv=None) -> dict:
@@ -89,11 +103,16 @@ def main(argv=None) -> dict:
     ap.add_argument('--repeats', type=int, default=5)
     ap.add_argument('--threads', type=int, default=1)
     ap.add_argument('--no-rss', action='store_true', help='skip the per-mode peak-memory subprocesses')
+    ap.add_argument('--rss-only', action='store_true', help='only the per-mode peak-memory subprocesses')
     ap.add_argument('--_child', default=None, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args._child:
         return peak_rss_child(args._child, args.batch, args.size)
     torch.set_num_threads(args.threads)
+    if args.rss_only:
+        for m in MODES:
+            print(m, rss_of(m, args.batch, args.size))
+        return {}
     x = torch.randn(args.batch, 3, args.size, args.size)
     y = torch.randint(0, 1000, (args.batch,), generator=torch.Generator().manual_seed(0))
     models = {m: build(m) for m in MODES}
@@ -119,10 +138,7 @@ def main(argv=None) -> dict:
         res[m]['step_s'] = statistics.median(times[m])
     if not args.no_rss:
         for m in MODES:
-            out = subprocess.run([sys.executable, '-m', 'zoo.eval.convbn_bench', '--_child', m, '--batch',
-                                  str(args.batch), '--size', str(args.size)], capture_output=True, text=True,
-                                 check=True)
-            res[m].update(json.loads(out.stdout.strip().splitlines()[-1]))
+            res[m].update(rss_of(m, args.batch, args.size))
     e = res['eval']
     print(f'ResNet-50 (torchvision, random weights) fine-tuning step, batch {args.batch}, {args.size}x{args.size}, '
           f'CPU, {args.threads} thread(s), median of {args.repeats}')
