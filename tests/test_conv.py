@@ -127,7 +127,7 @@ def test_convbn_train_mode_uses_batch_statistics():
         b.set_mode('fast')
 
 
-def test_set_mode_finds_every_pair_in_torchvision_resnet50_and_matches_mmengine():
+def test_set_mode_finds_every_pair_in_torchvision_resnet50():
     tv = pytest.importorskip('torchvision')
     model = tv.models.resnet50(weights=None)
     n_bn = sum(isinstance(m, nn.BatchNorm2d) for m in model.modules())
