@@ -109,8 +109,10 @@ class ImageClassifier(LightningModule):
             loss = torch.sum(-soft * F.log_softmax(self.model(x), dim=-1), dim=-1).mean()
         else:
             loss = F.cross_entropy(self.model(x), y, label_smoothing=self.hparams.label_smoothing)
-        # Per-step values stay on the device: Lightning converts them only every log_every_n_steps.
-        self.log('train/loss', loss, on_step=True, on_epoch=False, prog_bar=True)
+        # Log only on the steps the logger writes: Lightning's self.log costs ~2 ms of Python per call,
+        # 5-10 % of a small model's step on CPU. The value stays on the device (no host sync here).
+        if (self.global_step + 1) % self.trainer.log_every_n_steps == 0 or self.trainer.is_last_batch:
+            self.log('train/loss', loss, on_step=True, on_epoch=False, prog_bar=True)
         bad = ~torch.isfinite(loss.detach())
         self._nonfinite = bad if self._nonfinite is None else self._nonfinite | bad
         return loss

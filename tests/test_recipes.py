@@ -68,8 +68,13 @@ def _model_overrides(cfg: dict, tmp_path: Path) -> list[str]:
         net = zoo.create(args['name'], num_classes=3, **(args.get('model_args') or {}))
         torch.save(net.state_dict(), tmp_path / 'start.pth')
         overrides += ['--model.checkpoint', str(tmp_path / 'start.pth')]
-    if str(args.get('name', '')).endswith(('_s12', '_s24', '_s36', '_m36', '_m48')):
-        overrides += ['--model.name', zoo.model_info(args['name']).tiny or args['name']]  # CPU-sized stand-in
+    name = args.get('name')
+    if isinstance(name, str) and name in zoo.list_models():
+        info = zoo.model_info(name)
+        if info.tiny and info.tiny != name and (info.params or 0) > 5_000_000:  # a GPU recipe: CPU-sized stand-in
+            overrides += ['--model.name', info.tiny]
+            if 'img_size' in (cfg.get('data', {}).get('init_args') or {}):
+                overrides += ['--data.img_size', str(zoo.model_info(info.tiny).input_size[-1])]
     return overrides
 
 
@@ -308,3 +313,22 @@ def test_imports_stay_light():
     code = 'import sys, zoo; print([m for m in sys.modules if m.startswith(("zoo.datasets", "zoo.recipes"))])'
     out = subprocess.run([sys.executable, '-c', code], capture_output=True, text=True, cwd=ROOT, check=True)
     assert out.stdout.strip() == '[]', out.stdout
+
+
+def test_demo_trains_tests_and_measures(runs, monkeypatch, tmp_path):
+    from zoo.demo import train_demo
+    monkeypatch.chdir(tmp_path)
+    r = train_demo(extra=['--trainer.max_epochs', '1', '--trainer.limit_train_batches', '8', *QUIET[:2]])
+    assert 0.1 < r['val_acc1'] <= 1 and 0.1 < r['test_acc1'] <= 1 and r['latency_ms'] > 0
+    assert r['best'].is_file() and r['run'].parent == runs / DEMO.stem
+
+
+def test_validate_and_predict_from_the_latest_run(runs):
+    short = ['-c', DEMO, '--trainer.limit_train_batches', 2, '--trainer.limit_val_batches', 1]
+    assert fit(*short, '--trainer.max_epochs', 1) == 0
+    assert fit('-c', DEMO, '--ckpt_path', 'last', '--trainer.limit_val_batches', 2, command='validate') == 0
+    assert fit('-c', DEMO, '--ckpt_path', 'best', '--trainer.limit_predict_batches', 2, command='predict') == 0
+    fit_run, val_run, pred_run = run_dirs(runs, DEMO.stem)
+    assert [r for r in metrics(val_run) if r.get('val/acc1')]
+    probs = torch.load(pred_run / 'predictions.pt')
+    assert probs.shape == (128, 10) and torch.allclose(probs.sum(-1), torch.ones(128), atol=1e-5)
