@@ -18,6 +18,7 @@ _EXPORTS = {
     'ImageFolderDataModule': 'folder',
     'ShapesDataModule': 'shapes', 'generate_shapes': 'shapes', 'SHAPES': 'shapes',
     'FakeDataModule': 'fake',
+    'PhotoPatchesDataModule': 'photos',
 }
 __all__ = sorted(_EXPORTS)
 

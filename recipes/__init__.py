@@ -12,6 +12,7 @@ import importlib
 _EXPORTS = {
     'ImageClassifier': 'classification',
     'FineTuner': 'finetune',
+    'Denoiser': 'denoising',
 }
 __all__ = sorted(_EXPORTS)
 

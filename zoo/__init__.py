@@ -24,6 +24,7 @@ from ._factory import create, load_checkpoint, read_state_dict
 from . import metaformer  # noqa: F401  (register the families)
 from . import tnt  # noqa: F401
 from . import raftmlp, stripmlp  # noqa: F401
+from . import resnet, vgg, dncnn  # noqa: F401  (classic CNN hosts for the conv blocks)
 
 __version__ = '0.1.0'
 __all__ = ['create', 'list_models', 'model_info', 'families', 'register_model', 'ModelInfo', 'load_checkpoint',

@@ -1,0 +1,134 @@
+"""VGG with interchangeable convolutions and ConvBN modes.
+
+Paper: Simonyan & Zisserman, "Very Deep Convolutional Networks for Large-Scale Image Recognition"
+(ICLR 2015, arXiv 1409.1556). Reference implementation: torchvision.models.vgg; ``vgg11``/``vgg16`` and
+``vgg11_bn``/``vgg16_bn`` have torchvision's parameter counts. The weighted-convolution paper
+(Cammarasana & Patanè 2025) evaluates VGG on CIFAR-100: ``stem='cifar'`` keeps the same convolutions
+for 32x32 inputs (the five poolings leave 1x1) with a single linear classifier on the 512 features.
+
+With ``batch_norm=True`` each conv is a :class:`zoo.layers.convbn.ConvBN` (torchvision keeps the conv bias
+there too), so ``convbn_mode`` switches train / eval / deploy / tune.
+"""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from zoo.layers.convbn import ConvBN
+from zoo.layers.weighted_conv import conv_factory
+
+from ._builder import build_model, check_image
+from ._registry import register_model
+
+__all__ = ['VGG', 'CFGS']
+
+CFGS = {  # channels per 3x3 conv, 'M' a 2x2 max-pool
+    'vgg11': (64, 'M', 128, 'M', 256, 256, 'M', 512, 512, 'M', 512, 512, 'M'),
+    'vgg16': (64, 64, 'M', 128, 128, 'M', 256, 256, 256, 'M', 512, 512, 512, 'M', 512, 512, 512, 'M'),
+    'tiny': (16, 'M', 32, 'M', 64, 64, 'M'),
+}
+
+
+class VGG(nn.Module):
+    """VGG (Simonyan & Zisserman 2015) with ``conv_layer``/``den`` and, with batch norm, ``convbn_mode``."""
+
+    def __init__(self, cfg='vgg16', num_classes: int = 1000, in_chans: int = 3, batch_norm: bool = False,
+                 stem: str = 'imagenet', conv_layer='standard', den=None, trainable_den: bool = False,
+                 convbn_mode: str = 'train', drop_rate: float = 0.5):
+        super().__init__()
+        cfg = CFGS[cfg] if isinstance(cfg, str) else tuple(cfg)
+        if stem not in ('imagenet', 'cifar'):
+            raise ValueError(f"stem must be 'imagenet' (224x224, 4096-wide MLP head) or 'cifar' (32x32), got {stem!r}")
+        conv = conv_factory(conv_layer, den, trainable_den)
+        self.in_chans, self.num_classes, self.stem_type = in_chans, num_classes, stem
+        layers, chs = [], in_chans
+        for v in cfg:
+            if v == 'M':
+                layers.append(nn.MaxPool2d(2, 2))
+                continue
+            if batch_norm:
+                layers += [ConvBN(chs, v, 3, 1, 1, bias=True, conv_layer=conv, mode=convbn_mode), nn.ReLU(inplace=True)]
+            else:
+                layers += [conv(chs, v, 3, padding=1), nn.ReLU(inplace=True)]
+            chs = v
+        self.features = nn.Sequential(*layers)
+        self.min_size = 2 ** cfg.count('M')
+        if stem == 'imagenet':  # torchvision: 7x7 average grid, two 4096-wide hidden layers
+            self.pool = nn.AdaptiveAvgPool2d(7)
+            self.pre_logits = nn.Sequential(nn.Linear(chs * 49, 4096), nn.ReLU(True), nn.Dropout(drop_rate),
+                                            nn.Linear(4096, 4096), nn.ReLU(True), nn.Dropout(drop_rate))
+            self.num_features = 4096
+        else:
+            self.pool = nn.AdaptiveAvgPool2d(1)
+            self.pre_logits = nn.Dropout(drop_rate)
+            self.num_features = chs
+        self.fc = nn.Linear(self.num_features, num_classes) if num_classes > 0 else nn.Identity()
+        self.classifier_prefix = 'fc'
+        self._init_weights()
+
+    def _init_weights(self) -> None:
+        for m in self.modules():  # torchvision's initialisation
+            if isinstance(m, nn.Conv2d):
+                nn.init.kaiming_normal_(m.weight, mode='fan_out', nonlinearity='relu')
+                if m.bias is not None:
+                    nn.init.zeros_(m.bias)
+            elif isinstance(m, nn.BatchNorm2d):
+                nn.init.ones_(m.weight)
+                nn.init.zeros_(m.bias)
+            elif isinstance(m, nn.Linear):
+                nn.init.normal_(m.weight, 0, 0.01)
+                nn.init.zeros_(m.bias)
+
+    def forward_features(self, x: torch.Tensor) -> torch.Tensor:
+        check_image(x, self.in_chans, self.min_size, type(self).__name__)
+        return self.features(x)
+
+    def forward_head(self, x: torch.Tensor, pre_logits: bool = False) -> torch.Tensor:
+        x = self.pre_logits(self.pool(x).flatten(1))  # (B, C, h, w) -> (B, C * h * w) -> (B, num_features)
+        return x if pre_logits else self.fc(x)
+
+    def reset_classifier(self, num_classes: int) -> None:
+        self.num_classes = num_classes
+        self.fc = nn.Linear(self.num_features, num_classes) if num_classes > 0 else nn.Identity()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.forward_head(self.forward_features(x))
+
+
+def _create(cfg: dict, kwargs: dict) -> VGG:
+    return build_model(VGG, cfg, kwargs)
+
+
+_VGG = dict(family='vgg', paper='https://arxiv.org/abs/1409.1556', repo='https://github.com/pytorch/vision',
+            capabilities=('weighted_conv',), tiny='vgg_tiny')
+_VGG_BN = {**_VGG, 'capabilities': ('weighted_conv', 'tune_mode')}
+
+
+@register_model(**_VGG, params=132_863_336, top1=69.02)
+def vgg11(**kwargs):
+    """VGG-11 (configuration A), torchvision's layout."""
+    return _create(dict(cfg='vgg11'), kwargs)
+
+
+@register_model(**_VGG_BN, params=132_868_840, top1=70.37)
+def vgg11_bn(**kwargs):
+    """VGG-11 with batch norm (ConvBN blocks), torchvision's layout."""
+    return _create(dict(cfg='vgg11', batch_norm=True), kwargs)
+
+
+@register_model(**_VGG, params=138_357_544, top1=71.592)
+def vgg16(**kwargs):
+    """VGG-16 (configuration D), torchvision's layout."""
+    return _create(dict(cfg='vgg16'), kwargs)
+
+
+@register_model(**_VGG_BN, params=138_365_992, top1=73.36)
+def vgg16_bn(**kwargs):
+    """VGG-16 with batch norm (ConvBN blocks), torchvision's layout."""
+    return _create(dict(cfg='vgg16', batch_norm=True), kwargs)
+
+
+@register_model(**{**_VGG_BN, 'input_size': (3, 32, 32)})
+def vgg_tiny(**kwargs):
+    """A CPU-sized VGG with batch norm for tests: 4 convs (16-64 channels), CIFAR head."""
+    return _create(dict(cfg='tiny', batch_norm=True, stem='cifar'), kwargs)
