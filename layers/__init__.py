@@ -9,6 +9,7 @@ See ``_registry`` for the kinds and their contracts. This package imports torch 
 from ._registry import KINDS, LayerRecord, get, list_layers, name_of, record, records, register
 from .drop import DropPath, LayerScale, drop_path, linear_drop_path_rates
 from . import act, norm, mlp, token_mixers, embed, head  # noqa: F401  (register the blocks)
+from . import canon, sequence_mixers  # noqa: F401  (Canon layers and causal sequence mixers, issue 7)
 
 __all__ = ['KINDS', 'LayerRecord', 'get', 'list_layers', 'name_of', 'record', 'records', 'register',
            'DropPath', 'LayerScale', 'drop_path', 'linear_drop_path_rates']
