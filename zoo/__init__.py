@@ -22,6 +22,7 @@ from . import layers  # noqa: F401  (register blocks first: families resolve the
 from ._registry import ModelInfo, families, list_models, model_info, register_model
 from ._factory import create, load_checkpoint, read_state_dict
 from . import metaformer  # noqa: F401  (register the families)
+from . import lm  # noqa: F401  (causal LMs with Canon layers, issue 7)
 
 __version__ = '0.1.0'
 __all__ = ['create', 'list_models', 'model_info', 'families', 'register_model', 'ModelInfo', 'load_checkpoint',
