@@ -136,7 +136,8 @@ class Depo(_Task):
         self.vocab_size = base + 2 + K
         sample_names(np.random.default_rng(0), N, vocab, *self.name_len)   # fail early if N names cannot exist
 
-    def instance(self, rng, n: int, k: int | None = None) -> Instance:
+    def instance(self, rng, n: int, k: int | tuple[int, ...] | None = None) -> Instance:
+        """``k``: hop count of every query, or a tuple to draw it from (evaluation); default U[1, K]."""
         names = sample_names(rng, n, self.vocab, *self.name_len)
         cycle = rng.permutation(n)                                        # x_{cycle[i]} -> x_{cycle[i+1]}
         succ = np.empty(n, dtype=int)
@@ -148,7 +149,10 @@ class Depo(_Task):
             b.add(names[succ[x]])
         queries = []
         for q in rng.choice(n, size=min(10, n), replace=False):
-            hops = int(rng.integers(1, self.K + 1)) if k is None else k
+            if k is None:
+                hops = int(rng.integers(1, self.K + 1))
+            else:
+                hops = int(rng.choice(k)) if isinstance(k, (tuple, list)) else int(k)
             a = int(q)
             for _ in range(hops):
                 a = int(succ[a])

@@ -49,12 +49,13 @@ class SyntheticLMDataModule(L.LightningDataModule):
         context_length: tokens per window (T). batch_size: windows per batch.
         train_windows / val_windows: windows per training epoch / in the evaluation set.
         seed: data seed (identical across the architectures being compared).
-        eval_k: Depo only: evaluate with every query at this hop count (default K).
+        eval_k: Depo only: the evaluation queries' hop counts (default ``(K, K/2)``, each query drawing one;
+            ``val/acc`` is measured at k = K and ``val/acc_tag<K/2>`` at K/2).
     """
 
     def __init__(self, task: str = 'copy', task_args: dict | None = None, context_length: int = 130,
                  batch_size: int = 32, train_windows: int = 96_000, val_windows: int = 64, seed: int = 0,
-                 eval_k: int | None = None, num_workers: int = 0):
+                 eval_k: int | list[int] | None = None, num_workers: int = 0):
         super().__init__()
         self.save_hyperparameters()
         self.task = make_task(task, **(task_args or {}))
@@ -62,12 +63,23 @@ class SyntheticLMDataModule(L.LightningDataModule):
         self.vocab_size = self.task.vocab_size
         self.context_length, self.batch_size, self.num_workers = context_length, batch_size, num_workers
         eval_kwargs = {}
+        # which answers `val/acc` counts (by tag): Depo at k = K, Mano the value token, else all
+        self.acc_tag = None
         if hasattr(self.task, 'K'):
-            eval_kwargs['k'] = eval_k or self.task.K
+            eval_kwargs['k'] = tuple(eval_k) if isinstance(eval_k, (list, tuple)) else (
+                eval_k or tuple(sorted({self.task.K, max(1, self.task.K // 2)}, reverse=True)))
+            self.acc_tag = max(eval_kwargs['k'])
+        elif hasattr(self.task, 'L'):
+            self.acc_tag = 1
         self.train_set = SyntheticWindows(self.task, context_length, train_windows, seed)
         # evaluation seeds are offset far away from training's (and test from validation's)
         self.val_set = SyntheticWindows(self.task, context_length, val_windows, seed + 1_000_003, True, eval_kwargs)
         self.test_set = SyntheticWindows(self.task, context_length, val_windows, seed + 2_000_003, True, eval_kwargs)
+
+    def generative_eval_instances(self, count: int, seed_offset: int = 3_000_017) -> list:
+        """Instances at the hardest size for generation-based metrics (Brevo: the whole answer is generated)."""
+        rng = np.random.default_rng(self.hparams.seed + seed_offset)
+        return [self.task.hardest(rng) for _ in range(count)]
 
     def _loader(self, ds, shuffle: bool) -> DataLoader:
         return DataLoader(ds, batch_size=self.batch_size, shuffle=shuffle, num_workers=self.num_workers,
