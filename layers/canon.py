@@ -88,6 +88,14 @@ class Canon(nn.Module):
         return f'dim={self.dim}, kernel_size={self.kernel_size}, residual={self.residual}, activation={self.activation}'
 
 
-def ShortConv(dim: int, kernel_size: int = 4) -> Canon:
-    """The linear models' own short convolution ("Canon-b"): SiLU, no residual (fla's ShortConvolution)."""
-    return Canon(dim, kernel_size, residual=False, activation=True)
+class ShortConv(Canon):
+    """The linear models' own short convolution ("Canon-b"): SiLU, no residual (fla's ShortConvolution).
+
+    Part of the baseline model (not a Canon insertion), so a model-level init redraws it (``reset_parameters``)
+    in module order with PyTorch's default Conv1d init."""
+
+    def __init__(self, dim: int, kernel_size: int = 4):
+        super().__init__(dim, kernel_size, residual=False, activation=True)
+
+    def reset_parameters(self) -> None:
+        self.conv.reset_parameters()

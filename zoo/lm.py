@@ -13,7 +13,8 @@ One pre-norm decoder for every family; the sequence mixer is a registry argument
 A after the first norm, B on the mixer's concatenated projections (Llama: concat[q, k, v] before RoPE),
 C after the second norm, D on concat[gate, up] before the activation. Each inserted layer has 4*m
 parameters (m its channels) and keeps PyTorch's default init (std ~0.289); every other weight is
-re-initialised N(0, 0.02) in a fixed order *after* construction, so the same seed gives the same
+re-initialised N(0, 0.02) in a fixed order *after* construction, from the RNG state the constructor
+started with, so the same seed gives the same
 non-Canon weights whatever ``canon`` is, and ``canon=''`` is exactly the baseline model.
 The linear families keep their own short SiLU convolution ("Canon-b", ``short_conv=True``).
 
@@ -27,7 +28,7 @@ import torch
 from torch import nn
 
 from zoo import layers
-from zoo.layers.canon import Canon, parse_canon_set
+from zoo.layers.canon import Canon, ShortConv, parse_canon_set
 
 from ._builder import build_model
 from ._registry import register_model
@@ -98,6 +99,7 @@ class CausalLMNet(nn.Module):
                  canon_residual: bool = True, mlp_hidden: int | None = None, mixer_kwargs: dict | None = None,
                  tie_embeddings: bool = False, norm_eps: float = 1e-6, init_std: float = 0.02):
         super().__init__()
+        rng_state = torch.get_rng_state()  # re-initialise from here: Canon layers' own draws must not shift the rest
         self.canon = parse_canon_set(canon)
         self.vocab_size, self.dim, self.depth, self.init_std = vocab_size, dim, depth, init_std
         mixer_cls = layers.get('sequence_mixer', mixer)
@@ -118,6 +120,7 @@ class CausalLMNet(nn.Module):
         self.head = nn.Linear(dim, vocab_size, bias=False)
         if tie_embeddings:
             self.head.weight = self.embed.weight
+        torch.set_rng_state(rng_state)
         self.reset_parameters()
 
     @torch.no_grad()
@@ -126,6 +129,9 @@ class CausalLMNet(nn.Module):
         PyTorch's default (the paper: re-initialising them to 0.02 is not wise). Fixed module order, so the
         draws do not depend on which Canon layers exist."""
         for m in self.modules():
+            if isinstance(m, ShortConv):          # the linear models' own conv (Canon-b) belongs to the baseline
+                m.reset_parameters()
+                continue
             if getattr(m, 'skip_global_init', False):
                 continue
             if isinstance(m, (nn.Linear, nn.Embedding)):
