@@ -69,6 +69,7 @@ class CausalLM(L.LightningModule):
         self.block_choices = {'canon': self.model_args.get('canon', ''),
                               'pos': {None: 'rope', 0: 'nope'}.get(self.model_args.get('rope_dim'), 'partial_rope')
                               if info.family == 'llama' else info.family}
+        self.monitor, self.monitor_mode = 'val/acc', 'max'    # the checkpoint callback's metric
         self.model = None
         if vocab_size is not None:
             self._build(vocab_size)
