@@ -104,32 +104,39 @@ def gla_recurrent(q, k, v, log_a, state=None):
     return torch.stack(out, 2), s
 
 
+_SAFE_LOG_SPAN = 60.0  # e^60 ~ 1e26: far from fp32 overflow (3e38) after multiplying by O(1) queries and keys
+
+
 def gla_chunked(q, k, v, log_a, chunk: int = 32, state=None):
     """Chunk-parallel GLA, equal to ``gla_recurrent``: exact masked attention with decays inside a chunk,
-    a state recurrence across chunks (T / chunk steps). Decay ratios are formed as exp(b_t - b_s) of the
-    within-chunk cumulative log-decays, so nothing overflows however strong the gates are."""
+    a state recurrence across chunks (T / chunk steps). Inside a chunk the decays are factorised onto q and k
+    (two matmuls) when the chunk's total log-decay stays under 60; for stronger gates the decay ratios
+    exp(b_t - b_s) are formed explicitly, so nothing overflows however strong the gates are."""
     b, h, t, dk = q.shape
     dv = v.shape[-1]
     pad = (-t) % chunk
     if pad:  # zero keys/values and zero log-decay leave the state unchanged
         q, k, v, log_a = (F.pad(z, (0, 0, 0, pad)) for z in (q, k, v, log_a))
     q, k, v, log_a = (rearrange(z, 'b h (n c) e -> b h n c e', c=chunk) for z in (q, k, v, log_a))
-    cum = log_a.cumsum(3)                                               # b_t within each chunk, (B, H, N, C, dk)
     mask = torch.ones(chunk, chunk, dtype=torch.bool, device=q.device).tril()
-    # decay from s to t, per key channel: exp(b_t - b_s) for s <= t
-    rel = (cum[:, :, :, :, None, :] - cum[:, :, :, None, :, :]).masked_fill(~mask[..., None], float('-inf')).exp()
-    attn = torch.einsum('bhnte,bhnse,bhntse->bhnts', q, k, rel)          # (B, H, N, C, C)
+    cum = mask.to(log_a.dtype) @ log_a                                  # b_t: within-chunk cumsum, (B, H, N, C, dk)
+    if -cum[:, :, :, -1].min() < _SAFE_LOG_SPAN:
+        # factorised: (q_t e^{b_t}) . (k_s e^{-b_s}) = sum_i q k e^{b_t - b_s}; e^{-b_s} <= e^{60} cannot overflow
+        attn = ((q * cum.exp()) @ (k * (-cum).exp()).transpose(-1, -2)).masked_fill(~mask, 0.0)
+    else:
+        # gates too strong for the factorised form: the decay from s to t per key channel, exp(b_t - b_s), s <= t
+        rel = (cum[:, :, :, :, None, :] - cum[:, :, :, None, :, :]).masked_fill(~mask[..., None], float('-inf')).exp()
+        attn = torch.einsum('bhnte,bhnse,bhntse->bhnts', q, k, rel)      # (B, H, N, C, C)
     intra = attn @ v                                                    # (B, H, N, C, dv)
     q_in = q * cum.exp()                                                # q_t decayed from the chunk start
     k_out = k * (cum[:, :, :, -1:, :] - cum).exp()                      # k_s decayed to the chunk end
     chunk_decay = cum[:, :, :, -1, :].exp()                             # (B, H, N, dk)
     kv = k_out.transpose(-1, -2) @ v                                    # (B, H, N, dk, dv)
     s = q.new_zeros(b, h, dk, dv) if state is None else state
-    inter = []
+    o = intra
     for n in range(q.shape[2]):                                         # one step per chunk
-        inter.append(q_in[:, :, n] @ s)
+        o[:, :, n] += q_in[:, :, n] @ s
         s = s * chunk_decay[:, :, n, :, None] + kv[:, :, n]
-    o = intra + torch.stack(inter, 2)
     o = rearrange(o, 'b h n c e -> b h (n c) e')[:, :, :t]
     return o, s
 
