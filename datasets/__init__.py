@@ -1,2 +1,35 @@
-"""zoo.datasets: LightningDataModules and generators for the built-in datasets."""
-from .synthetic_data import SyntheticLMDataModule  # noqa: F401,E402  (issue 7: synthetic reasoning tasks)
+"""zoo.datasets: LightningDataModules and generators for the built-in datasets.
+
+Every image DataModule has fixed, seeded train/val/test splits and the attributes ``num_classes``,
+``in_chans`` and ``img_size`` (the command line passes them to the model). Missing data raises
+:class:`DatasetNotFoundError`, naming the expected path and how to obtain the data.
+
+Exports load lazily (PEP 562), so ``import zoo.datasets`` does not import Lightning until a
+DataModule is used.
+"""
+from __future__ import annotations
+
+import importlib
+
+_EXPORTS = {
+    'ImageDataModule': '_base', 'DatasetNotFoundError': '_base',
+    'DigitsDataModule': 'digits',
+    'CIFAR10DataModule': 'cifar', 'CIFAR100DataModule': 'cifar',
+    'ImageFolderDataModule': 'folder',
+    'ShapesDataModule': 'shapes', 'generate_shapes': 'shapes', 'SHAPES': 'shapes',
+    'FakeDataModule': 'fake',
+    'SyntheticLMDataModule': 'synthetic_data',  # issue 7: synthetic reasoning tasks
+}
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str):
+    if name in _EXPORTS:
+        value = getattr(importlib.import_module(f'{__name__}.{_EXPORTS[name]}'), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f'module {__name__!r} has no attribute {name!r}')
+
+
+def __dir__():
+    return sorted(set(globals()) | set(__all__))
