@@ -238,3 +238,31 @@ def test_recipe_trains_and_logs(tmp_path):
     after = trainer.callback_metrics
     assert after['val/loss'].item() < before and 0 <= after['val/acc'].item() <= 1
     assert system.hparams.vocab_size == dm.vocab_size
+
+
+CONFIGS = sorted((__import__('pathlib').Path(__file__).parents[1] / 'recipes' / 'configs' / 'lm').glob('*.yaml'))
+
+
+@pytest.mark.parametrize('path', CONFIGS, ids=lambda p: p.stem)
+def test_lm_configs_name_registered_models_and_tasks(path):
+    import yaml
+
+    import zoo
+    from zoo.datasets.synthetic import TASKS
+    cfg = yaml.safe_load(path.read_text())
+    model, data = cfg['model']['init_args'], cfg['data']['init_args']
+    assert cfg['model']['class_path'] == 'zoo.recipes.lm.CausalLM'
+    assert zoo.model_info(model['name']).task == 'language_modeling' and data['task'] in TASKS
+    assert tuple(model['betas']) == (0.9, 0.98) and model['eps'] == 1e-6 and model['min_lr_ratio'] == 0.1
+    task = __import__('zoo.datasets.synthetic', fromlist=['make_task']).make_task(data['task'], **data['task_args'])
+    hardest = task.hardest(np.random.default_rng(0))
+    assert len(hardest) <= data['context_length'] + 1, 'the hardest instance must fit in one window'
+
+
+def test_zoo_fit_runs_an_lm_config_end_to_end(tmp_path):
+    from zoo.recipes.cli import run_lightning_cli
+    path = next(p for p in CONFIGS if p.stem == 'llama_tiny_canon_copy')
+    rc = run_lightning_cli(['fit', '-c', str(path), '--trainer.fast_dev_run', 'true', '--run_root', str(tmp_path),
+                            '--trainer.enable_progress_bar', 'false'])
+    assert rc in (0, None)
+    assert [p for p in tmp_path.glob('llama_tiny_canon_copy/*') if p.is_dir()], 'zoo fit made a run folder'
