@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 import torch
 
+from test_lm import one_thread  # noqa: F401  (fixture)
 from zoo.datasets.synthetic import (Brevo, Depo, Mano, TokenCopy, brevo_check, difficulty_probs, make_task,
                                     pack_window, sample_difficulty)
 
@@ -220,7 +221,7 @@ def test_datamodule_batches_shift_targets_and_mask_answers():
     assert torch.equal(again.train_set[3]['input'], dm.train_set[3]['input'])
 
 
-def test_recipe_trains_and_logs(tmp_path):
+def test_recipe_trains_and_logs(tmp_path, one_thread):
     import lightning as L
     from zoo.datasets import SyntheticLMDataModule
     from zoo.recipes.lm import CausalLM, warmup_cosine
@@ -259,7 +260,7 @@ def test_lm_configs_name_registered_models_and_tasks(path):
     assert len(hardest) <= data['context_length'] + 1, 'the hardest instance must fit in one window'
 
 
-def test_zoo_fit_runs_an_lm_config_end_to_end(tmp_path):
+def test_zoo_fit_runs_an_lm_config_end_to_end(tmp_path, one_thread):
     from zoo.recipes.cli import run_lightning_cli
     path = next(p for p in CONFIGS if p.stem == 'llama_tiny_canon_copy')
     rc = run_lightning_cli(['fit', '-c', str(path), '--trainer.fast_dev_run', 'true', '--run_root', str(tmp_path),
