@@ -96,13 +96,15 @@ def table(path: Path) -> str:
         groups.setdefault((r['task'], r['N'], r['K'], r['steps'], r['variant']), []).append(r)
     lines = ['| task | N | K | steps | model | params | seeds | metric | mean | 95 % CI | per seed |',
              '|---|---|---|---|---|---|---|---|---|---|---|']
-    for (task, n, k, steps, variant), rs in groups.items():
+    order = sorted(groups, key=lambda g: (g[0], g[1], g[3]))               # stable: variants keep run order
+    for (task, n, k, steps, variant) in order:
+        rs = groups[(task, n, k, steps, variant)]
         for metric in rs[0]['final']:
             vals = [100 * r['final'][metric] for r in rs]
             mean = statistics.fmean(vals)
             half = (statistics.stdev(vals) * _t95(len(vals) - 1) / math.sqrt(len(vals))) if len(vals) > 1 else float('nan')
             lines.append(f'| {task} | {n} | {k or ""} | {steps} | {variant} | {rs[0]["params"]:,} | '
-                         f'{",".join(str(r["seed"]) for r in rs)} | {metric} | {mean:.1f} | ±{half:.1f} | '
+                         f'{",".join(str(r["seed"]) for r in rs)} | {metric} | {mean:.1f} | {"±%.1f" % half if len(vals) > 1 else "–"} | '
                          f'{" / ".join(f"{v:.1f}" for v in vals)} |')
     return '\n'.join(lines)
 
