@@ -19,6 +19,7 @@ _EXPORTS = {
     'ShapesDataModule': 'shapes', 'generate_shapes': 'shapes', 'SHAPES': 'shapes',
     'FakeDataModule': 'fake',
     'PhotoPatchesDataModule': 'photos',
+    'SyntheticLMDataModule': 'synthetic_data',  # issue 7: synthetic reasoning tasks
 }
 __all__ = sorted(_EXPORTS)
 

@@ -13,6 +13,7 @@ _EXPORTS = {
     'ImageClassifier': 'classification',
     'FineTuner': 'finetune',
     'Denoiser': 'denoising',
+    'CausalLM': 'lm',  # issue 7: causal LM on the synthetic reasoning tasks
 }
 __all__ = sorted(_EXPORTS)
 

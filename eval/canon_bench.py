@@ -1,0 +1,111 @@
+"""Benchmarks for the Canon language models (issue 7), interleaved in one process, medians and ratios.
+
+1. Chunked GLA / SSD scans against their token-by-token references at T = 512: max difference and speed-up.
+2. Training (forward + backward) and generation tokens per second for each family with and without
+   Canon-ABCD (``zoo.eval.profile.benchmark`` for training; greedy ``generate`` for generation, which
+   re-runs the prefix at every step: no KV / state cache yet).
+
+    python -m zoo.eval.canon_bench --out eval/results/canon_bench.json
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+import zoo
+from zoo.eval.profile import benchmark
+from zoo.layers.sequence_mixers import gla_chunked, gla_recurrent, ssd_chunked, ssd_recurrent
+
+
+def interleaved(fns: dict, repeats: int, warmup: int = 1) -> dict[str, float]:
+    """Median seconds per call, calls interleaved A, B, A, B so machine noise hits all alike."""
+    times = {k: [] for k in fns}
+    for _ in range(warmup):
+        for f in fns.values():
+            f()
+    for _ in range(repeats):
+        for k, f in fns.items():
+            t0 = time.perf_counter()
+            f()
+            times[k].append(time.perf_counter() - t0)
+    return {k: statistics.median(v) for k, v in times.items()}
+
+
+@torch.no_grad()
+def scans(t: int, repeats: int) -> list[dict]:
+    torch.manual_seed(0)
+    b, h, dk, dv = 2, 4, 32, 64
+    q, k, v = torch.randn(b, h, t, dk) * dk ** -0.5, torch.randn(b, h, t, dk), torch.randn(b, h, t, dv)
+    log_a = F.logsigmoid(torch.randn(b, h, t, dk) + 2) / 16 * 16 / 4
+    x, dt = torch.randn(b, t, h, dv), F.softplus(torch.randn(b, t, h) - 2)
+    a, bm, cm = -torch.rand(h) * 4 - 0.5, torch.randn(b, t, 64), torch.randn(b, t, 64)
+    rows = []
+    for name, ref, fast in (('gla', lambda: gla_recurrent(q, k, v, log_a), lambda: gla_chunked(q, k, v, log_a, 32)),
+                            ('ssd', lambda: ssd_recurrent(x, dt, a, bm, cm), lambda: ssd_chunked(x, dt, a, bm, cm, 64))):
+        diff = (ref()[0] - fast()[0]).abs().max().item()
+        med = interleaved({'recurrent': ref, 'chunked': fast}, repeats)
+        rows.append(dict(scan=name, T=t, batch=b, heads=h, max_abs_diff=diff, recurrent_ms=1000 * med['recurrent'],
+                         chunked_ms=1000 * med['chunked'], speedup=med['recurrent'] / med['chunked']))
+    return rows
+
+
+def throughput(depth: int, dim: int, t: int, batch: int, gen_tokens: int, repeats: int) -> list[dict]:
+    rows = []
+    families = {'llama': ('llama_tiny', {}), 'gla': ('gla_tiny', {}),
+                'mamba2': ('mamba2_tiny', dict(mixer_kwargs=dict(head_dim=32, d_state=32, chunk_size=64)))}
+    models, inputs = {}, {}
+    x = torch.randint(0, 64, (batch, t))
+    for fam, (name, extra) in families.items():
+        for canon in ('', 'ABCD'):
+            torch.manual_seed(0)
+            heads = {'llama': dim // 32, 'gla': max(1, dim // 64)}.get(fam)
+            kw = dict(dim=dim, depth=depth, canon=canon, **extra)
+            if heads:
+                kw['num_heads'] = heads
+            key = f'{fam}{"+ABCD" if canon else ""}'
+            models[key], inputs[key] = zoo.create(name, **kw), x
+    train = benchmark(models, batch_size=batch, inputs=inputs, mode='train', repeats=repeats, warmup=1)
+    prompt = x[:1, :16]
+    gen = interleaved({k: (lambda m=m: m.eval().generate(prompt, gen_tokens)) for k, m in models.items()},
+                      max(2, repeats // 3))
+    for key, lat in train.items():
+        rows.append(dict(model=key, depth=depth, dim=dim, T=t, batch=batch,
+                         params=sum(p.numel() for p in models[key].parameters()),
+                         train_tokens_per_s=batch * t / (lat.median_ms / 1000), train_ms=lat.median_ms,
+                         generate_tokens_per_s=gen_tokens / gen[key]))
+    return rows
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument('--T', type=int, default=512)
+    p.add_argument('--repeats', type=int, default=7)
+    p.add_argument('--threads', type=int, default=1)
+    p.add_argument('--out', type=Path, default=None)
+    args = p.parse_args()
+    torch.set_num_threads(args.threads)
+    res = {'threads': args.threads, 'torch': torch.__version__, 'scans': scans(args.T, args.repeats), 'lm': []}
+    for r in res['scans']:
+        print(f"{r['scan']}: T={r['T']} max|diff|={r['max_abs_diff']:.2e} recurrent {r['recurrent_ms']:.1f} ms "
+              f"chunked {r['chunked_ms']:.1f} ms  x{r['speedup']:.1f}", flush=True)
+    for depth, dim in ((2, 64), (4, 256)):
+        rows = throughput(depth, dim, 256, 8, 32, args.repeats)
+        res['lm'] += rows
+        for r in rows:
+            print(f"{r['model']:12s} {depth}L d{dim}: train {r['train_tokens_per_s']:8.0f} tok/s  "
+                  f"generate {r['generate_tokens_per_s']:6.1f} tok/s", flush=True)
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        if args.out.exists():
+            raise FileExistsError(f'{args.out} exists; choose another --out (results are never overwritten)')
+        args.out.write_text(json.dumps(res, indent=1))
+
+
+if __name__ == '__main__':
+    main()

@@ -1,0 +1,279 @@
+"""Causal sequence mixers for the language models: softmax attention (RoPE / partial RoPE / NoPE),
+GLA-style gated linear attention and a Mamba2-style state-space mixer.
+
+Kind ``sequence_mixer``: constructor ``(dim, **kw)``, (B, T, D) -> (B, T, D), causal. Each mixer takes
+``canon_b``: whether to put a residual Canon layer (Canon-B, "Physics of Language Models: Part 4.1",
+arXiv 2512.17351) on the concatenated projections before the heads are formed.
+
+- ``CausalSelfAttention``: Llama attention (Touvron et al. 2023) through ``F.scaled_dot_product_attention``;
+  Canon-B acts on concat[q, k, v] (m = 3d) before RoPE.
+- ``GatedLinearAttention``: GLA (Yang et al., "Gated Linear Attention Transformers with Hardware-Efficient
+  Training", ICML 2024, arXiv 2312.06635; code: https://github.com/fla-org/flash-linear-attention) with a
+  low-rank per-key-channel forget gate, its short SiLU convolution on q/k/v ("Canon-b"), a per-head RMSNorm
+  and a swish output gate. Chunked: exact inside each chunk, a recurrence across chunks only.
+- ``Mamba2Mixer``: Mamba2 / SSD (Dao & Gu, "Transformers are SSMs", ICML 2024, arXiv 2405.21060; code:
+  https://github.com/state-spaces/mamba) with a scalar decay per head, its conv1d on (x, B, C) ("Canon-b"),
+  a gated RMSNorm and D skip. Chunked SSD, pure PyTorch.
+
+``gla_recurrent`` and ``ssd_recurrent`` are the token-by-token references the chunked scans are tested
+and benchmarked against.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from einops import rearrange
+from torch import nn
+
+from ._registry import register
+from .canon import Canon, ShortConv
+
+__all__ = ['CausalSelfAttention', 'GatedLinearAttention', 'Mamba2Mixer', 'apply_rope',
+           'gla_chunked', 'gla_recurrent', 'ssd_chunked', 'ssd_recurrent']
+
+_EX = dict(layout='nlc', example_input=(2, 12, 32))
+
+
+# ----------------------------------------------------------------------------------------------- RoPE
+def apply_rope(x: torch.Tensor, rope_dim: int, theta: float = 10000.0, offset: int = 0) -> torch.Tensor:
+    """Rotary embedding (rotate-half convention, as HF Llama) on the first ``rope_dim`` dims of each head.
+
+    x: (B, H, T, hd). The remaining ``hd - rope_dim`` dims pass through (partial RoPE); ``rope_dim=0`` is NoPE.
+    """
+    if rope_dim == 0:
+        return x
+    t = x.shape[-2]
+    inv_freq = 1.0 / theta ** (torch.arange(0, rope_dim, 2, device=x.device, dtype=torch.float32) / rope_dim)
+    pos = torch.arange(offset, offset + t, device=x.device, dtype=torch.float32)
+    ang = torch.outer(pos, inv_freq)                                   # (T, rope_dim/2)
+    cos, sin = torch.cat([ang, ang], -1).cos().to(x.dtype), torch.cat([ang, ang], -1).sin().to(x.dtype)
+    xr, xp = x[..., :rope_dim], x[..., rope_dim:]
+    x1, x2 = xr.chunk(2, dim=-1)
+    rotated = xr * cos + torch.cat([-x2, x1], dim=-1) * sin
+    return torch.cat([rotated, xp], dim=-1)
+
+
+@register('sequence_mixer', 'attention', example=dict(dim=32, num_heads=2), **_EX)
+class CausalSelfAttention(nn.Module):
+    """Causal multi-head self-attention with RoPE, partial RoPE or NoPE (no GQA, no biases, as Llama).
+
+    Args:
+        dim: model width d. num_heads: heads (head_dim = d / num_heads).
+        rope_dim: rotary dims per head: ``None`` = all (RoPE), ``0`` = NoPE, else partial RoPE (even, <= head_dim).
+        rope_theta: RoPE base. canon_b: residual Canon layer on concat[q, k, v] (m = 3d) before RoPE.
+    """
+
+    def __init__(self, dim: int, num_heads: int = 8, rope_dim: int | None = None, rope_theta: float = 10000.0,
+                 canon_b: bool = False, canon_kernel: int = 4):
+        super().__init__()
+        if dim % num_heads:
+            raise ValueError(f'dim {dim} must be divisible by num_heads {num_heads}')
+        self.num_heads, self.head_dim = num_heads, dim // num_heads
+        rope_dim = self.head_dim if rope_dim is None else rope_dim
+        if rope_dim < 0 or rope_dim > self.head_dim or rope_dim % 2:
+            raise ValueError(f'rope_dim must be an even number in 0..head_dim={self.head_dim} (0 = NoPE), got {rope_dim}')
+        self.rope_dim, self.rope_theta = rope_dim, rope_theta
+        self.qkv = nn.Linear(dim, 3 * dim, bias=False)   # = concat[q_proj, k_proj, v_proj]
+        self.canon_b = Canon(3 * dim, canon_kernel) if canon_b else None
+        self.proj = nn.Linear(dim, dim, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        qkv = self.qkv(x)                                                  # (B, T, 3d)
+        if self.canon_b is not None:
+            qkv = self.canon_b(qkv)
+        q, k, v = rearrange(qkv, 'b t (three h e) -> three b h t e', three=3, h=self.num_heads)
+        q, k = apply_rope(q, self.rope_dim, self.rope_theta), apply_rope(k, self.rope_dim, self.rope_theta)
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return self.proj(rearrange(y, 'b h t e -> b t (h e)'))
+
+
+# ------------------------------------------------------------------------------------ gated linear attn
+def gla_recurrent(q, k, v, log_a, state=None):
+    """Token-by-token GLA: S_t = diag(a_t) S_{t-1} + k_t^T v_t, o_t = q_t S_t.
+
+    q, k, log_a: (B, H, T, dk); v: (B, H, T, dv); state: (B, H, dk, dv). Returns (o, final state).
+    """
+    b, h, t, dk = q.shape
+    s = q.new_zeros(b, h, dk, v.shape[-1]) if state is None else state
+    out = []
+    for i in range(t):
+        s = s * log_a[:, :, i, :, None].exp() + k[:, :, i, :, None] * v[:, :, i, None, :]
+        out.append(torch.einsum('bhk,bhkv->bhv', q[:, :, i], s))
+    return torch.stack(out, 2), s
+
+
+_SAFE_LOG_SPAN = 60.0  # e^60 ~ 1e26: far from fp32 overflow (3e38) after multiplying by O(1) queries and keys
+
+
+def gla_chunked(q, k, v, log_a, chunk: int = 32, state=None):
+    """Chunk-parallel GLA, equal to ``gla_recurrent``: exact masked attention with decays inside a chunk,
+    a state recurrence across chunks (T / chunk steps). Inside a chunk the decays are factorised onto q and k
+    (two matmuls) when the chunk's total log-decay stays under 60; for stronger gates the decay ratios
+    exp(b_t - b_s) are formed explicitly, so nothing overflows however strong the gates are."""
+    b, h, t, dk = q.shape
+    dv = v.shape[-1]
+    pad = (-t) % chunk
+    if pad:  # zero keys/values and zero log-decay leave the state unchanged
+        q, k, v, log_a = (F.pad(z, (0, 0, 0, pad)) for z in (q, k, v, log_a))
+    q, k, v, log_a = (rearrange(z, 'b h (n c) e -> b h n c e', c=chunk) for z in (q, k, v, log_a))
+    mask = torch.ones(chunk, chunk, dtype=torch.bool, device=q.device).tril()
+    cum = mask.to(log_a.dtype) @ log_a                                  # b_t: within-chunk cumsum, (B, H, N, C, dk)
+    if -cum[:, :, :, -1].min() < _SAFE_LOG_SPAN:
+        # factorised: (q_t e^{b_t}) . (k_s e^{-b_s}) = sum_i q k e^{b_t - b_s}; e^{-b_s} <= e^{60} cannot overflow
+        attn = ((q * cum.exp()) @ (k * (-cum).exp()).transpose(-1, -2)).masked_fill(~mask, 0.0)
+    else:
+        # gates too strong for the factorised form: the decay from s to t per key channel, exp(b_t - b_s), s <= t
+        rel = (cum[:, :, :, :, None, :] - cum[:, :, :, None, :, :]).masked_fill(~mask[..., None], float('-inf')).exp()
+        attn = torch.einsum('bhnte,bhnse,bhntse->bhnts', q, k, rel)      # (B, H, N, C, C)
+    intra = attn @ v                                                    # (B, H, N, C, dv)
+    q_in = q * cum.exp()                                                # q_t decayed from the chunk start
+    k_out = k * (cum[:, :, :, -1:, :] - cum).exp()                      # k_s decayed to the chunk end
+    chunk_decay = cum[:, :, :, -1, :].exp()                             # (B, H, N, dk)
+    kv = k_out.transpose(-1, -2) @ v                                    # (B, H, N, dk, dv)
+    s = q.new_zeros(b, h, dk, dv) if state is None else state
+    o = intra
+    for n in range(q.shape[2]):                                         # one step per chunk
+        o[:, :, n] += q_in[:, :, n] @ s
+        s = s * chunk_decay[:, :, n, :, None] + kv[:, :, n]
+    o = rearrange(o, 'b h n c e -> b h (n c) e')[:, :, :t]
+    return o, s
+
+
+@register('sequence_mixer', 'gla', example=dict(dim=32, num_heads=2), **_EX)
+class GatedLinearAttention(nn.Module):
+    """GLA token mixer: q, k at ``expand_k * d``, v at ``expand_v * d``, per-key-channel forget gate
+    log a = logsigmoid(W2 W1 x + b) / 16 (low rank 16), Canon-b SiLU short conv on q, k, v, per-head RMSNorm,
+    swish output gate. ``canon_b=True`` adds a residual Canon on concat[q, k, v] before the short conv."""
+
+    def __init__(self, dim: int, num_heads: int = 4, expand_k: float = 0.5, expand_v: float = 1.0,
+                 gate_low_rank_dim: int = 16, gate_logit_normalizer: float = 16.0, short_conv: bool = True,
+                 conv_kernel: int = 4, canon_b: bool = False, canon_kernel: int = 4, chunk_size: int = 32):
+        super().__init__()
+        self.key_dim, self.value_dim = int(dim * expand_k), int(dim * expand_v)
+        if self.key_dim % num_heads or self.value_dim % num_heads:
+            raise ValueError(f'key dim {self.key_dim} and value dim {self.value_dim} must divide by num_heads {num_heads}')
+        self.num_heads, self.normalizer, self.chunk_size = num_heads, gate_logit_normalizer, chunk_size
+        qkv_dim = 2 * self.key_dim + self.value_dim
+        self.qkv = nn.Linear(dim, qkv_dim, bias=False)
+        self.canon_b = Canon(qkv_dim, canon_kernel) if canon_b else None
+        self.short_conv = ShortConv(qkv_dim, conv_kernel) if short_conv else None
+        self.gk = nn.Sequential(nn.Linear(dim, gate_low_rank_dim, bias=False), nn.Linear(gate_low_rank_dim, self.key_dim))
+        self.g = nn.Linear(dim, self.value_dim, bias=False)
+        self.norm = nn.RMSNorm(self.value_dim // num_heads, eps=1e-5)
+        self.proj = nn.Linear(self.value_dim, dim, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        qkv = self.qkv(x)                                                   # (B, T, 2dk + dv)
+        if self.canon_b is not None:
+            qkv = self.canon_b(qkv)
+        if self.short_conv is not None:
+            qkv = self.short_conv(qkv)
+        q, k, v = qkv.split([self.key_dim, self.key_dim, self.value_dim], dim=-1)
+        log_a = F.logsigmoid(self.gk(x)) / self.normalizer
+        h = self.num_heads
+        q, k, log_a = (rearrange(z, 'b t (h e) -> b h t e', h=h) for z in (q, k, log_a))
+        v = rearrange(v, 'b t (h e) -> b h t e', h=h)
+        q = q * q.shape[-1] ** -0.5
+        o, _ = gla_chunked(q, k, v, log_a, self.chunk_size)
+        o = rearrange(self.norm(o), 'b h t e -> b t (h e)')
+        return self.proj(o * F.silu(self.g(x)))
+
+
+# -------------------------------------------------------------------------------------------- Mamba2
+def ssd_recurrent(x, dt, a, bm, cm, state=None):
+    """Token-by-token SSD: h_t = exp(dt_t a) h_{t-1} + dt_t x_t B_t^T, y_t = h_t C_t.
+
+    x: (B, T, H, P); dt: (B, T, H) (after softplus); a: (H,) negative; bm, cm: (B, T, N).
+    Returns y (B, T, H, P) and the final state (B, H, P, N).
+    """
+    b, t, h, p = x.shape
+    s = x.new_zeros(b, h, p, bm.shape[-1]) if state is None else state
+    out = []
+    for i in range(t):
+        decay = (dt[:, i] * a).exp()                                   # (B, H)
+        s = s * decay[..., None, None] + torch.einsum('bh,bhp,bn->bhpn', dt[:, i], x[:, i], bm[:, i])
+        out.append(torch.einsum('bhpn,bn->bhp', s, cm[:, i]))
+    return torch.stack(out, 1), s
+
+
+def ssd_chunked(x, dt, a, bm, cm, chunk: int = 64, state=None):
+    """Chunked SSD (Mamba2's "state space duality" form), equal to ``ssd_recurrent``: a decay-masked
+    C B^T attention inside each chunk, a state recurrence across chunks."""
+    b, t, h, p = x.shape
+    pad = (-t) % chunk
+    if pad:  # dt = 0 and x = 0 on the padding: no decay, no input
+        x, bm, cm = F.pad(x, (0, 0, 0, 0, 0, pad)), F.pad(bm, (0, 0, 0, pad)), F.pad(cm, (0, 0, 0, pad))
+        dt = F.pad(dt, (0, 0, 0, pad))
+    x = rearrange(x * dt[..., None], 'b (n c) h p -> b h n c p', c=chunk)   # dt folded into the input
+    la = rearrange(dt * a, 'b (n c) h -> b h n c', c=chunk)
+    bm, cm = (rearrange(z, 'b (n c) s -> b n c s', c=chunk) for z in (bm, cm))
+    cum = la.cumsum(-1)                                                    # (B, H, N, C)
+    mask = torch.ones(chunk, chunk, dtype=torch.bool, device=x.device).tril()
+    decay = (cum[..., :, None] - cum[..., None, :]).masked_fill(~mask, float('-inf')).exp()  # (B, H, N, C, C)
+    scores = cm @ bm.transpose(-1, -2)                                     # C_t . B_s, (B, N, C, C)
+    intra = (decay * scores[:, None]) @ x                                  # (B, H, N, C, P)
+    to_end = (cum[..., -1:] - cum).exp()                                   # (B, H, N, C)
+    states = torch.einsum('bhncp,bhnc,bncs->bhnps', x, to_end, bm)         # each chunk's own contribution
+    from_start = cum.exp()                                                 # (B, H, N, C)
+    chunk_decay = cum[..., -1].exp()                                       # (B, H, N)
+    s = x.new_zeros(b, h, p, bm.shape[-1]) if state is None else state
+    inter = []
+    for n in range(x.shape[2]):                                            # one step per chunk
+        inter.append(torch.einsum('bhps,bcs,bhc->bhcp', s, cm[:, n], from_start[:, :, n]))
+        s = s * chunk_decay[:, :, n, None, None] + states[:, :, n]
+    y = intra + torch.stack(inter, 2)
+    y = rearrange(y, 'b h n c p -> b (n c) h p')[:, :t]
+    return y, s
+
+
+@register('sequence_mixer', 'mamba2', example=dict(dim=32, head_dim=16, d_state=8), **_EX)
+class Mamba2Mixer(nn.Module):
+    """Mamba2 mixer: in_proj -> [z, x, B, C, dt]; Canon-b SiLU conv on (x, B, C); chunked SSD with a scalar
+    decay per head and D skip; y * silu(z) through a gated RMSNorm; out_proj. ``canon_b=True`` adds a residual
+    Canon on the whole in_proj output (m = 2*expand*d + 2*d_state + heads, as the paper's 4d + o(d))."""
+
+    def __init__(self, dim: int, expand: int = 2, head_dim: int = 64, d_state: int = 64, short_conv: bool = True,
+                 conv_kernel: int = 4, canon_b: bool = False, canon_kernel: int = 4, chunk_size: int = 64,
+                 dt_min: float = 1e-3, dt_max: float = 0.1):
+        super().__init__()
+        self.d_inner, self.d_state = expand * dim, d_state
+        if self.d_inner % head_dim:
+            raise ValueError(f'expand * dim = {self.d_inner} must divide by head_dim {head_dim}')
+        self.num_heads, self.head_dim, self.chunk_size = self.d_inner // head_dim, head_dim, chunk_size
+        self.dt_min, self.dt_max = dt_min, dt_max
+        in_dim = 2 * self.d_inner + 2 * d_state + self.num_heads
+        self.in_proj = nn.Linear(dim, in_dim, bias=False)
+        self.canon_b = Canon(in_dim, canon_kernel) if canon_b else None
+        self.short_conv = ShortConv(self.d_inner + 2 * d_state, conv_kernel) if short_conv else None
+        self.dt_bias = nn.Parameter(torch.empty(self.num_heads))
+        self.A_log = nn.Parameter(torch.empty(self.num_heads))
+        self.D = nn.Parameter(torch.empty(self.num_heads))
+        self.norm = nn.RMSNorm(self.d_inner, eps=1e-5)
+        self.out_proj = nn.Linear(self.d_inner, dim, bias=False)
+        self.reset_ssm_parameters()
+
+    def reset_ssm_parameters(self) -> None:
+        """Mamba2's init: dt log-uniform in [dt_min, dt_max] (stored through softplus^-1), A ~ U[1, 16], D = 1."""
+        with torch.no_grad():
+            dt = torch.exp(torch.rand(self.num_heads, device=self.dt_bias.device)
+                           * (math.log(self.dt_max) - math.log(self.dt_min)) + math.log(self.dt_min))
+            self.dt_bias.copy_(dt + torch.log(-torch.expm1(-dt)))          # inverse softplus
+            self.A_log.copy_(torch.empty_like(self.A_log).uniform_(1, 16).log())
+            self.D.fill_(1.0)
+
+    def forward(self, u: torch.Tensor) -> torch.Tensor:
+        zxbcdt = self.in_proj(u)                                            # (B, T, 2 d_inner + 2 N + H)
+        if self.canon_b is not None:
+            zxbcdt = self.canon_b(zxbcdt)
+        z, xbc, dt = zxbcdt.split([self.d_inner, self.d_inner + 2 * self.d_state, self.num_heads], dim=-1)
+        if self.short_conv is not None:
+            xbc = self.short_conv(xbc)
+        x, bm, cm = xbc.split([self.d_inner, self.d_state, self.d_state], dim=-1)
+        x = rearrange(x, 'b t (h p) -> b t h p', p=self.head_dim)
+        dt = F.softplus(dt + self.dt_bias)                                  # (B, T, H)
+        y, _ = ssd_chunked(x, dt, -self.A_log.exp(), bm, cm, self.chunk_size)
+        y = y + x * self.D[:, None]
+        y = rearrange(y, 'b t h p -> b t (h p)')
+        return self.out_proj(self.norm(y * F.silu(z)))

@@ -1,0 +1,164 @@
+"""Causal language modelling on the synthetic reasoning tasks (Physics of Language Models: Part 4.1,
+arXiv 2512.17351): AdamW (betas 0.9 / 0.98, eps 1e-6), linear warm-up then cosine decay to 10 %, loss only
+on answer tokens, exact-answer accuracy at the hardest size.
+
+``zoo fit -c recipes/configs/lm/llama_tiny_copy.yaml`` with ``zoo.datasets.SyntheticLMDataModule``. The system
+builds its network with ``zoo.create(name, vocab_size=..., **model_args)``; the vocabulary comes from the
+data module when ``vocab_size`` is not given. It never defines architecture.
+"""
+from __future__ import annotations
+
+import math
+
+import lightning as L
+import torch
+import torch.nn.functional as F
+
+import zoo
+
+__all__ = ['CausalLM', 'answer_accuracy', 'warmup_cosine']
+
+
+def warmup_cosine(step: int, warmup: int, total: int, floor: float = 0.1) -> float:
+    """LR multiplier: linear warm-up over ``warmup`` steps, then cosine from 1 to ``floor`` at ``total``."""
+    if step < warmup:
+        return (step + 1) / warmup
+    progress = min(1.0, (step - warmup) / max(1, total - warmup))
+    return floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * progress))
+
+
+def answer_accuracy(logits: torch.Tensor, batch: dict) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Per answer (an answer id within a window): whether every one of its tokens is predicted (argmax,
+    teacher forcing — equivalent to greedy decoding of that answer), and its tag.
+
+    Returns (correct (A,) bool, tag (A,), token_correct (n,) bool over all loss tokens).
+    """
+    ans, target = batch['answer'], batch['target']
+    sel = ans >= 0
+    tok_ok = logits.argmax(-1)[sel] == target[sel]
+    width = int(ans.max().clamp(min=0)) + 1
+    key = (torch.arange(ans.shape[0], device=ans.device)[:, None] * width + ans)[sel]   # unique per (window, answer)
+    uniq, inv = key.unique(return_inverse=True)
+    ok = torch.ones(len(uniq), dtype=torch.long, device=ans.device).scatter_reduce(0, inv, tok_ok.long(), 'amin')
+    tag = torch.zeros(len(uniq), dtype=torch.long, device=ans.device).scatter_reduce(0, inv, batch['tag'][sel], 'amax')
+    return ok.bool(), tag, tok_ok
+
+
+class CausalLM(L.LightningModule):
+    """Next-token training of a ``language_modeling`` model on answer tokens.
+
+    Args:
+        name: registered model (``llama_tiny``, ``gla_8l512d``, ...). model_args: ``zoo.create`` overrides
+            (``canon: ABCD``, ``rope_dim: 0``, ``depth: 2``, ...). vocab_size: default: the data module's.
+        lr, weight_decay, betas, eps: AdamW (weight decay on matrices and Canon kernels, not on norms/biases).
+        warmup_steps, min_lr_ratio: the schedule; total steps = ``trainer.max_steps`` (or the estimate).
+        generate_samples: Brevo only: instances generated per validation for the exact-answer metric.
+    """
+
+    def __init__(self, name: str = 'llama_tiny', model_args: dict | None = None, vocab_size: int | None = None,
+                 lr: float = 1e-3, weight_decay: float = 0.03, betas: tuple[float, float] = (0.9, 0.98),
+                 eps: float = 1e-6, warmup_steps: int = 1000, min_lr_ratio: float = 0.1, generate_samples: int = 32):
+        super().__init__()
+        self.save_hyperparameters()
+        self.model_name = name
+        self.model_args = dict(model_args or {})
+        info = zoo.model_info(name)
+        if info.task != 'language_modeling':
+            raise ValueError(f'{name} is a {info.task} model; CausalLM needs a language_modeling model '
+                             f'({", ".join(zoo.list_models(task="language_modeling"))})')
+        self.block_choices = {'canon': self.model_args.get('canon', ''),
+                              'pos': {None: 'rope', 0: 'nope'}.get(self.model_args.get('rope_dim'), 'partial_rope')
+                              if info.family == 'llama' else info.family}
+        self.monitor, self.monitor_mode = 'val/acc', 'max'    # the checkpoint callback's metric
+        self.model = None
+        if vocab_size is not None:
+            self._build(vocab_size)
+        self._acc = {}
+
+    def _build(self, vocab_size: int) -> None:
+        self.hparams.vocab_size = vocab_size
+        self.model = zoo.create(self.model_name, vocab_size=vocab_size, **self.model_args)
+
+    def setup(self, stage: str) -> None:
+        if self.model is None:
+            dm = getattr(self.trainer, 'datamodule', None)
+            if dm is None or not hasattr(dm, 'vocab_size'):
+                raise ValueError('CausalLM needs vocab_size, or a data module with a vocab_size attribute')
+            self._build(dm.vocab_size)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        return self.model(tokens)
+
+    def _loss(self, logits, batch):
+        sel = batch['answer'] >= 0
+        return F.cross_entropy(logits[sel].float(), batch['target'][sel])
+
+    def training_step(self, batch, batch_idx):
+        loss = self._loss(self(batch['input']), batch)
+        self.log('train/loss', loss, prog_bar=True)
+        return loss
+
+    def _eval_step(self, batch, split: str):
+        logits = self(batch['input'])
+        self.log(f'{split}/loss', self._loss(logits, batch), prog_bar=True)
+        ok, tag, tok_ok = answer_accuracy(logits, batch)
+        acc = self._acc.setdefault(split, {'tok': [0, 0]})
+        acc['tok'][0] += int(tok_ok.sum()); acc['tok'][1] += tok_ok.numel()  # noqa: E702
+        for t in tag.unique().tolist():
+            c = acc.setdefault(t, [0, 0])
+            c[0] += int(ok[tag == t].sum()); c[1] += int((tag == t).sum())  # noqa: E702
+
+    def validation_step(self, batch, batch_idx):
+        self._eval_step(batch, 'val')
+
+    def test_step(self, batch, batch_idx):
+        self._eval_step(batch, 'test')
+
+    def _eval_end(self, split: str):
+        acc = self._acc.pop(split, None)
+        if not acc:
+            return
+        tok = acc.pop('tok')
+        self.log(f'{split}/token_acc', tok[0] / max(1, tok[1]))
+        dm = getattr(self.trainer, 'datamodule', None)
+        main = getattr(dm, 'acc_tag', None)
+        for t, (c, n) in acc.items():
+            if main is not None and t not in (main, 0):  # tag 0: untagged answers (Mano's expression)
+                self.log(f'{split}/acc_tag{t}', c / n)
+        if main is not None and main in acc:
+            self.log(f'{split}/acc', acc[main][0] / acc[main][1], prog_bar=True)
+        elif main is None:
+            self.log(f'{split}/acc', sum(c for c, _ in acc.values()) / sum(n for _, n in acc.values()), prog_bar=True)
+        if getattr(getattr(dm, 'task', None), 'eos', None) is not None:  # Brevo: generate the whole answer
+            self.log(f'{split}/acc_generated', self.generated_accuracy(dm), prog_bar=True)
+
+    @torch.no_grad()
+    def generated_accuracy(self, dm) -> float:
+        """Brevo's metric: greedy generation after ``<ans>`` must be exactly the ancestor set in a valid order."""
+        from zoo.datasets.synthetic import brevo_check
+        task, good = dm.task, 0
+        insts = dm.generative_eval_instances(self.hparams.generate_samples)
+        for inst in insts:
+            cut = inst.tokens.index(task.ans) + 1
+            prompt = torch.tensor([inst.tokens[:cut]], device=self.device)
+            out = self.model.generate(prompt, len(inst.tokens) - cut + 2)[0, cut:].tolist()
+            good += brevo_check(inst, out, task.eos)
+        return good / len(insts)
+
+    def on_validation_epoch_end(self):
+        self._eval_end('val')
+
+    def on_test_epoch_end(self):
+        self._eval_end('test')
+
+    def configure_optimizers(self):
+        decay = [p for p in self.model.parameters() if p.ndim >= 2]
+        no_decay = [p for p in self.model.parameters() if p.ndim < 2]
+        opt = torch.optim.AdamW([{'params': decay, 'weight_decay': self.hparams.weight_decay},
+                                 {'params': no_decay, 'weight_decay': 0.0}],
+                                lr=self.hparams.lr, betas=tuple(self.hparams.betas), eps=self.hparams.eps)
+        total = self.trainer.max_steps if self.trainer.max_steps > 0 else int(self.trainer.estimated_stepping_batches)
+        warmup = max(1, min(self.hparams.warmup_steps, total))
+        sched = torch.optim.lr_scheduler.LambdaLR(
+            opt, lambda s: warmup_cosine(s, warmup, total, self.hparams.min_lr_ratio))
+        return {'optimizer': opt, 'lr_scheduler': {'scheduler': sched, 'interval': 'step'}}

@@ -1,0 +1,173 @@
+"""Causal LM families with Canon placements, chunked scans and the CausalLM recipe (issue 7)."""
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import zoo
+from zoo.layers.canon import Canon, ShortConv
+from zoo.layers.sequence_mixers import (CausalSelfAttention, apply_rope, gla_chunked, gla_recurrent, ssd_chunked,
+                                        ssd_recurrent)
+
+FAMILIES = ['llama_tiny', 'gla_tiny', 'mamba2_tiny']
+D = 32  # width for the placement tests (tiny variants overridden to d = 32)
+
+
+def build(name, seed=0, **kw):
+    torch.manual_seed(seed)
+    return zoo.create(name, dim=D, **kw).eval()
+
+
+def tokens(b=2, t=21, vocab=64, seed=0):
+    return torch.randint(0, vocab, (b, t), generator=torch.Generator().manual_seed(seed))
+
+
+def n_params(m):
+    return sum(p.numel() for p in m.parameters())
+
+
+def canon_b_width(model):
+    mixer = model.blocks[0].mixer
+    return mixer.qkv.out_features if hasattr(mixer, 'qkv') else mixer.in_proj.out_features
+
+
+@pytest.mark.parametrize('name', FAMILIES)
+def test_empty_canon_is_the_baseline_exactly(name):
+    x = tokens()
+    base = build(name)
+    with torch.no_grad():
+        ref = base(x)
+        assert torch.equal(build(name, canon='')(x), ref)
+        # same seed: every non-Canon weight is identical whatever the Canon set is ...
+        full = build(name, canon='ABCD')
+        shared = {k: v for k, v in full.state_dict().items() if 'canon' not in k}
+        assert shared.keys() == base.state_dict().keys()
+        assert all(torch.equal(v, base.state_dict()[k]) for k, v in shared.items())
+        # ... and zeroed (residual) Canon layers give the baseline's outputs bit for bit
+        for m in full.modules():
+            if isinstance(m, Canon) and not isinstance(m, ShortConv):   # the linear models' own conv stays
+                m.conv.weight.zero_()
+        assert torch.equal(full(x), ref)
+
+
+@pytest.mark.parametrize('name', FAMILIES)
+def test_each_canon_point_adds_4m_parameters(name):
+    base = build(name)
+    hidden = base.blocks[0].mlp.hidden
+    width = {'A': D, 'B': canon_b_width(base), 'C': D, 'D': 2 * hidden}
+    depth = len(base.blocks)
+    for point, m in width.items():
+        assert n_params(build(name, canon=point)) - n_params(base) == 4 * m * depth, point
+    assert n_params(build(name, canon='ABCD')) - n_params(base) == 4 * sum(width.values()) * depth
+    if name == 'llama_tiny':
+        assert width['B'] == 3 * D and width['D'] == 2 * int(8 * D / 3)
+
+
+def test_canon_points_see_the_documented_inputs():
+    """A / C act on the normed stream, B on concat[q, k, v] (the qkv projection's output), D on concat[gate, up]."""
+    model = build('llama_tiny', canon='ABCD')
+    blk, seen = model.blocks[0], {}
+    for key, mod in (('A', blk.canon_a), ('B', blk.mixer.canon_b), ('C', blk.canon_c), ('D', blk.mlp.canon_d)):
+        mod.register_forward_hook(lambda m, i, o, key=key: seen.__setitem__(key, i[0]))
+    x = tokens()
+    with torch.no_grad():
+        model(x)
+        h = model.embed(x)
+        assert torch.equal(seen['A'], blk.norm1(h))
+        assert torch.equal(seen['B'], blk.mixer.qkv(blk.canon_a(blk.norm1(h))))
+        h2 = h + blk.mixer(blk.canon_a(blk.norm1(h)))
+        assert torch.allclose(seen['C'], blk.norm2(h2), atol=1e-6)
+        assert torch.allclose(seen['D'], blk.mlp.gate_up(blk.canon_c(blk.norm2(h2))), atol=1e-6)
+
+
+@pytest.mark.parametrize('name,kw', [('llama_tiny', dict(rope_dim=0, canon='ABCD')), ('llama_tiny', dict(rope_dim=8)),
+                                     ('gla_tiny', dict(canon='ABCD')), ('mamba2_tiny', dict(canon='ABCD'))])
+def test_logits_are_causal(name, kw):
+    model = build(name, **kw)
+    x = tokens(t=40)
+    x2 = x.clone()
+    x2[:, 25] = (x2[:, 25] + 1) % 64
+    with torch.no_grad():
+        y, y2 = model(x), model(x2)
+    assert torch.equal(y[:, :25], y2[:, :25])
+    assert not torch.allclose(y[:, 25:], y2[:, 25:])
+
+
+def test_nope_has_no_positional_signal_and_partial_rope_differs():
+    torch.manual_seed(0)
+    q = torch.randn(1, 2, 5, 16)
+    assert torch.equal(apply_rope(q, 0), q)
+    part = apply_rope(q, 8)
+    assert torch.equal(part[..., 8:], q[..., 8:]) and not torch.equal(part[..., :8], q[..., :8])
+    # RoPE: scores depend on relative positions only
+    k = torch.randn(1, 2, 5, 16)
+    s0 = apply_rope(q, 16) @ apply_rope(k, 16).transpose(-1, -2)
+    s3 = apply_rope(q, 16, offset=3) @ apply_rope(k, 16, offset=3).transpose(-1, -2)
+    assert torch.allclose(s0, s3, atol=1e-5)
+    with pytest.raises(ValueError, match='rope_dim'):
+        CausalSelfAttention(32, 2, rope_dim=5)
+    with pytest.raises(ValueError, match='attention mixer only'):
+        zoo.create('gla_tiny', rope_dim=0)
+
+
+@pytest.mark.parametrize('t,chunk', [(64, 16), (50, 16), (7, 32)])
+def test_chunked_gla_equals_recurrent(t, chunk):
+    torch.manual_seed(t)
+    q, k = torch.randn(2, 3, t, 8), torch.randn(2, 3, t, 8)
+    v = torch.randn(2, 3, t, 5)
+    log_a = F.logsigmoid(3 * torch.randn(2, 3, t, 8))                      # strong and weak gates
+    s0 = torch.randn(2, 3, 8, 5)
+    o1, s1 = gla_recurrent(q, k, v, log_a, s0)
+    o2, s2 = gla_chunked(q, k, v, log_a, chunk, s0)
+    assert torch.allclose(o1, o2, atol=1e-4) and torch.allclose(s1, s2, atol=1e-4)
+
+
+@pytest.mark.parametrize('t,chunk', [(64, 16), (50, 16), (7, 32)])
+def test_chunked_ssd_equals_recurrent(t, chunk):
+    torch.manual_seed(t)
+    x, dt = torch.randn(2, t, 3, 4), F.softplus(torch.randn(2, t, 3))
+    a, bm, cm = -torch.rand(3) * 4, torch.randn(2, t, 6), torch.randn(2, t, 6)
+    s0 = torch.randn(2, 3, 4, 6)
+    y1, s1 = ssd_recurrent(x, dt, a, bm, cm, s0)
+    y2, s2 = ssd_chunked(x, dt, a, bm, cm, chunk, s0)
+    assert torch.allclose(y1, y2, atol=1e-4) and torch.allclose(s1, s2, atol=1e-4)
+
+
+def test_bad_inputs_have_clear_errors():
+    model = zoo.create('llama_tiny')
+    with pytest.raises(ValueError, match='integer token ids'):
+        model(torch.randn(2, 8))
+    with pytest.raises(ValueError, match="subset of 'ABCD'"):
+        zoo.create('llama_tiny', canon='AE')
+
+
+@pytest.fixture
+def one_thread():
+    """Tiny models train faster on one thread (no OpenMP barriers per small op on a busy machine)."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+@pytest.mark.parametrize('name', FAMILIES)
+def test_short_training_lowers_loss(name, one_thread):
+    """Every family (with Canon-ABCD) fits a fixed batch of copy-probe windows."""
+    from zoo.datasets.synthetic import make_task
+    from zoo.datasets.synthetic_data import SyntheticWindows
+    task = make_task('copy', N=12)
+    ds = SyntheticWindows(task, 26, 8, seed=0)
+    batch = {k: torch.stack([ds[i][k] for i in range(8)]) for k in ds[0]}
+    torch.manual_seed(0)
+    model = zoo.create(name, vocab_size=task.vocab_size, canon='ABCD', dim=32)
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-3, betas=(0.9, 0.98), eps=1e-6)
+    sel = batch['answer'] >= 0
+    losses = []
+    for _ in range(25):
+        loss = F.cross_entropy(model(batch['input'])[sel], batch['target'][sel])
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    assert losses[-1] < 0.7 * losses[0], losses[::10]
