@@ -34,6 +34,7 @@ import importlib.util
 import json
 import os
 import sys
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -117,7 +118,17 @@ def storage(db: str | None = None):
         raise SweepError('a sweep needs a database (ZOO_DB=none disables it); pass --db PATH')
     open_db(url)            # our tables and migrations first; a bad file is reported by the results store
     kw = {'connect_args': {'timeout': 120}} if url.startswith('sqlite') else {'pool_pre_ping': True}
-    return optuna.storages.RDBStorage(url, engine_kwargs=kw, heartbeat_interval=30, grace_period=120)
+    import sqlalchemy.exc
+
+    for attempt in range(5):
+        try:
+            return optuna.storages.RDBStorage(url, engine_kwargs=kw, heartbeat_interval=30, grace_period=120)
+        except sqlalchemy.exc.DBAPIError as e:
+            # Workers started together on a fresh database race to create Optuna's tables; the loser
+            # sees "already exists" and simply opens what the winner made.
+            if 'already exists' not in str(e) or attempt == 4:
+                raise
+            time.sleep(0.2 * (attempt + 1))
 
 
 def _sampler(sweep: Sweep, seed: int | None):
