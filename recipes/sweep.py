@@ -29,6 +29,7 @@ loses no trial with two processes on one file; for many machines use a PostgreSQ
 """
 from __future__ import annotations
 
+import contextlib
 import contextvars
 import importlib.util
 import json
@@ -120,15 +121,35 @@ def storage(db: str | None = None):
     kw = {'connect_args': {'timeout': 120}} if url.startswith('sqlite') else {'pool_pre_ping': True}
     import sqlalchemy.exc
 
-    for attempt in range(5):
+    # Workers started together on a fresh database race to create Optuna's tables and stamp its
+    # schema version; on a SQLite file they take turns under a file lock, elsewhere the loser retries
+    # and opens what the winner made.
+    with _init_lock(url):
+        for attempt in range(5):
+            try:
+                return optuna.storages.RDBStorage(url, engine_kwargs=kw, heartbeat_interval=30, grace_period=120)
+            except sqlalchemy.exc.DBAPIError as e:
+                msg = str(e).lower()
+                if attempt == 4 or not any(k in msg for k in ('already exists', 'unique', 'duplicate')):
+                    raise
+                time.sleep(0.2 * (attempt + 1))
+
+
+@contextlib.contextmanager
+def _init_lock(url: str):
+    """An exclusive lock beside a SQLite database file while its Optuna schema is set up."""
+    path = url.split(':///', 1)[1] if url.startswith('sqlite:///') else ''
+    if not path or path == ':memory:':
+        yield
+        return
+    import fcntl
+
+    with open(f'{path}.optuna-lock', 'w') as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
         try:
-            return optuna.storages.RDBStorage(url, engine_kwargs=kw, heartbeat_interval=30, grace_period=120)
-        except sqlalchemy.exc.DBAPIError as e:
-            # Workers started together on a fresh database race to create Optuna's tables; the loser
-            # sees "already exists" and simply opens what the winner made.
-            if 'already exists' not in str(e) or attempt == 4:
-                raise
-            time.sleep(0.2 * (attempt + 1))
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
 
 
 def _sampler(sweep: Sweep, seed: int | None):
