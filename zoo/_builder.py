@@ -5,6 +5,7 @@ import inspect
 from dataclasses import dataclass
 
 import torch
+from torch import nn
 
 
 class UnknownArgumentError(TypeError):
@@ -65,3 +66,24 @@ def select_features(feature_info: list[FeatureInfo], out_indices) -> tuple[tuple
     if any(not -n <= i < n for i in (out_indices or ())):
         raise ValueError(f'out_indices {tuple(out_indices)} out of range for {n} feature levels')
     return idx, [feature_info[i] for i in idx]
+
+
+class ClassifierBase(nn.Module):
+    """timm's classification contract, shared by the families: ``forward`` returns the multi-scale
+    maps when built with ``features_only`` and logits otherwise; ``reset_classifier`` swaps the linear
+    head named ``head_attr`` (on the model's device and dtype). Subclasses define ``forward_features``,
+    ``forward_intermediates``, ``forward_head``, ``num_features`` and ``features_only``."""
+
+    head_attr = 'head'
+
+    def forward(self, x: torch.Tensor):
+        if self.features_only:
+            return self.forward_intermediates(x)
+        return self.forward_head(self.forward_features(x))
+
+    def reset_classifier(self, num_classes: int) -> None:
+        self.num_classes = num_classes
+        p = next(self.parameters())
+        head = (nn.Linear(self.num_features, num_classes, device=p.device, dtype=p.dtype) if num_classes > 0
+                else nn.Identity())
+        setattr(self, self.head_attr, head)

@@ -30,7 +30,7 @@ from torch import nn
 from zoo import layers
 from zoo.layers import DropPath, LayerScale, linear_drop_path_rates
 
-from ._builder import FeatureInfo, build_model, check_image, select_features
+from ._builder import ClassifierBase, FeatureInfo, build_model, check_image, select_features
 from ._registry import register_model
 
 __all__ = ['MetaFormer', 'MetaFormerBlock']
@@ -104,7 +104,7 @@ class MetaFormerStage(nn.Module):
         return self.blocks(self.downsample(x))
 
 
-class MetaFormer(nn.Module):
+class MetaFormer(ClassifierBase):
     """A four-stage MetaFormer with interchangeable token mixers.
 
     Args:
@@ -202,11 +202,6 @@ class MetaFormer(nn.Module):
 
     def forward_head(self, x: torch.Tensor, pre_logits: bool = False) -> torch.Tensor:
         return self.head(x, pre_logits=pre_logits)
-
-    def forward(self, x: torch.Tensor):
-        if self.features_only:
-            return self.forward_intermediates(x)
-        return self.forward_head(self.forward_features(x))
 
     def reset_classifier(self, num_classes: int) -> None:
         self.num_classes = num_classes

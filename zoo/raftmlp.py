@@ -29,7 +29,7 @@ from torch import nn
 from zoo.layers import DropPath
 from zoo.layers.raft import RaftMixing, resize_grid
 
-from ._builder import FeatureInfo, build_model, check_image, select_features
+from ._builder import ClassifierBase, FeatureInfo, build_model, check_image, select_features
 from ._registry import register_model
 
 __all__ = ['RaftMLP', 'RaftBlock', 'CrossScaleEmbedding']
@@ -105,7 +105,7 @@ class RaftLevel(nn.Module):
         return rearrange(t, 'b h w c -> b c h w')
 
 
-class RaftMLP(nn.Module):
+class RaftMLP(ClassifierBase):
     """RaftMLP: four levels of raft blocks with cross-scale MLP embeddings.
 
     Args:
@@ -176,14 +176,6 @@ class RaftMLP(nn.Module):
         x = self.norm(rearrange(x, 'b c h w -> b h w c')).mean((1, 2))  # LN per token, then mean over tokens
         return x if pre_logits else self.head(x)
 
-    def forward(self, x: torch.Tensor):
-        if self.features_only:
-            return self.forward_intermediates(x)
-        return self.forward_head(self.forward_features(x))
-
-    def reset_classifier(self, num_classes: int) -> None:
-        self.num_classes = num_classes
-        self.head = nn.Linear(self.num_features, num_classes) if num_classes > 0 else nn.Identity()
 
 
 def _create(cfg: dict, kwargs: dict) -> RaftMLP:

@@ -19,7 +19,7 @@ from torch import nn
 from zoo.layers.convbn import ConvBN
 from zoo.layers.weighted_conv import conv_factory
 
-from ._builder import FeatureInfo, build_model, check_image, select_features
+from ._builder import ClassifierBase, FeatureInfo, build_model, check_image, select_features
 from ._registry import register_model
 
 __all__ = ['ResNet', 'BasicBlock', 'Bottleneck']
@@ -66,8 +66,10 @@ class Bottleneck(nn.Module):
 _BLOCKS = {'basic': BasicBlock, 'bottleneck': Bottleneck}
 
 
-class ResNet(nn.Module):
+class ResNet(ClassifierBase):
     """ResNet (He et al. 2016) with ``conv_layer``/``den`` for the convolutions and ``convbn_mode`` for the pairs."""
+
+    head_attr = 'fc'
 
     def __init__(self, block: str = 'basic', layers=(2, 2, 2, 2), num_classes: int = 1000, in_chans: int = 3,
                  widths=(64, 128, 256, 512), stem: str = 'imagenet', conv_layer='standard', den=None,
@@ -131,10 +133,6 @@ class ResNet(nn.Module):
     def forward_head(self, x: torch.Tensor, pre_logits: bool = False) -> torch.Tensor:
         x = self.drop(x.mean((2, 3)))  # (B, C, H, W) -> (B, C)
         return x if pre_logits else self.fc(x)
-
-    def reset_classifier(self, num_classes: int) -> None:
-        self.num_classes = num_classes
-        self.fc = nn.Linear(self.num_features, num_classes) if num_classes > 0 else nn.Identity()
 
     def forward(self, x: torch.Tensor):
         x = self.forward_features(x)

@@ -34,7 +34,7 @@ from torch import nn
 from zoo.layers import DropPath
 from zoo.layers.strip import StripTokenMixer
 
-from ._builder import FeatureInfo, build_model, check_image, select_features
+from ._builder import ClassifierBase, FeatureInfo, build_model, check_image, select_features
 from ._registry import register_model
 
 __all__ = ['StripMLP', 'StripBlock', 'GRN']
@@ -87,7 +87,7 @@ class StripBlock(nn.Module):
         return x + self.drop_path(self.channel_mixing(x))
 
 
-class StripMLP(nn.Module):
+class StripMLP(ClassifierBase):
     """Strip-MLP with cross-scale shortcuts.
 
     Args:
@@ -158,14 +158,6 @@ class StripMLP(nn.Module):
         x = self.norm(x).mean((2, 3))  # BN, then global average pool
         return x if pre_logits else self.head(x)
 
-    def forward(self, x: torch.Tensor):
-        if self.features_only:
-            return self.forward_intermediates(x)
-        return self.forward_head(self.forward_features(x))
-
-    def reset_classifier(self, num_classes: int) -> None:
-        self.num_classes = num_classes
-        self.head = nn.Linear(self.num_features, num_classes) if num_classes > 0 else nn.Identity()
 
 
 def _create(cfg: dict, kwargs: dict) -> StripMLP:

@@ -43,7 +43,7 @@ from zoo.layers import DropPath, linear_drop_path_rates
 from zoo.layers.mlp import Mlp
 from zoo.layers.tnt import TokenAttention, WordToSentence
 
-from ._builder import FeatureInfo, build_model, check_image
+from ._builder import ClassifierBase, FeatureInfo, build_model, check_image
 from ._registry import register_model
 
 __all__ = ['TNT', 'TNTBlock', 'WordEmbed']
@@ -108,7 +108,7 @@ class TNTBlock(nn.Module):
         return words, sentences
 
 
-class TNT(nn.Module):
+class TNT(ClassifierBase):
     """Transformer in Transformer (Han et al., 2021) with timm's classification contract.
 
     Args:
@@ -191,16 +191,6 @@ class TNT(nn.Module):
         x = self.head_drop(x[:, 0])  # the class token
         return x if pre_logits else self.head(x)
 
-    def forward(self, x: torch.Tensor):
-        if self.features_only:
-            return self.forward_intermediates(x)
-        return self.forward_head(self.forward_features(x))
-
-    def reset_classifier(self, num_classes: int) -> None:
-        self.num_classes = num_classes
-        w = self.head.weight if isinstance(self.head, nn.Linear) else self.norm.weight
-        self.head = (nn.Linear(self.num_features, num_classes, device=w.device, dtype=w.dtype)
-                     if num_classes > 0 else nn.Identity())
 
     # ---- checkpoint key mapping -------------------------------------------------------------------
 

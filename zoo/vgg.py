@@ -17,7 +17,7 @@ from torch import nn
 from zoo.layers.convbn import ConvBN
 from zoo.layers.weighted_conv import conv_factory
 
-from ._builder import build_model, check_image
+from ._builder import ClassifierBase, build_model, check_image
 from ._registry import register_model
 
 __all__ = ['VGG', 'CFGS']
@@ -29,8 +29,10 @@ CFGS = {  # channels per 3x3 conv, 'M' a 2x2 max-pool
 }
 
 
-class VGG(nn.Module):
+class VGG(ClassifierBase):
     """VGG (Simonyan & Zisserman 2015) with ``conv_layer``/``den`` and, with batch norm, ``convbn_mode``."""
+
+    head_attr = 'fc'
 
     def __init__(self, cfg='vgg16', num_classes: int = 1000, in_chans: int = 3, batch_norm: bool = False,
                  stem: str = 'imagenet', conv_layer='standard', den=None, trainable_den: bool = False,
@@ -86,10 +88,6 @@ class VGG(nn.Module):
     def forward_head(self, x: torch.Tensor, pre_logits: bool = False) -> torch.Tensor:
         x = self.pre_logits(self.pool(x).flatten(1))  # (B, C, h, w) -> (B, C * h * w) -> (B, num_features)
         return x if pre_logits else self.fc(x)
-
-    def reset_classifier(self, num_classes: int) -> None:
-        self.num_classes = num_classes
-        self.fc = nn.Linear(self.num_features, num_classes) if num_classes > 0 else nn.Identity()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.forward_head(self.forward_features(x))
