@@ -44,9 +44,16 @@ def density_mask(den: Sequence[float] | torch.Tensor, ndim: int = 2) -> torch.Te
 
 
 class _WeightedConvNd:
-    """Shared by the 1D/2D/3D classes (mixed into ``nn.ConvNd``)."""
+    """Shared by the 1D/2D/3D classes (mixed in before ``nn.ConvNd``, whose signature it keeps)."""
 
     _ndim: int
+
+    def __init__(self, in_channels: int, out_channels: int, kernel_size, stride=1, padding=0, dilation=1,
+                 groups: int = 1, bias: bool = True, padding_mode: str = 'zeros', den=None,
+                 trainable_den: bool = False, device=None, dtype=None):
+        super().__init__(in_channels, out_channels, kernel_size, stride, padding, dilation, groups, bias,
+                         padding_mode, device=device, dtype=dtype)
+        self._init_density(den, trainable_den)
 
     def _init_density(self, den, trainable_den: bool) -> None:
         k = self.kernel_size
@@ -86,38 +93,17 @@ class WeightedConv1d(_WeightedConvNd, nn.Conv1d):
     """Weighted 1-D convolution (Cammarasana & Patanè 2025): ``conv1d(x, weight * alfa)``."""
     _ndim = 1
 
-    def __init__(self, in_channels: int, out_channels: int, kernel_size, stride=1, padding=0, dilation=1,
-                 groups: int = 1, bias: bool = True, padding_mode: str = 'zeros', den=None,
-                 trainable_den: bool = False, device=None, dtype=None):
-        super().__init__(in_channels, out_channels, kernel_size, stride, padding, dilation, groups, bias,
-                         padding_mode, device=device, dtype=dtype)
-        self._init_density(den, trainable_den)
-
 
 @register('conv', 'weighted', example=_EXAMPLE, example_input=(2, 4, 8, 8))
 class WeightedConv2d(_WeightedConvNd, nn.Conv2d):
     """Weighted 2-D convolution (Cammarasana & Patanè 2025): ``conv2d(x, weight * (alfa ⊗ alfa))``."""
     _ndim = 2
 
-    def __init__(self, in_channels: int, out_channels: int, kernel_size, stride=1, padding=0, dilation=1,
-                 groups: int = 1, bias: bool = True, padding_mode: str = 'zeros', den=None,
-                 trainable_den: bool = False, device=None, dtype=None):
-        super().__init__(in_channels, out_channels, kernel_size, stride, padding, dilation, groups, bias,
-                         padding_mode, device=device, dtype=dtype)
-        self._init_density(den, trainable_den)
-
 
 @register('conv', 'weighted3d', layout='any', example=_EXAMPLE, example_input=(2, 4, 6, 6, 6))
 class WeightedConv3d(_WeightedConvNd, nn.Conv3d):
     """Weighted 3-D convolution (Cammarasana & Patanè 2025): ``conv3d(x, weight * (alfa ⊗ alfa ⊗ alfa))``."""
     _ndim = 3
-
-    def __init__(self, in_channels: int, out_channels: int, kernel_size, stride=1, padding=0, dilation=1,
-                 groups: int = 1, bias: bool = True, padding_mode: str = 'zeros', den=None,
-                 trainable_den: bool = False, device=None, dtype=None):
-        super().__init__(in_channels, out_channels, kernel_size, stride, padding, dilation, groups, bias,
-                         padding_mode, device=device, dtype=dtype)
-        self._init_density(den, trainable_den)
 
 
 def weighted_conv(in_channels: int, out_channels: int, kernel_size: int, *, den=None, trainable_den: bool = False,
