@@ -9,7 +9,7 @@ DataModule is used.
 """
 from __future__ import annotations
 
-import importlib
+from zoo._lazy import lazy_exports
 
 _EXPORTS = {
     'ImageDataModule': '_base', 'DatasetNotFoundError': '_base',
@@ -23,14 +23,4 @@ _EXPORTS = {
 }
 __all__ = sorted(_EXPORTS)
 
-
-def __getattr__(name: str):
-    if name in _EXPORTS:
-        value = getattr(importlib.import_module(f'{__name__}.{_EXPORTS[name]}'), name)
-        globals()[name] = value
-        return value
-    raise AttributeError(f'module {__name__!r} has no attribute {name!r}')
-
-
-def __dir__():
-    return sorted(set(globals()) | set(__all__))
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)

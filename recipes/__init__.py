@@ -7,7 +7,7 @@ The systems load lazily (PEP 562), so ``import zoo.recipes`` stays cheap until o
 """
 from __future__ import annotations
 
-import importlib
+from zoo._lazy import lazy_exports
 
 _EXPORTS = {
     'ImageClassifier': 'classification',
@@ -17,14 +17,4 @@ _EXPORTS = {
 }
 __all__ = sorted(_EXPORTS)
 
-
-def __getattr__(name: str):
-    if name in _EXPORTS:
-        value = getattr(importlib.import_module(f'{__name__}.{_EXPORTS[name]}'), name)
-        globals()[name] = value
-        return value
-    raise AttributeError(f'module {__name__!r} has no attribute {name!r}')
-
-
-def __dir__():
-    return sorted(set(globals()) | set(__all__))
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
