@@ -111,12 +111,15 @@ def test_nope_has_no_positional_signal_and_partial_rope_differs():
         zoo.create('gla_tiny', rope_dim=0)
 
 
+@pytest.mark.parametrize('gate_shift', [0.0, 6.0, -8.0])
 @pytest.mark.parametrize('t,chunk', [(64, 16), (50, 16), (7, 32)])
-def test_chunked_gla_equals_recurrent(t, chunk):
+def test_chunked_gla_equals_recurrent(t, chunk, gate_shift):
+    """Mixed gates, weak gates (factorised intra-chunk decays) and strong gates (a chunk's log-decay beyond 60:
+    the explicit decay-ratio path)."""
     torch.manual_seed(t)
     q, k = torch.randn(2, 3, t, 8), torch.randn(2, 3, t, 8)
     v = torch.randn(2, 3, t, 5)
-    log_a = F.logsigmoid(3 * torch.randn(2, 3, t, 8))                      # strong and weak gates
+    log_a = F.logsigmoid(3 * torch.randn(2, 3, t, 8) + gate_shift)
     s0 = torch.randn(2, 3, 8, 5)
     o1, s1 = gla_recurrent(q, k, v, log_a, s0)
     o2, s2 = gla_chunked(q, k, v, log_a, chunk, s0)
