@@ -28,7 +28,7 @@ from einops import rearrange
 from torch import nn
 
 from ._registry import register
-from .canon import Canon, ShortConv
+from .canon import Canon, ShortConv, apply_cached
 
 __all__ = ['CausalSelfAttention', 'GatedLinearAttention', 'Mamba2Mixer', 'apply_rope',
            'gla_chunked', 'gla_recurrent', 'ssd_chunked', 'ssd_recurrent']
@@ -79,14 +79,28 @@ class CausalSelfAttention(nn.Module):
         self.canon_b = Canon(3 * dim, canon_kernel) if canon_b else None
         self.proj = nn.Linear(dim, dim, bias=False)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        qkv = self.qkv(x)                                                  # (B, T, 3d)
-        if self.canon_b is not None:
-            qkv = self.canon_b(qkv)
+    def forward(self, x: torch.Tensor, cache: dict | None = None) -> torch.Tensor:
+        """x: (B, T, d). ``cache``: ``None`` for a whole sequence, else a dict (``{}`` to start) holding the
+        Canon-B window and the keys / values so far (after RoPE, at their absolute positions); updated in place,
+        so the next call continues the sequence (prefill, then one token at a time)."""
+        qkv = apply_cached(self.canon_b, self.qkv(x), cache, 'canon_b')    # (B, T, 3d)
         q, k, v = rearrange(qkv, 'b t (three h e) -> three b h t e', three=3, h=self.num_heads)
-        q, k = apply_rope(q, self.rope_dim, self.rope_theta), apply_rope(k, self.rope_dim, self.rope_theta)
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        past = cache['k'].shape[2] if cache is not None and 'k' in cache else 0
+        q, k = self.rope(q, past), self.rope(k, past)
+        if cache is not None:
+            if past:
+                k, v = torch.cat([cache['k'], k], 2), torch.cat([cache['v'], v], 2)   # (B, H, past + T, hd)
+            cache['k'], cache['v'] = k, v
+        if past:  # query i sits at absolute position past + i and sees keys 0..past + i
+            mask = torch.ones(q.shape[2], k.shape[2], dtype=torch.bool, device=x.device).tril(past)
+            y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+        else:
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
         return self.proj(rearrange(y, 'b h t e -> b t (h e)'))
+
+    def rope(self, x: torch.Tensor, offset: int = 0) -> torch.Tensor:
+        """RoPE on (B, H, T, hd) at absolute positions offset.. offset + T - 1."""
+        return apply_rope(x, self.rope_dim, self.rope_theta, offset)
 
 
 # ------------------------------------------------------------------------------------ gated linear attn
@@ -172,19 +186,24 @@ class GatedLinearAttention(nn.Module):
         self.norm = nn.RMSNorm(self.value_dim // num_heads, eps=1e-5)
         self.proj = nn.Linear(self.value_dim, dim, bias=False)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        qkv = self.qkv(x)                                                   # (B, T, 2dk + dv)
-        if self.canon_b is not None:
-            qkv = self.canon_b(qkv)
-        if self.short_conv is not None:
-            qkv = self.short_conv(qkv)
+    def forward(self, x: torch.Tensor, cache: dict | None = None) -> torch.Tensor:
+        """x: (B, T, d). ``cache``: ``None`` for a whole sequence, else a dict (``{}`` to start) holding the
+        Canon-B and short-conv windows and the (B, H, dk, dv) state; updated in place (prefill, then decoding)."""
+        qkv = apply_cached(self.canon_b, self.qkv(x), cache, 'canon_b')    # (B, T, 2dk + dv)
+        qkv = apply_cached(self.short_conv, qkv, cache, 'conv')
         q, k, v = qkv.split([self.key_dim, self.key_dim, self.value_dim], dim=-1)
         log_a = F.logsigmoid(self.gk(x)) / self.normalizer
         h = self.num_heads
         q, k, log_a = (rearrange(z, 'b t (h e) -> b h t e', h=h) for z in (q, k, log_a))
         v = rearrange(v, 'b t (h e) -> b h t e', h=h)
         q = q * q.shape[-1] ** -0.5
-        o, _ = gla_chunked(q, k, v, log_a, self.chunk_size)
+        state = None if cache is None else cache.get('state')
+        if cache is not None and x.shape[1] == 1:    # one decoding step: the recurrence itself
+            o, state = gla_recurrent(q, k, v, log_a, state)
+        else:
+            o, state = gla_chunked(q, k, v, log_a, self.chunk_size, state)
+        if cache is not None:
+            cache['state'] = state
         o = rearrange(self.norm(o), 'b h t e -> b t (h e)')
         return self.proj(o * F.silu(self.g(x)))
 
@@ -272,17 +291,22 @@ class Mamba2Mixer(nn.Module):
             self.A_log.copy_(torch.empty_like(self.A_log).uniform_(1, 16).log())
             self.D.fill_(1.0)
 
-    def forward(self, u: torch.Tensor) -> torch.Tensor:
-        zxbcdt = self.in_proj(u)                                            # (B, T, 2 d_inner + 2 N + H)
-        if self.canon_b is not None:
-            zxbcdt = self.canon_b(zxbcdt)
+    def forward(self, u: torch.Tensor, cache: dict | None = None) -> torch.Tensor:
+        """u: (B, T, d). ``cache``: ``None`` for a whole sequence, else a dict (``{}`` to start) holding the
+        Canon-B and conv1d windows and the (B, H, P, N) SSM state; updated in place (prefill, then decoding)."""
+        zxbcdt = apply_cached(self.canon_b, self.in_proj(u), cache, 'canon_b')  # (B, T, 2 d_inner + 2 N + H)
         z, xbc, dt = zxbcdt.split([self.d_inner, self.d_inner + 2 * self.d_state, self.num_heads], dim=-1)
-        if self.short_conv is not None:
-            xbc = self.short_conv(xbc)
+        xbc = apply_cached(self.short_conv, xbc, cache, 'conv')
         x, bm, cm = xbc.split([self.d_inner, self.d_state, self.d_state], dim=-1)
         x = rearrange(x, 'b t (h p) -> b t h p', p=self.head_dim)
         dt = F.softplus(dt + self.dt_bias)                                  # (B, T, H)
-        y, _ = ssd_chunked(x, dt, -self.A_log.exp(), bm, cm, self.chunk_size)
+        state = None if cache is None else cache.get('state')
+        if cache is not None and u.shape[1] == 1:    # one decoding step: the recurrence itself
+            y, state = ssd_recurrent(x, dt, -self.A_log.exp(), bm, cm, state)
+        else:
+            y, state = ssd_chunked(x, dt, -self.A_log.exp(), bm, cm, self.chunk_size, state)
+        if cache is not None:
+            cache['state'] = state
         y = y + x * self.D[:, None]
         y = rearrange(y, 'b t h p -> b t (h p)')
         return self.out_proj(self.norm(y * F.silu(z)))

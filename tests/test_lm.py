@@ -137,6 +137,35 @@ def test_chunked_ssd_equals_recurrent(t, chunk):
     assert torch.allclose(y1, y2, atol=1e-4) and torch.allclose(s1, s2, atol=1e-4)
 
 
+@pytest.mark.parametrize('canon', ['', 'ABCD'])
+@pytest.mark.parametrize('name', FAMILIES)
+def test_cached_decoding_equals_full_forward(name, canon, one_thread):
+    """KV cache / recurrent state + short-conv and Canon windows: a prompt, a multi-token continuation and then
+    one token at a time give the full forward's logits at every position; greedy cached generation equals the
+    uncached one (which re-runs the prefix)."""
+    model = build(name, canon=canon, depth=2)
+    x = tokens(t=40)
+    with torch.no_grad():
+        full = model(x)
+        cache = model.init_cache()
+        parts = [model(x[:, :5], cache), model(x[:, 5:23], cache)]       # 18 tokens: spans a scan chunk edge
+        parts += [model(x[:, t:t + 1], cache) for t in range(23, 40)]
+        assert torch.allclose(torch.cat(parts, 1), full, atol=1e-5)
+        blk = cache[0]['mixer']
+        if name == 'llama_tiny':
+            assert blk['k'].shape[2] == 40                              # every key kept, at its absolute position
+        else:
+            assert 'state' in blk and blk['conv'].shape[-1] == 4       # the recurrent state and Canon-b window
+        assert ('canon_a' in cache[0]) == bool(canon) and ('canon_d' in cache[0]['mlp']) == bool(canon)
+        # a random model's greedy output is near-constant: sharpen it so the continuations differ by position
+        model.head.weight.mul_(30)
+        prompt = x[:, :7]
+        cached, uncached = model.generate(prompt, 15), model.generate(prompt, 15, use_cache=False)
+        assert torch.equal(cached, uncached) and cached.shape == (2, 22) and torch.equal(cached[:, :7], prompt)
+        with pytest.raises(ValueError, match='init_cache'):
+            model(x, cache=[{}])
+
+
 def test_bad_inputs_have_clear_errors():
     model = zoo.create('llama_tiny')
     with pytest.raises(ValueError, match='integer token ids'):
