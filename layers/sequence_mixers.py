@@ -61,12 +61,16 @@ class CausalSelfAttention(nn.Module):
 
     Args:
         dim: model width d. num_heads: heads (head_dim = d / num_heads).
-        rope_dim: rotary dims per head: ``None`` = all (RoPE), ``0`` = NoPE, else partial RoPE (even, <= head_dim).
+        rope_dim: rotary dims per RoPE head: ``None`` = all (RoPE), ``0`` = NoPE, else partial RoPE (the first
+            ``rope_dim`` dims; even, <= head_dim).
+        rope_heads: fraction of the heads with RoPE (the first ``rope_heads * num_heads``; the others are NoPE).
+            The paper's two best partial RoPEs are ``rope_dim=head_dim // 4`` and "half the heads at half dims",
+            ``rope_heads=0.5, rope_dim=head_dim // 2``.
         rope_theta: RoPE base. canon_b: residual Canon layer on concat[q, k, v] (m = 3d) before RoPE.
     """
 
     def __init__(self, dim: int, num_heads: int = 8, rope_dim: int | None = None, rope_theta: float = 10000.0,
-                 canon_b: bool = False, canon_kernel: int = 4):
+                 canon_b: bool = False, canon_kernel: int = 4, rope_heads: float = 1.0):
         super().__init__()
         if dim % num_heads:
             raise ValueError(f'dim {dim} must be divisible by num_heads {num_heads}')
@@ -74,6 +78,11 @@ class CausalSelfAttention(nn.Module):
         rope_dim = self.head_dim if rope_dim is None else rope_dim
         if rope_dim < 0 or rope_dim > self.head_dim or rope_dim % 2:
             raise ValueError(f'rope_dim must be an even number in 0..head_dim={self.head_dim} (0 = NoPE), got {rope_dim}')
+        n_rope = rope_heads * num_heads
+        if not 0 < rope_heads <= 1 or abs(n_rope - round(n_rope)) > 1e-9:
+            raise ValueError(f'rope_heads must be a fraction in (0, 1] giving a whole number of the {num_heads} heads '
+                             f'(e.g. 0.5), got {rope_heads!r}')
+        self.rope_heads = int(round(n_rope))                               # heads 0..rope_heads-1 rotate
         self.rope_dim, self.rope_theta = rope_dim, rope_theta
         self.qkv = nn.Linear(dim, 3 * dim, bias=False)   # = concat[q_proj, k_proj, v_proj]
         self.canon_b = Canon(3 * dim, canon_kernel) if canon_b else None
@@ -99,8 +108,16 @@ class CausalSelfAttention(nn.Module):
         return self.proj(rearrange(y, 'b h t e -> b t (h e)'))
 
     def rope(self, x: torch.Tensor, offset: int = 0) -> torch.Tensor:
-        """RoPE on (B, H, T, hd) at absolute positions offset.. offset + T - 1."""
-        return apply_rope(x, self.rope_dim, self.rope_theta, offset)
+        """RoPE on (B, H, T, hd) at absolute positions offset.. offset + T - 1: the first ``rope_dim`` dims of
+        the first ``rope_heads`` heads rotate, the other heads are NoPE."""
+        if self.rope_heads == self.num_heads:
+            return apply_rope(x, self.rope_dim, self.rope_theta, offset)
+        n = self.rope_heads
+        return torch.cat([apply_rope(x[:, :n], self.rope_dim, self.rope_theta, offset), x[:, n:]], dim=1)
+
+    def extra_repr(self) -> str:
+        return (f'num_heads={self.num_heads}, head_dim={self.head_dim}, rope_dim={self.rope_dim}, '
+                f'rope_heads={self.rope_heads}')
 
 
 # ------------------------------------------------------------------------------------ gated linear attn

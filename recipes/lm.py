@@ -66,9 +66,10 @@ class CausalLM(L.LightningModule):
         if info.task != 'language_modeling':
             raise ValueError(f'{name} is a {info.task} model; CausalLM needs a language_modeling model '
                              f'({", ".join(zoo.list_models(task="language_modeling"))})')
-        self.block_choices = {'canon': self.model_args.get('canon', ''),
-                              'pos': {None: 'rope', 0: 'nope'}.get(self.model_args.get('rope_dim'), 'partial_rope')
-                              if info.family == 'llama' else info.family}
+        pos = {None: 'rope', 0: 'nope'}.get(self.model_args.get('rope_dim'), 'partial_rope')
+        if self.model_args.get('rope_heads', 1) != 1 and pos != 'nope':
+            pos = f"rope_heads{self.model_args['rope_heads']}_{pos}"       # e.g. rope_heads0.5_partial_rope
+        self.block_choices = {'canon': self.model_args.get('canon', ''), 'pos': pos if info.family == 'llama' else info.family}
         self.monitor, self.monitor_mode = 'val/acc', 'max'    # the checkpoint callback's metric
         self.model = None
         if vocab_size is not None:

@@ -111,6 +111,40 @@ def test_nope_has_no_positional_signal_and_partial_rope_differs():
         zoo.create('gla_tiny', rope_dim=0)
 
 
+def test_rope_heads_half_the_heads_at_half_dims(one_thread):
+    """``rope_heads=0.5, rope_dim=hd/2``: only the first half of the dims of the first half of the heads rotate;
+    the NoPE heads' scores ignore where q and k sit, the RoPE heads' scores follow their relative position."""
+    attn = CausalSelfAttention(64, num_heads=4, rope_dim=8, rope_heads=0.5)             # head_dim 16
+    assert attn.rope_heads == 2
+    torch.manual_seed(0)
+    q, k = torch.randn(2, 4, 6, 16), torch.randn(2, 4, 6, 16)
+    r = attn.rope(q, offset=3)
+    assert torch.equal(r[:, 2:], q[:, 2:]) and torch.equal(r[:, :2, :, 8:], q[:, :2, :, 8:])
+    assert not torch.allclose(r[:, :2, :, :8], q[:, :2, :, :8])
+    same = attn.rope(q) @ attn.rope(k).transpose(-1, -2)
+    moved = attn.rope(q, offset=5) @ attn.rope(k).transpose(-1, -2)                # q 5 positions further on
+    assert torch.equal(moved[:, 2:], same[:, 2:])                                  # NoPE heads: no change
+    assert not torch.allclose(moved[:, :2], same[:, :2], atol=1e-3)                # RoPE heads: relative shift
+    both = attn.rope(q, offset=5) @ attn.rope(k, offset=5).transpose(-1, -2)
+    assert torch.allclose(both, same, atol=1e-5)
+    # in a model: same parameters as RoPE, different function, and cached decoding still equals the forward
+    model = build('llama_tiny', num_heads=4, rope_heads=0.5, rope_dim=4)
+    rope = build('llama_tiny', num_heads=4)
+    assert n_params(model) == n_params(rope) and model.blocks[0].mixer.rope_heads == 2
+    x = tokens(t=12)
+    with torch.no_grad():
+        full = model(x)
+        assert not torch.allclose(full, rope(x), atol=1e-4)
+        cache = model.init_cache()
+        steps = torch.cat([model(x[:, :3], cache)] + [model(x[:, t:t + 1], cache) for t in range(3, 12)], 1)
+        assert torch.allclose(steps, full, atol=1e-5)
+    for bad in (0.3, 0, 1.5):
+        with pytest.raises(ValueError, match='rope_heads'):
+            CausalSelfAttention(64, num_heads=4, rope_heads=bad)
+    with pytest.raises(ValueError, match='attention mixer only'):
+        zoo.create('gla_tiny', rope_heads=0.5)
+
+
 @pytest.mark.parametrize('gate_shift', [0.0, 6.0, -8.0])
 @pytest.mark.parametrize('t,chunk', [(64, 16), (50, 16), (7, 32)])
 def test_chunked_gla_equals_recurrent(t, chunk, gate_shift):

@@ -231,6 +231,8 @@ def test_recipe_trains_and_logs(tmp_path, one_thread):
     dm = SyntheticLMDataModule('copy', {'N': 8}, context_length=18, batch_size=16, train_windows=16 * 25, val_windows=16)
     system = CausalLM('llama_tiny', {'canon': 'AC'}, lr=1e-2, warmup_steps=5)
     assert system.block_choices == {'canon': 'AC', 'pos': 'rope'} and system.model_name == 'llama_tiny'
+    assert CausalLM('llama_tiny', {'rope_dim': 0}).block_choices['pos'] == 'nope'
+    assert CausalLM('llama_tiny', {'rope_heads': 0.5, 'rope_dim': 4}).block_choices['pos'] == 'rope_heads0.5_partial_rope'
     trainer = L.Trainer(max_steps=25, num_sanity_val_steps=0, accelerator='cpu', logger=False, enable_checkpointing=False,
                         enable_progress_bar=False, enable_model_summary=False, default_root_dir=tmp_path)
     trainer.validate(system, dm)

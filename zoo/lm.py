@@ -85,6 +85,8 @@ class CausalLMNet(nn.Module):
         vocab_size: tokens. dim: width d. depth: blocks.
         mixer: ``sequence_mixer`` spec (``'attention'``, ``'gla'``, ``'mamba2'``, a class or a partial).
         num_heads: heads of attention / GLA. rope_dim: attention only; ``None`` = full RoPE, 0 = NoPE, else partial.
+        rope_heads: attention only; the fraction of heads with RoPE, the rest NoPE (``rope_heads=0.5,
+            rope_dim=head_dim // 2`` = the paper's "half the heads at half dims").
         canon: Canon points, any subset of ``'ABCD'``. canon_kernel: 2..6. canon_residual: ``False`` = NoRes ablation.
         mlp_hidden: gated-MLP width (default ``int(8 d / 3)``). mixer_kwargs: extra mixer arguments.
         tie_embeddings: share the embedding with the LM head (HF Llama's default is untied).
@@ -93,7 +95,8 @@ class CausalLMNet(nn.Module):
     def __init__(self, vocab_size: int = 32000, dim: int = 512, depth: int = 8, mixer='attention',
                  num_heads: int | None = 8, rope_dim: int | None = None, canon: str = '', canon_kernel: int = 4,
                  canon_residual: bool = True, mlp_hidden: int | None = None, mixer_kwargs: dict | None = None,
-                 tie_embeddings: bool = False, norm_eps: float = 1e-6, init_std: float = 0.02):
+                 tie_embeddings: bool = False, norm_eps: float = 1e-6, init_std: float = 0.02,
+                 rope_heads: float | None = None):
         super().__init__()
         rng_state = torch.get_rng_state()  # re-initialise from here: Canon layers' own draws must not shift the rest
         self.canon = parse_canon_set(canon)
@@ -103,10 +106,11 @@ class CausalLMNet(nn.Module):
         kw = dict(mixer_kwargs or {})
         if num_heads is not None and self.mixer_name in ('attention', 'gla'):
             kw.setdefault('num_heads', num_heads)
-        if rope_dim is not None:
-            if self.mixer_name != 'attention':
-                raise ValueError(f'rope_dim applies to the attention mixer only, not {self.mixer_name!r}')
-            kw['rope_dim'] = rope_dim
+        for key, val in (('rope_dim', rope_dim), ('rope_heads', rope_heads)):
+            if val is not None:
+                if self.mixer_name != 'attention':
+                    raise ValueError(f'{key} applies to the attention mixer only, not {self.mixer_name!r}')
+                kw[key] = val
         mixer_fn = lambda d, **extra: mixer_cls(d, **kw, **extra)  # noqa: E731
         hidden = mlp_hidden or int(8 * dim / 3)
         self.embed = nn.Embedding(vocab_size, dim)
