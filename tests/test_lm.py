@@ -237,3 +237,14 @@ def test_short_training_lowers_loss(name, one_thread):
         opt.step()
         losses.append(loss.item())
     assert losses[-1] < 0.7 * losses[0], losses[::10]
+
+
+def test_canon_bench_functions_report_equal_scans_and_both_generation_speeds(one_thread):
+    """The benchmark's own checks at a tiny size: the chunked scans match their references, and every model
+    row carries training and cached / uncached generation throughput."""
+    from zoo.eval.canon_bench import scans, throughput
+    rows = scans(40, repeats=1)
+    assert [r['scan'] for r in rows] == ['gla', 'ssd'] and all(r['max_abs_diff'] < 1e-4 for r in rows)
+    lm = throughput(depth=1, dim=32, t=16, batch=2, gen_tokens=3, repeats=1)
+    assert {r['model'] for r in lm} == {'llama', 'llama+ABCD', 'gla', 'gla+ABCD', 'mamba2', 'mamba2+ABCD'}
+    assert all(r['generate_tokens_per_s'] > 0 and r['generate_uncached_tokens_per_s'] > 0 for r in lm)
