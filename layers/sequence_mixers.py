@@ -147,7 +147,7 @@ def gla_chunked(q, k, v, log_a, chunk: int = 32, state=None):
     their chunks. Inside a chunk the decays are factorised onto q and k (q_t e^{b_t} . k_s e^{-b_s}) when the
     chunk's total log-decay stays under 60; for stronger gates the decay ratios exp(b_t - b_s) are formed
     explicitly, so nothing overflows however strong the gates are. ``torch.bmm`` on 3-d views (not ``@`` on 5-d
-    tensors, which copies transposed operands) and ``baddbmm`` for intra + inter: ~1.7x faster on CPU.
+    tensors, which copies transposed operands) and an in-place ``baddbmm_`` for intra + inter.
     """
     b, h, t, dk = q.shape
     dv = v.shape[-1]
@@ -178,7 +178,7 @@ def gla_chunked(q, k, v, log_a, chunk: int = 32, state=None):
         entering.append(s)
         s = s * chunk_decay[:, :, i] + kv[:, :, i]
     entering = rearrange(torch.stack(entering, 2), 'b h n e f -> (b h n) e f')
-    o = torch.baddbmm(torch.bmm(q_in, entering), attn, v)              # inter-chunk + intra-chunk, (BHN, C, dv)
+    o = torch.bmm(q_in, entering).baddbmm_(attn, v)                     # inter-chunk + intra-chunk, (BHN, C, dv)
     o = rearrange(o, '(b h n) c f -> b h (n c) f', b=b, h=h)[:, :, :t]
     return o, s
 
