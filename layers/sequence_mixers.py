@@ -16,7 +16,8 @@ arXiv 2512.17351) on the concatenated projections before the heads are formed.
   a gated RMSNorm and D skip. Chunked SSD, pure PyTorch.
 
 ``gla_recurrent`` and ``ssd_recurrent`` are the token-by-token references the chunked scans are tested
-and benchmarked against.
+and benchmarked against. Every mixer's ``forward(x, cache=None)`` also continues a sequence from a cache dict
+(KV cache / recurrent state plus the short-conv and Canon-B windows) for step-by-step decoding.
 """
 from __future__ import annotations
 

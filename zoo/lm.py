@@ -17,6 +17,8 @@ re-initialised N(0, 0.02) in a fixed order *after* construction, from the RNG st
 started with, so the same seed gives the same
 non-Canon weights whatever ``canon`` is, and ``canon=''`` is exactly the baseline model.
 The linear families keep their own short SiLU convolution ("Canon-b", ``short_conv=True``).
+``forward(tokens, cache)`` with ``cache = model.init_cache()`` decodes incrementally (KV cache for attention,
+recurrent state for GLA / Mamba2, rolling windows for every short conv and Canon layer); ``generate`` uses it.
 
 Differences from the paper's code: q/k/v (and gate/up) are fused into one Linear each (identical
 function and parameter count: the fused output *is* the concatenation Canon-B/D act on); Mamba2's conv1d
