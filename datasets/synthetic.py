@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 __all__ = ['Instance', 'TokenCopy', 'Depo', 'Brevo', 'Mano', 'TASKS', 'make_task', 'difficulty_probs',
-           'sample_difficulty', 'pack_window', 'mano_eval', 'brevo_check']
+           'sample_difficulty', 'pack_window', 'mano_eval', 'brevo_check', 'brevo_depth']
 
 
 def difficulty_probs(n_max: int, n_min: int = 3) -> tuple[np.ndarray, np.ndarray]:
@@ -217,6 +217,7 @@ class Brevo(_Task):
         for i in range(n):
             depth[i] = 1 + max((depth[p] for p in parents[i]), default=-1)
         order = sorted(anc, key=lambda x: (depth[x], rng.random()))
+        query_depth = brevo_depth(parents, q)
         b = _Builder()
         b.add(self.bos)
         for e in rng.permutation(len(edges)):
@@ -227,7 +228,25 @@ class Brevo(_Task):
         for x in order:
             b.add(names[x], answer=True)
         b.add(self.eos, answer=True)
-        return b.build(names=names, parents=parents, query=q, ancestors=sorted(anc), order=order)
+        return b.build(names=names, parents=parents, query=q, ancestors=sorted(anc), order=order, depth=query_depth)
+
+
+def brevo_depth(parents: list[list[int]], node: int) -> int:
+    """Depth of ``node``'s ancestor sub-DAG (the paper stratifies Brevo's accuracy by it): the number of edges
+    on the longest path from a root (a node without parents) to ``node``; 0 for a root, 1 if every parent is a
+    root. ``parents[i]``: the parents of node i. Every path into ``node`` runs through its ancestors, so this is
+    the longest chain of dependencies the model has to resolve in the sub-DAG."""
+    depth: dict[int, int] = {}
+    stack = [node]                                  # iterative post-order: a deep DAG must not hit the recursion limit
+    while stack:
+        y = stack[-1]
+        todo = [p for p in parents[y] if p not in depth]
+        if todo:
+            stack += todo
+            continue
+        stack.pop()
+        depth[y] = 1 + max((depth[p] for p in parents[y]), default=-1)
+    return depth[node]
 
 
 def brevo_check(inst: Instance, generated: list[int], eos: int) -> bool:

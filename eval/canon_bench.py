@@ -2,8 +2,9 @@
 
 1. Chunked GLA / SSD scans against their token-by-token references at T = 512: max difference and speed-up.
 2. Training (forward + backward) and generation tokens per second for each family with and without
-   Canon-ABCD (``zoo.eval.profile.benchmark`` for training; greedy ``generate`` for generation, which
-   re-runs the prefix at every step: no KV / state cache yet).
+   Canon-ABCD (``zoo.eval.profile.benchmark`` for training; greedy ``generate`` for generation: cached
+   (KV cache / recurrent state + Canon windows, one token per step) and uncached (re-runs the prefix at
+   every step), interleaved).
 
     python -m zoo.eval.canon_bench --out eval/results/canon_bench.json
 """
@@ -11,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import time
 from pathlib import Path
@@ -55,7 +57,7 @@ def scans(t: int, repeats: int) -> list[dict]:
     return rows
 
 
-def throughput(depth: int, dim: int, t: int, batch: int, gen_tokens: int, repeats: int) -> list[dict]:
+def throughput(depth: int, dim: int, t: int, batch: int, gen_tokens: int, repeats: int, prompt_len: int = 16) -> list[dict]:
     rows = []
     families = {'llama': ('llama_tiny', {}), 'gla': ('gla_tiny', {}),
                 'mamba2': ('mamba2_tiny', dict(mixer_kwargs=dict(head_dim=32, d_state=32, chunk_size=64)))}
@@ -71,14 +73,19 @@ def throughput(depth: int, dim: int, t: int, batch: int, gen_tokens: int, repeat
             key = f'{fam}{"+ABCD" if canon else ""}'
             models[key], inputs[key] = zoo.create(name, **kw), x
     train = benchmark(models, batch_size=batch, inputs=inputs, mode='train', repeats=repeats, warmup=1)
-    prompt = x[:1, :16]
-    gen = interleaved({k: (lambda m=m: m.eval().generate(prompt, gen_tokens)) for k, m in models.items()},
-                      max(2, repeats // 3))
+    prompt = x[:1, :prompt_len]
+    fns = {}
+    for k, m in models.items():
+        m.eval()
+        fns[k] = lambda m=m: m.generate(prompt, gen_tokens)
+        fns[k + ' uncached'] = lambda m=m: m.generate(prompt, gen_tokens, use_cache=False)
+    gen = interleaved(fns, max(2, repeats // 3))
     for key, lat in train.items():
         rows.append(dict(model=key, depth=depth, dim=dim, T=t, batch=batch,
                          params=sum(p.numel() for p in models[key].parameters()),
                          train_tokens_per_s=batch * t / (lat.median_ms / 1000), train_ms=lat.median_ms,
-                         generate_tokens_per_s=gen_tokens / gen[key]))
+                         prompt=prompt_len, generated=gen_tokens, generate_tokens_per_s=gen_tokens / gen[key],
+                         generate_uncached_tokens_per_s=gen_tokens / gen[key + ' uncached']))
     return rows
 
 
@@ -87,19 +94,26 @@ def main():
     p.add_argument('--T', type=int, default=512)
     p.add_argument('--repeats', type=int, default=7)
     p.add_argument('--threads', type=int, default=1)
+    p.add_argument('--prompt', type=int, default=64, help='generation: prompt tokens')
+    p.add_argument('--gen', type=int, default=64, help='generation: new tokens (greedy)')
+    p.add_argument('--scans-only', action='store_true', help='only the chunked-scan comparison')
     p.add_argument('--out', type=Path, default=None)
     args = p.parse_args()
     torch.set_num_threads(args.threads)
-    res = {'threads': args.threads, 'torch': torch.__version__, 'scans': scans(args.T, args.repeats), 'lm': []}
+    res = {'threads': args.threads, 'torch': torch.__version__, 'load_before': os.getloadavg(),
+           'scans': scans(args.T, args.repeats), 'lm': []}
     for r in res['scans']:
         print(f"{r['scan']}: T={r['T']} max|diff|={r['max_abs_diff']:.2e} recurrent {r['recurrent_ms']:.1f} ms "
               f"chunked {r['chunked_ms']:.1f} ms  x{r['speedup']:.1f}", flush=True)
-    for depth, dim in ((2, 64), (4, 256)):
-        rows = throughput(depth, dim, 256, 8, 32, args.repeats)
+    for depth, dim in () if args.scans_only else ((2, 64), (4, 256)):
+        rows = throughput(depth, dim, 256, 8, args.gen, args.repeats, args.prompt)
         res['lm'] += rows
         for r in rows:
             print(f"{r['model']:12s} {depth}L d{dim}: train {r['train_tokens_per_s']:8.0f} tok/s  "
-                  f"generate {r['generate_tokens_per_s']:6.1f} tok/s", flush=True)
+                  f"generate {r['generate_tokens_per_s']:6.1f} tok/s (uncached {r['generate_uncached_tokens_per_s']:6.1f})",
+                  flush=True)
+    res['load_after'] = os.getloadavg()
+    print(f"load average (1, 5, 15 min): before {res['load_before']}, after {res['load_after']}")
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         if args.out.exists():

@@ -16,7 +16,8 @@ arXiv 2512.17351) on the concatenated projections before the heads are formed.
   a gated RMSNorm and D skip. Chunked SSD, pure PyTorch.
 
 ``gla_recurrent`` and ``ssd_recurrent`` are the token-by-token references the chunked scans are tested
-and benchmarked against.
+and benchmarked against. Every mixer's ``forward(x, cache=None)`` also continues a sequence from a cache dict
+(KV cache / recurrent state plus the short-conv and Canon-B windows) for step-by-step decoding.
 """
 from __future__ import annotations
 
@@ -28,7 +29,7 @@ from einops import rearrange
 from torch import nn
 
 from ._registry import register
-from .canon import Canon, ShortConv
+from .canon import Canon, ShortConv, apply_cached
 
 __all__ = ['CausalSelfAttention', 'GatedLinearAttention', 'Mamba2Mixer', 'apply_rope',
            'gla_chunked', 'gla_recurrent', 'ssd_chunked', 'ssd_recurrent']
@@ -40,7 +41,7 @@ _EX = dict(layout='nlc', example_input=(2, 12, 32))
 def apply_rope(x: torch.Tensor, rope_dim: int, theta: float = 10000.0, offset: int = 0) -> torch.Tensor:
     """Rotary embedding (rotate-half convention, as HF Llama) on the first ``rope_dim`` dims of each head.
 
-    x: (B, H, T, hd). The remaining ``hd - rope_dim`` dims pass through (partial RoPE); ``rope_dim=0`` is NoPE.
+    x: (..., T, hd). The remaining ``hd - rope_dim`` dims pass through (partial RoPE); ``rope_dim=0`` is NoPE.
     """
     if rope_dim == 0:
         return x
@@ -61,12 +62,16 @@ class CausalSelfAttention(nn.Module):
 
     Args:
         dim: model width d. num_heads: heads (head_dim = d / num_heads).
-        rope_dim: rotary dims per head: ``None`` = all (RoPE), ``0`` = NoPE, else partial RoPE (even, <= head_dim).
+        rope_dim: rotary dims per RoPE head: ``None`` = all (RoPE), ``0`` = NoPE, else partial RoPE (the first
+            ``rope_dim`` dims; even, <= head_dim).
+        rope_heads: fraction of the heads with RoPE (the first ``rope_heads * num_heads``; the others are NoPE).
+            The paper's two best partial RoPEs are ``rope_dim=head_dim // 4`` and "half the heads at half dims",
+            ``rope_heads=0.5, rope_dim=head_dim // 2``.
         rope_theta: RoPE base. canon_b: residual Canon layer on concat[q, k, v] (m = 3d) before RoPE.
     """
 
     def __init__(self, dim: int, num_heads: int = 8, rope_dim: int | None = None, rope_theta: float = 10000.0,
-                 canon_b: bool = False, canon_kernel: int = 4):
+                 canon_b: bool = False, canon_kernel: int = 4, rope_heads: float = 1.0):
         super().__init__()
         if dim % num_heads:
             raise ValueError(f'dim {dim} must be divisible by num_heads {num_heads}')
@@ -74,19 +79,46 @@ class CausalSelfAttention(nn.Module):
         rope_dim = self.head_dim if rope_dim is None else rope_dim
         if rope_dim < 0 or rope_dim > self.head_dim or rope_dim % 2:
             raise ValueError(f'rope_dim must be an even number in 0..head_dim={self.head_dim} (0 = NoPE), got {rope_dim}')
+        n_rope = rope_heads * num_heads
+        if not 0 < rope_heads <= 1 or abs(n_rope - round(n_rope)) > 1e-9:
+            raise ValueError(f'rope_heads must be a fraction in (0, 1] giving a whole number of the {num_heads} heads '
+                             f'(e.g. 0.5), got {rope_heads!r}')
+        self.rope_heads = int(round(n_rope))                               # heads 0..rope_heads-1 rotate
         self.rope_dim, self.rope_theta = rope_dim, rope_theta
         self.qkv = nn.Linear(dim, 3 * dim, bias=False)   # = concat[q_proj, k_proj, v_proj]
         self.canon_b = Canon(3 * dim, canon_kernel) if canon_b else None
         self.proj = nn.Linear(dim, dim, bias=False)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        qkv = self.qkv(x)                                                  # (B, T, 3d)
-        if self.canon_b is not None:
-            qkv = self.canon_b(qkv)
+    def forward(self, x: torch.Tensor, cache: dict | None = None) -> torch.Tensor:
+        """x: (B, T, d). ``cache``: ``None`` for a whole sequence, else a dict (``{}`` to start) holding the
+        Canon-B window and the keys / values so far (after RoPE, at their absolute positions); updated in place,
+        so the next call continues the sequence (prefill, then one token at a time)."""
+        qkv = apply_cached(self.canon_b, self.qkv(x), cache, 'canon_b')    # (B, T, 3d)
         q, k, v = rearrange(qkv, 'b t (three h e) -> three b h t e', three=3, h=self.num_heads)
-        q, k = apply_rope(q, self.rope_dim, self.rope_theta), apply_rope(k, self.rope_dim, self.rope_theta)
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        past = cache['k'].shape[2] if cache is not None and 'k' in cache else 0
+        q, k = self.rope(torch.stack([q, k]), past)                        # one set of angles for both
+        if cache is not None:
+            if past:
+                k, v = torch.cat([cache['k'], k], 2), torch.cat([cache['v'], v], 2)   # (B, H, past + T, hd)
+            cache['k'], cache['v'] = k, v
+        if past:  # query i sits at absolute position past + i and sees keys 0..past + i
+            mask = torch.ones(q.shape[2], k.shape[2], dtype=torch.bool, device=x.device).tril(past)
+            y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+        else:
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
         return self.proj(rearrange(y, 'b h t e -> b t (h e)'))
+
+    def rope(self, x: torch.Tensor, offset: int = 0) -> torch.Tensor:
+        """RoPE on (..., H, T, hd) at absolute positions offset.. offset + T - 1: the first ``rope_dim`` dims of
+        the first ``rope_heads`` heads rotate, the other heads are NoPE."""
+        if self.rope_heads == self.num_heads:
+            return apply_rope(x, self.rope_dim, self.rope_theta, offset)
+        n = self.rope_heads
+        return torch.cat([apply_rope(x[..., :n, :, :], self.rope_dim, self.rope_theta, offset), x[..., n:, :, :]], dim=-3)
+
+    def extra_repr(self) -> str:
+        return (f'num_heads={self.num_heads}, head_dim={self.head_dim}, rope_dim={self.rope_dim}, '
+                f'rope_heads={self.rope_heads}')
 
 
 # ------------------------------------------------------------------------------------ gated linear attn
@@ -108,36 +140,47 @@ _SAFE_LOG_SPAN = 60.0  # e^60 ~ 1e26: far from fp32 overflow (3e38) after multip
 
 
 def gla_chunked(q, k, v, log_a, chunk: int = 32, state=None):
-    """Chunk-parallel GLA, equal to ``gla_recurrent``: exact masked attention with decays inside a chunk,
-    a state recurrence across chunks (T / chunk steps). Inside a chunk the decays are factorised onto q and k
-    (two matmuls) when the chunk's total log-decay stays under 60; for stronger gates the decay ratios
-    exp(b_t - b_s) are formed explicitly, so nothing overflows however strong the gates are."""
+    """Chunk-parallel GLA, equal to ``gla_recurrent``.
+
+    All chunks at once: masked attention with decays inside each chunk and each chunk's own contribution to
+    the state, as batched matmuls over (batch, head, chunk); then the only sequential part, the state recurrence
+    across chunks (T / chunk elementwise steps); then one batched matmul of the queries with the states entering
+    their chunks. Inside a chunk the decays are factorised onto q and k (q_t e^{b_t} . k_s e^{-b_s}) when the
+    chunk's total log-decay stays under 60; for stronger gates the decay ratios exp(b_t - b_s) are formed
+    explicitly, so nothing overflows however strong the gates are. ``torch.bmm`` on 3-d views (not ``@`` on 5-d
+    tensors, which copies transposed operands) and an in-place ``baddbmm_`` for intra + inter.
+    """
     b, h, t, dk = q.shape
     dv = v.shape[-1]
     pad = (-t) % chunk
     if pad:  # zero keys/values and zero log-decay leave the state unchanged
         q, k, v, log_a = (F.pad(z, (0, 0, 0, pad)) for z in (q, k, v, log_a))
-    q, k, v, log_a = (rearrange(z, 'b h (n c) e -> b h n c e', c=chunk) for z in (q, k, v, log_a))
-    mask = torch.ones(chunk, chunk, dtype=torch.bool, device=q.device).tril()
-    cum = mask.to(log_a.dtype) @ log_a                                  # b_t: within-chunk cumsum, (B, H, N, C, dk)
-    if -cum[:, :, :, -1].min() < _SAFE_LOG_SPAN:
-        # factorised: (q_t e^{b_t}) . (k_s e^{-b_s}) = sum_i q k e^{b_t - b_s}; e^{-b_s} <= e^{60} cannot overflow
-        attn = ((q * cum.exp()) @ (k * (-cum).exp()).transpose(-1, -2)).masked_fill(~mask, 0.0)
+    n = q.shape[2] // chunk
+    q, k, v, log_a = (rearrange(z, 'b h (n c) e -> (b h n) c e', c=chunk) for z in (q, k, v, log_a))
+    cum = log_a.cumsum(1)                                               # b_t: within-chunk cumsum, (BHN, C, dk)
+    total = cum[:, -1:]                                                 # log-decay over the whole chunk, (BHN, 1, dk)
+    decay_in = cum.exp()
+    q_in = q * decay_in                                                 # q_t decayed from the chunk start
+    if -total.min() < _SAFE_LOG_SPAN:
+        k_back = k / decay_in                                           # k_s e^{-b_s} <= k_s e^{60}: no overflow
+        attn = torch.bmm(q_in, k_back.transpose(1, 2)).tril_()          # (BHN, C, C), s <= t
+        k_out = k_back * total.exp()                                    # k_s decayed to the chunk end
     else:
         # gates too strong for the factorised form: the decay from s to t per key channel, exp(b_t - b_s), s <= t
-        rel = (cum[:, :, :, :, None, :] - cum[:, :, :, None, :, :]).masked_fill(~mask[..., None], float('-inf')).exp()
-        attn = torch.einsum('bhnte,bhnse,bhntse->bhnts', q, k, rel)      # (B, H, N, C, C)
-    intra = attn @ v                                                    # (B, H, N, C, dv)
-    q_in = q * cum.exp()                                                # q_t decayed from the chunk start
-    k_out = k * (cum[:, :, :, -1:, :] - cum).exp()                      # k_s decayed to the chunk end
-    chunk_decay = cum[:, :, :, -1, :].exp()                             # (B, H, N, dk)
-    kv = k_out.transpose(-1, -2) @ v                                    # (B, H, N, dk, dv)
+        mask = torch.ones(chunk, chunk, dtype=torch.bool, device=q.device).tril()
+        rel = (cum[:, :, None, :] - cum[:, None, :, :]).masked_fill(~mask[..., None], float('-inf')).exp()
+        attn = torch.einsum('xte,xse,xtse->xts', q, k, rel)             # (BHN, C, C)
+        k_out = k * (total - cum).exp()
+    kv = rearrange(torch.bmm(k_out.transpose(1, 2), v), '(b h n) e f -> b h n e f', b=b, h=h)  # each chunk's state
+    chunk_decay = rearrange(total.exp(), '(b h n) 1 e -> b h n e 1', b=b, h=h)
     s = q.new_zeros(b, h, dk, dv) if state is None else state
-    o = intra
-    for n in range(q.shape[2]):                                         # one step per chunk
-        o[:, :, n] += q_in[:, :, n] @ s
-        s = s * chunk_decay[:, :, n, :, None] + kv[:, :, n]
-    o = rearrange(o, 'b h n c e -> b h (n c) e')[:, :, :t]
+    entering = []                                                       # the state entering each chunk
+    for i in range(n):                                                  # the only sequential part: elementwise
+        entering.append(s)
+        s = s * chunk_decay[:, :, i] + kv[:, :, i]
+    entering = rearrange(torch.stack(entering, 2), 'b h n e f -> (b h n) e f')
+    o = torch.bmm(q_in, entering).baddbmm_(attn, v)                     # inter-chunk + intra-chunk, (BHN, C, dv)
+    o = rearrange(o, '(b h n) c f -> b h (n c) f', b=b, h=h)[:, :, :t]
     return o, s
 
 
@@ -164,19 +207,24 @@ class GatedLinearAttention(nn.Module):
         self.norm = nn.RMSNorm(self.value_dim // num_heads, eps=1e-5)
         self.proj = nn.Linear(self.value_dim, dim, bias=False)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        qkv = self.qkv(x)                                                   # (B, T, 2dk + dv)
-        if self.canon_b is not None:
-            qkv = self.canon_b(qkv)
-        if self.short_conv is not None:
-            qkv = self.short_conv(qkv)
+    def forward(self, x: torch.Tensor, cache: dict | None = None) -> torch.Tensor:
+        """x: (B, T, d). ``cache``: ``None`` for a whole sequence, else a dict (``{}`` to start) holding the
+        Canon-B and short-conv windows and the (B, H, dk, dv) state; updated in place (prefill, then decoding)."""
+        qkv = apply_cached(self.canon_b, self.qkv(x), cache, 'canon_b')    # (B, T, 2dk + dv)
+        qkv = apply_cached(self.short_conv, qkv, cache, 'conv')
         q, k, v = qkv.split([self.key_dim, self.key_dim, self.value_dim], dim=-1)
         log_a = F.logsigmoid(self.gk(x)) / self.normalizer
         h = self.num_heads
         q, k, log_a = (rearrange(z, 'b t (h e) -> b h t e', h=h) for z in (q, k, log_a))
         v = rearrange(v, 'b t (h e) -> b h t e', h=h)
         q = q * q.shape[-1] ** -0.5
-        o, _ = gla_chunked(q, k, v, log_a, self.chunk_size)
+        state = None if cache is None else cache.get('state')
+        if cache is not None and x.shape[1] == 1:    # one decoding step: the recurrence itself
+            o, state = gla_recurrent(q, k, v, log_a, state)
+        else:
+            o, state = gla_chunked(q, k, v, log_a, self.chunk_size, state)
+        if cache is not None:
+            cache['state'] = state
         o = rearrange(self.norm(o), 'b h t e -> b t (h e)')
         return self.proj(o * F.silu(self.g(x)))
 
@@ -199,33 +247,42 @@ def ssd_recurrent(x, dt, a, bm, cm, state=None):
 
 
 def ssd_chunked(x, dt, a, bm, cm, chunk: int = 64, state=None):
-    """Chunked SSD (Mamba2's "state space duality" form), equal to ``ssd_recurrent``: a decay-masked
-    C B^T attention inside each chunk, a state recurrence across chunks."""
+    """Chunked SSD (Mamba2's "state space duality" form), equal to ``ssd_recurrent``.
+
+    All chunks at once: a decay-masked C B^T attention inside each chunk (batched over batch, head, chunk) and
+    each chunk's own contribution to the state; then the only sequential part, the state recurrence across
+    chunks (elementwise, T / chunk steps); then C times the states entering each chunk. B and C are shared by
+    the heads, so the state products run for all heads in one matmul per chunk, with heads x head_dim as the
+    matrix width (bigger, fewer matmuls than one per head)."""
     b, t, h, p = x.shape
     pad = (-t) % chunk
     if pad:  # dt = 0 and x = 0 on the padding: no decay, no input
         x, bm, cm = F.pad(x, (0, 0, 0, 0, 0, pad)), F.pad(bm, (0, 0, 0, pad)), F.pad(cm, (0, 0, 0, pad))
         dt = F.pad(dt, (0, 0, 0, pad))
-    x = rearrange(x * dt[..., None], 'b (n c) h p -> b h n c p', c=chunk)   # dt folded into the input
-    la = rearrange(dt * a, 'b (n c) h -> b h n c', c=chunk)
-    bm, cm = (rearrange(z, 'b (n c) s -> b n c s', c=chunk) for z in (bm, cm))
-    cum = la.cumsum(-1)                                                    # (B, H, N, C)
+    n = x.shape[1] // chunk
+    x = rearrange(x * dt[..., None], 'b (n c) h p -> b n c h p', c=chunk)   # dt folded into the input
+    cum = rearrange(dt * a, 'b (n c) h -> b n c h', c=chunk).cumsum(2)    # log-decay from the chunk start
+    bm, cm = (rearrange(z, 'b (n c) s -> (b n) c s', c=chunk) for z in (bm, cm))
+    # intra-chunk: y_t = sum_{s <= t} e^{cum_t - cum_s} (C_t . B_s) x_s, per head
     mask = torch.ones(chunk, chunk, dtype=torch.bool, device=x.device).tril()
-    decay = (cum[..., :, None] - cum[..., None, :]).masked_fill(~mask, float('-inf')).exp()  # (B, H, N, C, C)
-    scores = cm @ bm.transpose(-1, -2)                                     # C_t . B_s, (B, N, C, C)
-    intra = (decay * scores[:, None]) @ x                                  # (B, H, N, C, P)
-    to_end = (cum[..., -1:] - cum).exp()                                   # (B, H, N, C)
-    states = torch.einsum('bhncp,bhnc,bncs->bhnps', x, to_end, bm)         # each chunk's own contribution
-    from_start = cum.exp()                                                 # (B, H, N, C)
-    chunk_decay = cum[..., -1].exp()                                       # (B, H, N)
-    s = x.new_zeros(b, h, p, bm.shape[-1]) if state is None else state
-    inter = []
-    for n in range(x.shape[2]):                                            # one step per chunk
-        inter.append(torch.einsum('bhps,bcs,bhc->bhcp', s, cm[:, n], from_start[:, :, n]))
-        s = s * chunk_decay[:, :, n, None, None] + states[:, :, n]
-    y = intra + torch.stack(inter, 2)
-    y = rearrange(y, 'b h n c p -> b (n c) h p')[:, :t]
-    return y, s
+    seg = rearrange(cum, 'b n c h -> b h n c')
+    decay = (seg[..., :, None] - seg[..., None, :]).masked_fill(~mask, float('-inf')).exp()  # (B, H, N, C, C)
+    scores = rearrange(torch.bmm(cm, bm.transpose(1, 2)), '(b n) t s -> b 1 n t s', b=b)    # C_t . B_s
+    intra = (decay * scores) @ rearrange(x, 'b n c h p -> b h n c p')        # (B, H, N, C, P)
+    # each chunk's own state, all heads at once: B^T (x e^{cum_end - cum_s}), (BN, S, H P)
+    to_end = (cum[:, :, -1:] - cum).exp()                                  # (B, N, C, H)
+    own = torch.bmm(bm.transpose(1, 2), rearrange(x * to_end[..., None], 'b n c h p -> (b n) c (h p)'))
+    own = rearrange(own, '(b n) s (h p) -> b n s h p', b=b, h=h)
+    chunk_decay = rearrange(cum[:, :, -1].exp(), 'b n h -> b n 1 h 1')
+    s = x.new_zeros(b, bm.shape[-1], h, p) if state is None else rearrange(state, 'b h p s -> b s h p')
+    entering = []                                                          # the state entering each chunk
+    for i in range(n):                                                     # the only sequential part: elementwise
+        entering.append(s)
+        s = s * chunk_decay[:, i] + own[:, i]
+    entering = rearrange(torch.stack(entering, 1), 'b n s h p -> (b n) s (h p)')
+    inter = rearrange(torch.bmm(cm, entering), '(b n) c (h p) -> b n c h p', b=b, h=h) * cum.exp()[..., None]
+    y = rearrange(intra, 'b h n c p -> b (n c) h p') + rearrange(inter, 'b n c h p -> b (n c) h p')
+    return y[:, :t], rearrange(s, 'b s h p -> b h p s')
 
 
 @register('sequence_mixer', 'mamba2', example=dict(dim=32, head_dim=16, d_state=8), **_EX)
@@ -263,17 +320,22 @@ class Mamba2Mixer(nn.Module):
             self.A_log.copy_(torch.empty_like(self.A_log).uniform_(1, 16).log())
             self.D.fill_(1.0)
 
-    def forward(self, u: torch.Tensor) -> torch.Tensor:
-        zxbcdt = self.in_proj(u)                                            # (B, T, 2 d_inner + 2 N + H)
-        if self.canon_b is not None:
-            zxbcdt = self.canon_b(zxbcdt)
+    def forward(self, u: torch.Tensor, cache: dict | None = None) -> torch.Tensor:
+        """u: (B, T, d). ``cache``: ``None`` for a whole sequence, else a dict (``{}`` to start) holding the
+        Canon-B and conv1d windows and the (B, H, P, N) SSM state; updated in place (prefill, then decoding)."""
+        zxbcdt = apply_cached(self.canon_b, self.in_proj(u), cache, 'canon_b')  # (B, T, 2 d_inner + 2 N + H)
         z, xbc, dt = zxbcdt.split([self.d_inner, self.d_inner + 2 * self.d_state, self.num_heads], dim=-1)
-        if self.short_conv is not None:
-            xbc = self.short_conv(xbc)
+        xbc = apply_cached(self.short_conv, xbc, cache, 'conv')
         x, bm, cm = xbc.split([self.d_inner, self.d_state, self.d_state], dim=-1)
         x = rearrange(x, 'b t (h p) -> b t h p', p=self.head_dim)
         dt = F.softplus(dt + self.dt_bias)                                  # (B, T, H)
-        y, _ = ssd_chunked(x, dt, -self.A_log.exp(), bm, cm, self.chunk_size)
+        state = None if cache is None else cache.get('state')
+        if cache is not None and u.shape[1] == 1:    # one decoding step: the recurrence itself
+            y, state = ssd_recurrent(x, dt, -self.A_log.exp(), bm, cm, state)
+        else:
+            y, state = ssd_chunked(x, dt, -self.A_log.exp(), bm, cm, self.chunk_size, state)
+        if cache is not None:
+            cache['state'] = state
         y = y + x * self.D[:, None]
         y = rearrange(y, 'b t h p -> b t (h p)')
         return self.out_proj(self.norm(y * F.silu(z)))

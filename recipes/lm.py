@@ -66,9 +66,10 @@ class CausalLM(L.LightningModule):
         if info.task != 'language_modeling':
             raise ValueError(f'{name} is a {info.task} model; CausalLM needs a language_modeling model '
                              f'({", ".join(zoo.list_models(task="language_modeling"))})')
-        self.block_choices = {'canon': self.model_args.get('canon', ''),
-                              'pos': {None: 'rope', 0: 'nope'}.get(self.model_args.get('rope_dim'), 'partial_rope')
-                              if info.family == 'llama' else info.family}
+        pos = {None: 'rope', 0: 'nope'}.get(self.model_args.get('rope_dim'), 'partial_rope')
+        if self.model_args.get('rope_heads', 1) != 1 and pos != 'nope':
+            pos = f"rope_heads{self.model_args['rope_heads']}_{pos}"       # e.g. rope_heads0.5_partial_rope
+        self.block_choices = {'canon': self.model_args.get('canon', ''), 'pos': pos if info.family == 'llama' else info.family}
         self.monitor, self.monitor_mode = 'val/acc', 'max'    # the checkpoint callback's metric
         self.model = None
         if vocab_size is not None:
@@ -130,20 +131,26 @@ class CausalLM(L.LightningModule):
         elif main is None:
             self.log(f'{split}/acc', sum(c for c, _ in acc.values()) / sum(n for _, n in acc.values()), prog_bar=True)
         if getattr(getattr(dm, 'task', None), 'eos', None) is not None:  # Brevo: generate the whole answer
-            self.log(f'{split}/acc_generated', self.generated_accuracy(dm), prog_bar=True)
+            overall, by_depth = self.generated_accuracy(dm)
+            self.log(f'{split}/acc_generated', overall, prog_bar=True)
+            for d, a in by_depth.items():
+                self.log(f'{split}/acc_depth{d}', a)
 
     @torch.no_grad()
-    def generated_accuracy(self, dm) -> float:
-        """Brevo's metric: greedy generation after ``<ans>`` must be exactly the ancestor set in a valid order."""
+    def generated_accuracy(self, dm) -> tuple[float, dict[int, float]]:
+        """Brevo's metric: greedy (cached) generation after ``<ans>`` must be exactly the ancestor set in a valid
+        order. Returns the accuracy and the accuracy per depth of the query's ancestor sub-DAG (the paper's
+        stratification; ``Instance.meta['depth']``)."""
         from zoo.datasets.synthetic import brevo_check
-        task, good = dm.task, 0
+        task, hits = dm.task, {}
         insts = dm.generative_eval_instances(self.hparams.generate_samples)
         for inst in insts:
             cut = inst.tokens.index(task.ans) + 1
             prompt = torch.tensor([inst.tokens[:cut]], device=self.device)
             out = self.model.generate(prompt, len(inst.tokens) - cut + 2)[0, cut:].tolist()
-            good += brevo_check(inst, out, task.eos)
-        return good / len(insts)
+            hits.setdefault(inst.meta['depth'], []).append(brevo_check(inst, out, task.eos))
+        overall = sum(sum(h) for h in hits.values()) / len(insts)
+        return overall, {d: sum(h) / len(h) for d, h in sorted(hits.items())}
 
     def on_validation_epoch_end(self):
         self._eval_end('val')

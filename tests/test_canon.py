@@ -90,6 +90,27 @@ def test_step_decoding_equals_forward(residual, activation):
     assert torch.allclose(torch.stack(steps, 1), layer(h), atol=1e-6)
 
 
+@pytest.mark.parametrize('k', [2, 4, 6])
+def test_extend_prefill_then_steps_equals_forward_and_step(k):
+    """``extend`` continues a sequence by any number of tokens: prefill 5, a chunk of 3, then single tokens
+    (which must match ``step``) give the full forward; its cache is the last k inputs, oldest first."""
+    torch.manual_seed(k)
+    layer = Canon(5, k, activation=True)
+    h = torch.randn(2, 12, 5)
+    y0, cache = layer.extend(h[:, :5])
+    y1, cache = layer.extend(h[:, 5:8], cache)
+    outs = [y0, y1]
+    for t in range(8, 12):
+        step_y, step_cache = layer.step(h[:, t], cache)
+        y, cache = layer.extend(h[:, t:t + 1], cache)
+        assert torch.allclose(y[:, 0], step_y, atol=1e-6) and torch.equal(cache, step_cache)
+        outs.append(y)
+    assert torch.allclose(torch.cat(outs, 1), layer(h), atol=1e-6)
+    assert torch.equal(cache, h[:, -k:].transpose(1, 2))
+    with pytest.raises(ValueError, match=r'\(B, T, 5\)'):
+        layer.extend(h[:, 0])
+
+
 def test_short_conv_is_silu_without_residual():
     torch.manual_seed(0)
     layer = ShortConv(4)

@@ -7,8 +7,8 @@ import pytest
 import torch
 
 from test_lm import one_thread  # noqa: F401  (fixture)
-from zoo.datasets.synthetic import (Brevo, Depo, Mano, TokenCopy, brevo_check, difficulty_probs, make_task,
-                                    pack_window, sample_difficulty)
+from zoo.datasets.synthetic import (Brevo, Depo, Mano, TokenCopy, brevo_check, brevo_depth, difficulty_probs,
+                                    make_task, pack_window, sample_difficulty)
 
 
 def split_names(toks, vocab):
@@ -139,6 +139,49 @@ def test_brevo_metric_accepts_any_valid_order_only():
     assert not brevo_check(inst, gen[:-1], task.eos)                   # no <eos>
 
 
+def test_brevo_depth_on_a_hand_made_dag_and_in_every_instance():
+    #   0 -> 2 -> 4 -> 5,  0 -> 3 -> 5,  1 -> 3,  1 -> 6;  7 is an isolated root
+    parents = [[], [], [0], [0, 1], [2], [3, 4], [1], []]
+    assert [brevo_depth(parents, x) for x in range(8)] == [0, 0, 1, 1, 2, 3, 1, 0]
+    chain = [[]] + [[i] for i in range(2999)]                              # a 2999-edge chain: no recursion limit
+    assert brevo_depth(chain, 2999) == 2999
+    # generated instances carry their query's depth; check it by relaxation over the edges in the token stream
+    task = make_task('brevo1', N=20)
+    rng, seen = np.random.default_rng(5), set()
+    for _ in range(40):
+        inst = task.instance(rng, 20)
+        edges, _, q, anc, _ = solve_brevo(task, inst.tokens)
+        longest = {x: 0 for e in edges for x in e}
+        for _ in range(len(longest)):
+            for p, c in edges:
+                longest[c] = max(longest[c], longest[p] + 1)
+        assert inst.meta['depth'] == longest[q] >= 1
+        seen.add(inst.meta['depth'])
+    assert len(seen) >= 3, seen
+
+
+def test_recipe_reports_brevo_accuracy_by_depth():
+    """``generated_accuracy`` groups the exact-answer metric by the query's sub-DAG depth: a model that answers
+    only depth-1 queries correctly scores 1 there and 0 elsewhere."""
+    from zoo.datasets import SyntheticLMDataModule
+    from zoo.recipes.lm import CausalLM
+    dm = SyntheticLMDataModule('brevo1', {'N': 12}, context_length=64, train_windows=8, val_windows=8)
+    system = CausalLM('llama_tiny', vocab_size=dm.vocab_size, generate_samples=24)
+    truth = {tuple(i.tokens[:i.tokens.index(dm.task.ans) + 1]): i for i in dm.generative_eval_instances(24)}
+
+    def oracle_for_depth_1(prompt, max_new_tokens):
+        inst = truth[tuple(prompt[0].tolist())]
+        rest = inst.tokens[len(prompt[0]):] if inst.meta['depth'] == 1 else [dm.task.eos]
+        return torch.cat([prompt, torch.tensor([rest])], 1)
+
+    system.model.generate = oracle_for_depth_1
+    overall, by_depth = system.generated_accuracy(dm)
+    depths = [i.meta['depth'] for i in truth.values()]
+    assert set(by_depth) == set(depths) and len(by_depth) >= 2, by_depth
+    assert by_depth[1] == 1.0 and all(a == 0.0 for d, a in by_depth.items() if d != 1)
+    assert overall == depths.count(1) / len(depths)
+
+
 def eval_prefix(tokens, task: Mano):
     """Independent prefix evaluator: scan right to left with a stack."""
     ops = {v: k for k, v in task.op_ids.items()}
@@ -231,6 +274,8 @@ def test_recipe_trains_and_logs(tmp_path, one_thread):
     dm = SyntheticLMDataModule('copy', {'N': 8}, context_length=18, batch_size=16, train_windows=16 * 25, val_windows=16)
     system = CausalLM('llama_tiny', {'canon': 'AC'}, lr=1e-2, warmup_steps=5)
     assert system.block_choices == {'canon': 'AC', 'pos': 'rope'} and system.model_name == 'llama_tiny'
+    assert CausalLM('llama_tiny', {'rope_dim': 0}).block_choices['pos'] == 'nope'
+    assert CausalLM('llama_tiny', {'rope_heads': 0.5, 'rope_dim': 4}).block_choices['pos'] == 'rope_heads0.5_partial_rope'
     trainer = L.Trainer(max_steps=25, num_sanity_val_steps=0, accelerator='cpu', logger=False, enable_checkpointing=False,
                         enable_progress_bar=False, enable_model_summary=False, default_root_dir=tmp_path)
     trainer.validate(system, dm)

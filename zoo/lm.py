@@ -17,6 +17,8 @@ re-initialised N(0, 0.02) in a fixed order *after* construction, from the RNG st
 started with, so the same seed gives the same
 non-Canon weights whatever ``canon`` is, and ``canon=''`` is exactly the baseline model.
 The linear families keep their own short SiLU convolution ("Canon-b", ``short_conv=True``).
+``forward(tokens, cache)`` with ``cache = model.init_cache()`` decodes incrementally (KV cache for attention,
+recurrent state for GLA / Mamba2, rolling windows for every short conv and Canon layer); ``generate`` uses it.
 
 Differences from the paper's code: q/k/v (and gate/up) are fused into one Linear each (identical
 function and parameter count: the fused output *is* the concatenation Canon-B/D act on); Mamba2's conv1d
@@ -28,7 +30,7 @@ import torch
 from torch import nn
 
 from zoo import layers
-from zoo.layers.canon import Canon, ShortConv, parse_canon_set
+from zoo.layers.canon import Canon, ShortConv, apply_cached, parse_canon_set
 
 from ._builder import build_model
 from ._registry import register_model
@@ -46,10 +48,8 @@ class GatedMLP(nn.Module):
         self.canon_d = Canon(2 * hidden, canon_kernel, canon_residual) if canon_d else None
         self.down = nn.Linear(hidden, dim, bias=False)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gu = self.gate_up(x)                                                # (B, T, 2 hidden)
-        if self.canon_d is not None:
-            gu = self.canon_d(gu)
+    def forward(self, x: torch.Tensor, cache: dict | None = None) -> torch.Tensor:
+        gu = apply_cached(self.canon_d, self.gate_up(x), cache, 'canon_d')  # (B, T, 2 hidden)
         g, u = gu.chunk(2, dim=-1)
         return self.down(nn.functional.silu(g) * u)
 
@@ -71,15 +71,13 @@ class DecoderBlock(nn.Module):
         self.canon_c = Canon(dim, canon_kernel, canon_residual) if 'C' in canon else None
         self.mlp = GatedMLP(dim, mlp_hidden, 'D' in canon, canon_kernel, canon_residual)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        h = self.norm1(x)
-        if self.canon_a is not None:
-            h = self.canon_a(h)
-        x = x + self.mixer(h)
-        h = self.norm2(x)
-        if self.canon_c is not None:
-            h = self.canon_c(h)
-        return x + self.mlp(h)
+    def forward(self, x: torch.Tensor, cache: dict | None = None) -> torch.Tensor:
+        """x: (B, T, d). ``cache``: ``None`` for a whole sequence, else this block's dict of decoding caches
+        (Canon-A/C windows, the mixer's and the MLP's sub-dicts), updated in place."""
+        h = apply_cached(self.canon_a, self.norm1(x), cache, 'canon_a')
+        x = x + (self.mixer(h) if cache is None else self.mixer(h, cache=cache.setdefault('mixer', {})))
+        h = apply_cached(self.canon_c, self.norm2(x), cache, 'canon_c')
+        return x + self.mlp(h, None if cache is None else cache.setdefault('mlp', {}))
 
 
 class CausalLMNet(nn.Module):
@@ -89,6 +87,8 @@ class CausalLMNet(nn.Module):
         vocab_size: tokens. dim: width d. depth: blocks.
         mixer: ``sequence_mixer`` spec (``'attention'``, ``'gla'``, ``'mamba2'``, a class or a partial).
         num_heads: heads of attention / GLA. rope_dim: attention only; ``None`` = full RoPE, 0 = NoPE, else partial.
+        rope_heads: attention only; the fraction of heads with RoPE, the rest NoPE (``rope_heads=0.5,
+            rope_dim=head_dim // 2`` = the paper's "half the heads at half dims").
         canon: Canon points, any subset of ``'ABCD'``. canon_kernel: 2..6. canon_residual: ``False`` = NoRes ablation.
         mlp_hidden: gated-MLP width (default ``int(8 d / 3)``). mixer_kwargs: extra mixer arguments.
         tie_embeddings: share the embedding with the LM head (HF Llama's default is untied).
@@ -97,7 +97,8 @@ class CausalLMNet(nn.Module):
     def __init__(self, vocab_size: int = 32000, dim: int = 512, depth: int = 8, mixer='attention',
                  num_heads: int | None = 8, rope_dim: int | None = None, canon: str = '', canon_kernel: int = 4,
                  canon_residual: bool = True, mlp_hidden: int | None = None, mixer_kwargs: dict | None = None,
-                 tie_embeddings: bool = False, norm_eps: float = 1e-6, init_std: float = 0.02):
+                 tie_embeddings: bool = False, norm_eps: float = 1e-6, init_std: float = 0.02,
+                 rope_heads: float | None = None):
         super().__init__()
         rng_state = torch.get_rng_state()  # re-initialise from here: Canon layers' own draws must not shift the rest
         self.canon = parse_canon_set(canon)
@@ -107,10 +108,11 @@ class CausalLMNet(nn.Module):
         kw = dict(mixer_kwargs or {})
         if num_heads is not None and self.mixer_name in ('attention', 'gla'):
             kw.setdefault('num_heads', num_heads)
-        if rope_dim is not None:
-            if self.mixer_name != 'attention':
-                raise ValueError(f'rope_dim applies to the attention mixer only, not {self.mixer_name!r}')
-            kw['rope_dim'] = rope_dim
+        for key, val in (('rope_dim', rope_dim), ('rope_heads', rope_heads)):
+            if val is not None:
+                if self.mixer_name != 'attention':
+                    raise ValueError(f'{key} applies to the attention mixer only, not {self.mixer_name!r}')
+                kw[key] = val
         mixer_fn = lambda d, **extra: mixer_cls(d, **kw, **extra)  # noqa: E731
         hidden = mlp_hidden or int(8 * dim / 3)
         self.embed = nn.Embedding(vocab_size, dim)
@@ -141,22 +143,46 @@ class CausalLMNet(nn.Module):
             elif isinstance(m, layers.sequence_mixers.Mamba2Mixer):
                 m.reset_ssm_parameters()
 
-    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+    def forward(self, tokens: torch.Tensor, cache: list[dict] | None = None) -> torch.Tensor:
+        """(B, T) token ids -> (B, T, vocab) logits. ``cache``: ``None`` for whole sequences, else the list from
+        ``init_cache()``, updated in place: the call continues the cached sequence (a prompt, then one token at a
+        time), attending to / carrying state from everything before instead of re-running it."""
         if not isinstance(tokens, torch.Tensor) or tokens.ndim != 2 or tokens.is_floating_point():
             shape = tuple(tokens.shape) if isinstance(tokens, torch.Tensor) else type(tokens).__name__
             raise ValueError(f'{type(self).__name__} expects integer token ids of shape (B, T), got {shape}')
+        if cache is not None and len(cache) != len(self.blocks):
+            raise ValueError(f'cache must be the list from init_cache() (one dict per block, {len(self.blocks)}), '
+                             f'got {len(cache)} entries')
         x = self.embed(tokens)                                              # (B, T, d)
-        for blk in self.blocks:
-            x = blk(x)
+        for i, blk in enumerate(self.blocks):
+            x = blk(x, None if cache is None else cache[i])
         return self.head(self.norm(x))                                      # (B, T, vocab)
 
+    def init_cache(self) -> list[dict]:
+        """Empty decoding caches, one dict per block: KV cache (attention) or recurrent state (GLA, Mamba2), the
+        mixers' short-conv and every Canon layer's rolling window, filled by the first ``forward(..., cache)``."""
+        return [{} for _ in self.blocks]
+
     @torch.no_grad()
-    def generate(self, tokens: torch.Tensor, max_new_tokens: int) -> torch.Tensor:
-        """Greedy continuation (B, T) -> (B, T + max_new_tokens), re-running the prefix at each step."""
-        for _ in range(max_new_tokens):
-            nxt = self(tokens)[:, -1].argmax(-1, keepdim=True)
-            tokens = torch.cat([tokens, nxt], 1)
-        return tokens
+    def generate(self, tokens: torch.Tensor, max_new_tokens: int, use_cache: bool = True) -> torch.Tensor:
+        """Greedy continuation (B, T) -> (B, T + max_new_tokens). With ``use_cache`` the prompt is run once and
+        each new token is decoded alone against the caches; ``use_cache=False`` re-runs the whole prefix at every
+        step (the reference the cached path is tested and benchmarked against)."""
+        if max_new_tokens <= 0:
+            return tokens
+        if not use_cache:
+            for _ in range(max_new_tokens):
+                nxt = self(tokens)[:, -1].argmax(-1, keepdim=True)
+                tokens = torch.cat([tokens, nxt], 1)
+            return tokens
+        cache = self.init_cache()
+        logits = self(tokens, cache)                                        # prefill
+        new = []
+        for i in range(max_new_tokens):
+            new.append(logits[:, -1].argmax(-1, keepdim=True))              # (B, 1)
+            if i + 1 < max_new_tokens:
+                logits = self(new[-1], cache)
+        return torch.cat([tokens, *new], 1)
 
 
 def _create(cfg: dict, kwargs: dict) -> CausalLMNet:
