@@ -43,11 +43,19 @@ from sqlalchemy import event, exc as sa_exc
 
 from .profile import fingerprint  # noqa: F401  (re-exported: part of the results API)
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 DEFAULT_PATH = 'zoo-results.db'
 STATUSES = ('running', 'finished', 'failed', 'pruned', 'crashed')
 DISABLED = ('none', 'off', '0', 'false', '')
-# A run on another host that has not written for this long is presumed dead (its pid cannot be checked).
+# Crash detection. On the run's own host its pid is checked. Elsewhere (a shared server, a shared file)
+# the heartbeat decides: the recording callback refreshes ``heartbeat_at`` every ``heartbeat_s`` seconds
+# (``$ZOO_HEARTBEAT_S``, default 60) from a background thread, and a run whose heartbeat is older than
+# STALE_BEATS intervals (at least STALE_MIN, which also absorbs clock skew between hosts) is crashed.
+# Runs without a heartbeat interval (written before schema 3, or by hand) fall back to STALE_AFTER.
+HEARTBEAT_ENV = 'ZOO_HEARTBEAT_S'
+DEFAULT_HEARTBEAT_S = 60.0
+STALE_BEATS = 5
+STALE_MIN = _dt.timedelta(minutes=2)
 STALE_AFTER = _dt.timedelta(hours=24)
 
 
@@ -100,6 +108,8 @@ runs_table = sa.Table(
     sa.Column('macs', sa.BigInteger),
     sa.Column('study_name', sa.String(200), index=True),
     sa.Column('trial_number', sa.Integer),
+    # v3
+    sa.Column('heartbeat_s', sa.Float),                       # the writer's heartbeat interval (crash detection)
 )
 
 metrics_table = sa.Table(
@@ -161,12 +171,12 @@ def _col(table: sa.Table, name: str) -> sa.Column:
 
 def _v1(op) -> None:
     """Version 1: runs, metrics and latency, without fingerprints or sweep links."""
-    v2 = {'zoo_runs': {'arch_fingerprint', 'params', 'macs', 'study_name', 'trial_number'},
-          'zoo_latency': {'arch_fingerprint'}, 'zoo_metrics': set()}
+    later = {'zoo_runs': {'arch_fingerprint', 'params', 'macs', 'study_name', 'trial_number', 'heartbeat_s'},
+             'zoo_latency': {'arch_fingerprint'}, 'zoo_metrics': set()}
     fks = {'zoo_runs': [], 'zoo_metrics': [sa.ForeignKeyConstraint(['run_id'], ['zoo_runs.id'], ondelete='CASCADE')],
            'zoo_latency': [sa.ForeignKeyConstraint(['run_id'], ['zoo_runs.id'], ondelete='SET NULL')]}
     for table in (runs_table, metrics_table, latency_table):
-        op.create_table(table.name, *[_col(table, c.name) for c in table.columns if c.name not in v2[table.name]],
+        op.create_table(table.name, *[_col(table, c.name) for c in table.columns if c.name not in later[table.name]],
                         *fks[table.name])
     for table, col in (('zoo_runs', 'model'), ('zoo_runs', 'task'), ('zoo_runs', 'dataset'), ('zoo_runs', 'status'),
                        ('zoo_runs', 'config_key'), ('zoo_metrics', 'run_id'), ('zoo_latency', 'run_id'),
@@ -185,7 +195,12 @@ def _v2(op) -> None:
     op.create_table('zoo_architectures', *[_col(architectures_table, c.name) for c in architectures_table.columns])
 
 
-MIGRATIONS = [_v1, _v2]          # MIGRATIONS[i] takes the schema from version i to version i + 1
+def _v3(op) -> None:
+    """Version 3: the heartbeat interval of a run, so other hosts can tell a dead run in minutes, not a day."""
+    op.add_column('zoo_runs', _col(runs_table, 'heartbeat_s'))
+
+
+MIGRATIONS = [_v1, _v2, _v3]          # MIGRATIONS[i] takes the schema from version i to version i + 1
 assert len(MIGRATIONS) == SCHEMA_VERSION
 
 
@@ -377,19 +392,48 @@ class ResultsDB:
                 status=status, error=error, ended_at=now, heartbeat_at=now,
                 wall_s=(now - started).total_seconds()))
 
+    def heartbeat(self, run_id: int) -> bool:
+        """Refresh a running run's ``heartbeat_at``; False once the run is no longer ``running``."""
+        with self.write() as conn:
+            return conn.execute(runs_table.update().where(runs_table.c.id == run_id, runs_table.c.status == 'running')
+                                .values(heartbeat_at=_now())).rowcount > 0
+
+    def start_heartbeat(self, run_id: int, interval_s: float | None = None) -> 'Heartbeat':
+        """Record ``interval_s`` on the run and refresh its heartbeat from a daemon thread until stopped."""
+        if interval_s is None:
+            raw = os.environ.get(HEARTBEAT_ENV, DEFAULT_HEARTBEAT_S)
+            try:
+                interval_s = float(raw)
+            except ValueError:
+                raise ResultsDBError(f'{HEARTBEAT_ENV} must be a positive number of seconds; got {raw!r}') from None
+        if not interval_s > 0:
+            raise ResultsDBError(f'{HEARTBEAT_ENV} must be a positive number of seconds; got {interval_s}')
+        self.update_run(run_id, heartbeat_s=float(interval_s), heartbeat_at=_now())
+        return Heartbeat(self, run_id, float(interval_s))
+
+    @staticmethod
+    def stale_after(heartbeat_s: float | None) -> _dt.timedelta:
+        """How old a heartbeat written every ``heartbeat_s`` seconds may be before its run is presumed dead."""
+        if heartbeat_s is None or heartbeat_s != heartbeat_s:
+            return STALE_AFTER
+        return max(STALE_MIN, _dt.timedelta(seconds=STALE_BEATS * heartbeat_s))
+
     def mark_crashed(self) -> int:
         """Mark ``running`` runs whose process is gone as ``crashed``; returns how many.
 
-        On this host the pid (and its start time) is checked; a run from another host is presumed dead
-        when its heartbeat is older than ``STALE_AFTER``."""
+        On this host the pid (and its start time) is checked. A run from another host is presumed dead
+        when its heartbeat is older than ``stale_after(heartbeat_s)``: 5 intervals, at least 2 minutes
+        (5 minutes with the default 60 s interval), or 24 h for runs that record no interval."""
         host, now = socket.gethostname(), _now()
         with self.read() as conn:
             running = conn.execute(sa.select(runs_table.c.id, runs_table.c.host, runs_table.c.pid,
-                                             runs_table.c.proc_start, runs_table.c.heartbeat_at)
+                                             runs_table.c.proc_start, runs_table.c.heartbeat_at,
+                                             runs_table.c.heartbeat_s)
                                    .where(runs_table.c.status == 'running')).all()
         dead = [r.id for r in running
                 if (r.host == host and r.pid is not None and not _pid_alive(r.pid, r.proc_start))
-                or (r.host != host and r.heartbeat_at is not None and now - r.heartbeat_at > STALE_AFTER)]
+                or ((r.host != host or r.pid is None) and r.heartbeat_at is not None
+                    and now - r.heartbeat_at > self.stale_after(r.heartbeat_s))]
         if dead:
             with self.write() as conn:
                 conn.execute(runs_table.update().where(runs_table.c.id.in_(dead), runs_table.c.status == 'running')
@@ -585,6 +629,32 @@ def _cpu_name() -> str:
     except OSError:
         pass
     return platform.processor() or platform.machine()
+
+
+class Heartbeat:
+    """A daemon thread that refreshes one run's heartbeat every ``interval_s`` seconds (a thread rather than
+    a training hook, so a long epoch, a slow validation or a compile keeps the run alive too)."""
+
+    def __init__(self, store: ResultsDB, run_id: int, interval_s: float):
+        self.store, self.run_id, self.interval_s = store, run_id, interval_s
+        self.beats = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name=f'zoo-heartbeat-{run_id}', daemon=True)
+        self._thread.start()
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            try:
+                if not self.store.heartbeat(self.run_id):
+                    return                      # the run has ended
+                self.beats += 1
+            except sa_exc.SQLAlchemyError:      # a busy or briefly unreachable server: try again next beat
+                continue
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not threading.current_thread():
+            self._thread.join(timeout=10)
 
 
 # --------------------------------------------------------------------------------------------- module-level API

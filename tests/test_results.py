@@ -56,27 +56,43 @@ def test_fresh_schema_equals_the_declared_tables(zoo_db, tmp_path):
     assert _describe(db.engine) == _describe(reference)     # the migration path builds exactly the declared schema
 
 
-def test_a_version_1_file_is_migrated_and_keeps_its_rows(zoo_db):
+@pytest.mark.parametrize('version', range(1, R.SCHEMA_VERSION))
+def test_an_older_file_is_migrated_and_keeps_its_rows(zoo_db, version):
     from alembic.migration import MigrationContext
     from alembic.operations import Operations
 
     engine = sa.create_engine(f'sqlite:///{zoo_db}')
-    with engine.begin() as conn:            # a store written by the first release
+    with engine.begin() as conn:            # a store written by an earlier release
         R.schema_table.create(conn)
-        R.MIGRATIONS[0](Operations(MigrationContext.configure(conn)))
-        conn.execute(R.schema_table.insert().values(id=1, version=1, updated_at=R._now()))
-        conn.exec_driver_sql("INSERT INTO zoo_runs (uid, model, status, started_at, seed) "
-                             "VALUES ('old', 'net_old', 'finished', '2026-01-01 00:00:00', 3)")
+        op = Operations(MigrationContext.configure(conn))
+        for migration in R.MIGRATIONS[:version]:
+            migration(op)
+        conn.execute(R.schema_table.insert().values(id=1, version=version, updated_at=R._now()))
+        conn.exec_driver_sql("INSERT INTO zoo_runs (uid, model, status, started_at, seed, heartbeat_at, host, pid) "
+                             "VALUES ('old', 'net_old', 'finished', '2026-01-01 00:00:00', 3, "
+                             "'2026-01-01 00:00:00', 'elsewhere', 1)")
+        conn.exec_driver_sql("INSERT INTO zoo_runs (uid, model, status, started_at, heartbeat_at, host, pid) "
+                             "VALUES ('live', 'net_live', 'running', :t, :t, 'elsewhere', 1)",
+                             {'t': str(R._now() - __import__('datetime').timedelta(hours=1))})
         conn.exec_driver_sql("INSERT INTO zoo_metrics (run_id, name, value, final) VALUES (1, 'val/acc1', 0.5, 1)")
-    assert 'arch_fingerprint' not in [c['name'] for c in sa.inspect(engine).get_columns('zoo_runs')]
+        conn.exec_driver_sql("INSERT INTO zoo_latency (model, input_shape, batch_size, device, median_ms, "
+                             "measured_at) VALUES ('net_old', '3x8x8', 1, 'cpu', 2.5, '2026-01-01 00:00:00')")
+    cols = [c['name'] for c in sa.inspect(engine).get_columns('zoo_runs')]
+    assert 'heartbeat_s' not in cols and ('arch_fingerprint' in cols) == (version >= 2)
     engine.dispose()
 
     db = R.open_db()
-    assert db.schema_version() == 2
+    assert db.schema_version() == R.SCHEMA_VERSION == 3
+    reference = sa.create_engine(f'sqlite:///{zoo_db.parent / "reference.db"}')
+    R.metadata.create_all(reference)
+    assert _describe(db.engine) == _describe(reference)
     old = db.runs(model='net_old')
-    assert old.seed.tolist() == [3] and old['val/acc1'].tolist() == [0.5] and old.arch_fingerprint.isna().all()
-    rid = db.start_run('net_new', arch_fingerprint='abc', study_name='s', trial_number=0)
-    assert db.runs(id=rid).study_name.tolist() == ['s']
+    assert old.seed.tolist() == [3] and old['val/acc1'].tolist() == [0.5] and old.heartbeat_s.isna().all()
+    assert db.latency(model='net_old').median_ms.tolist() == [2.5]
+    # a run from before the heartbeat interval existed keeps the 24 h rule: one hour of silence is not a crash
+    assert db.runs(model='net_live').status.tolist() == ['running']
+    rid = db.start_run('net_new', arch_fingerprint='abc', study_name='s', trial_number=0, heartbeat_s=30.0)
+    assert db.runs(id=rid)[['study_name', 'heartbeat_s']].values.tolist() == [['s', 30.0]]
 
 
 def test_a_newer_schema_is_refused_and_left_untouched(zoo_db):
@@ -152,6 +168,53 @@ def test_a_killed_run_is_marked_crashed_when_the_store_is_next_opened(zoo_db):
     assert df.loc['victim', 'status'] == 'crashed' and df.loc['victim', 'pid'] != os.getpid()
     assert 'killed' in df.loc['victim', 'error']
     assert df.loc['alive', 'status'] == 'running' and alive
+
+
+def test_a_run_elsewhere_is_crashed_once_its_heartbeat_is_stale(zoo_db):
+    import datetime as dt
+    db = R.open_db()
+    now = R._now()
+
+    def run(name, host, ago, heartbeat_s, pid=1):
+        rid = db.start_run(name, host=host, pid=pid, heartbeat_s=heartbeat_s)
+        db.update_run(rid, heartbeat_at=now - ago)
+        return rid
+
+    run('stale', 'other-host', dt.timedelta(minutes=6), 60.0)             # 5 beats of 60 s missed
+    run('fresh', 'other-host', dt.timedelta(minutes=4), 60.0)
+    run('fast_stale', 'other-host', dt.timedelta(minutes=3), 1.0)         # 2 min floor (clock skew) passed
+    run('fast_fresh', 'other-host', dt.timedelta(seconds=90), 1.0)
+    run('legacy_fresh', 'other-host', dt.timedelta(hours=23), None)       # no interval recorded: 24 h rule
+    run('legacy_stale', 'other-host', dt.timedelta(hours=25), None)
+    run('here_alive', R.socket.gethostname(), dt.timedelta(hours=30), 1.0, pid=os.getpid())  # pid decides here
+    assert db.mark_crashed() == 3
+    status = db.runs().set_index('model').status.to_dict()
+    assert status == {'stale': 'crashed', 'fresh': 'running', 'fast_stale': 'crashed', 'fast_fresh': 'running',
+                      'legacy_fresh': 'running', 'legacy_stale': 'crashed', 'here_alive': 'running'}
+    assert R.ResultsDB.stale_after(60) == dt.timedelta(minutes=5) and R.ResultsDB.stale_after(None) == R.STALE_AFTER
+
+
+def test_the_heartbeat_thread_refreshes_a_running_run_and_stops(zoo_db, monkeypatch):
+    import time
+    db = R.open_db()
+    rid = db.start_run('beating')
+    db.update_run(rid, heartbeat_at=R._now() - __import__('datetime').timedelta(hours=1))
+    before = db.runs(id=rid).heartbeat_at.iloc[0]
+    hb = db.start_heartbeat(rid, 0.02)
+    deadline = time.time() + 30
+    while hb.beats < 3 and time.time() < deadline:
+        time.sleep(0.01)
+    assert hb.beats >= 3 and db.runs(id=rid).heartbeat_s.tolist() == [0.02]
+    assert db.runs(id=rid).heartbeat_at.iloc[0] > before
+    hb.stop()
+    assert not hb._thread.is_alive()
+    db.finish_run(rid)
+    assert db.heartbeat(rid) is False                 # an ended run is never refreshed again
+    monkeypatch.setenv('ZOO_HEARTBEAT_S', 'often')
+    with pytest.raises(R.ResultsDBError, match='ZOO_HEARTBEAT_S must be a positive number'):
+        db.start_heartbeat(db.start_run('x'))
+    with pytest.raises(R.ResultsDBError, match='positive'):
+        db.start_heartbeat(db.start_run('y'), 0)
 
 
 def test_four_processes_recording_at_once_lose_nothing(zoo_db):
@@ -342,9 +405,10 @@ def _trainer(**kw):
                       enable_progress_bar=False, enable_model_summary=False, callbacks=[cb]), cb
 
 
-def test_callback_records_run_metrics_and_latency():
+def test_callback_records_run_metrics_and_latency(monkeypatch):
     import lightning.pytorch as pl
 
+    monkeypatch.setenv('ZOO_HEARTBEAT_S', '0.01')
     pl.seed_everything(3)
     System, loader = _tiny_system()
     trainer, cb = _trainer()
@@ -356,6 +420,8 @@ def test_callback_records_run_metrics_and_latency():
     assert run.env['torch'] == torch.__version__ and run.env['device'] == 'cpu' and run.host and run.pid
     assert run.arch_fingerprint == R.fingerprint(system.model) and run.params == 8 * 16 + 8 + 2 * 8 + 2
     assert run.macs == 16 * 8 + 8 * 2 and run.wall_s > 0
+    assert run.heartbeat_s == 0.01 and cb.heartbeats > 0 and cb._heartbeat is None     # beat during fit, then stopped
+    assert not any(t.name.startswith('zoo-heartbeat') for t in __import__('threading').enumerate())
     per_epoch = R.metrics(cb.run_id, name='val/acc1', final=False)
     assert per_epoch.epoch.tolist() == [0, 1]
     final = R.metrics(cb.run_id, final=True).set_index('name').value
