@@ -482,8 +482,8 @@ class ResultsDB:
         import pandas as pd
 
         q = sa.select(runs_table)
-        q = _filter(q, runs_table, model, filters)
         with self.read() as conn:
+            q = _filter(q, runs_table, _expand_glob(conn, runs_table, model), filters)
             df = pd.read_sql(q.order_by(runs_table.c.id), conn)
             fm = pd.read_sql(sa.select(metrics_table.c.run_id, metrics_table.c.name, metrics_table.c.value)
                              .where(metrics_table.c.final), conn)
@@ -512,8 +512,8 @@ class ResultsDB:
         """Latency rows as a DataFrame (``model`` is a glob pattern; other keywords filter by equality)."""
         import pandas as pd
 
-        q = _filter(sa.select(latency_table), latency_table, model, filters)
         with self.read() as conn:
+            q = _filter(sa.select(latency_table), latency_table, _expand_glob(conn, latency_table, model), filters)
             df = pd.read_sql(q.order_by(latency_table.c.id), conn)
         return _select_columns(df, columns)
 
@@ -559,13 +559,23 @@ def _filter(q, table, model: str | None, filters: dict):
         if k not in cols:
             raise ResultsDBError(f'unknown column {k!r} for {table.name}; known: {", ".join(cols.keys())}')
         q = q.where(cols[k].in_(list(v)) if isinstance(v, (list, tuple, set)) else cols[k] == v)
-    if model:
-        if any(ch in model for ch in '*?['):
+    if isinstance(model, list):          # a bracket pattern, already expanded to the names it matches
+        q = q.where(cols.model.in_(model))
+    elif model:
+        if any(ch in model for ch in '*?'):
             like = model.replace('%', r'\%').replace('_', r'\_').replace('*', '%').replace('?', '_')
             q = q.where(cols.model.like(like, escape='\\'))
         else:
             q = q.where(cols.model == model)
     return q
+
+
+def _expand_glob(conn, table, model):
+    """A glob with a character class ('[ab]*') has no SQL LIKE equivalent: match the stored names here."""
+    if not model or '[' not in model:
+        return model
+    names = conn.execute(sa.select(table.c.model).distinct()).scalars()
+    return [m for m in names if fnmatch.fnmatchcase(m, model)]
 
 
 def _select_columns(df, columns):
@@ -713,6 +723,153 @@ def iqm(values) -> float:
     x = np.asarray(values, dtype=float)
     x = x[~np.isnan(x)]
     return float(trim_mean(x, 0.25)) if len(x) else float('nan')
+
+
+def _iqm_rows(x):
+    """IQM along the last axis: the mean of the middle 50 % of the scores (25 % trimmed each side)."""
+    from scipy.stats import trim_mean
+    return trim_mean(x, 0.25, axis=-1)
+
+
+AGGREGATE_STATISTICS = {'iqm': _iqm_rows, 'mean': lambda x: x.mean(axis=-1)}
+
+
+def stratified_bootstrap(strata, statistic, n_boot: int = 2000, level: float = 0.95, seed: int = 0):
+    """Percentile interval of ``statistic`` over the pooled scores of several strata (tasks), resampling
+    the runs of each stratum independently, so every replicate keeps each task's number of runs
+    (Agarwal et al. 2021, "Deep Reinforcement Learning at the Edge of the Statistical Precipice";
+    google-research/rliable). ``statistic`` maps an (n_boot, n_runs) array to n_boot values.
+    Returns (low, high); NaN when a stratum has fewer than two runs (nothing to resample)."""
+    import numpy as np
+
+    strata = [np.asarray(x, dtype=float) for x in strata]
+    if not strata or any(len(x) < 2 for x in strata):
+        return float('nan'), float('nan')
+    rng = np.random.default_rng(seed)
+    # (n_boot, n_i) per stratum, drawn within it only, then side by side: (n_boot, sum n_i)
+    sample = np.concatenate([x[rng.integers(0, len(x), size=(n_boot, len(x)))] for x in strata], axis=1)
+    reps = statistic(sample)
+    a = (1 - level) / 2
+    return float(np.quantile(reps, a)), float(np.quantile(reps, 1 - a))
+
+
+AGGREGATE_COLUMNS = ['model', 'n_tasks', 'n_runs', 'runs_per_task', 'iqm', 'iqm_low', 'iqm_high', 'mean',
+                     'mean_low', 'mean_high', 'note']
+
+
+def aggregate(metric: str = 'val/acc1', *, db=None, model: str | None = None, task: str | None = None,
+              dataset: str | None = None, by: tuple[str, ...] = ('task', 'dataset'), configs: str = 'best',
+              common: bool = True, normalize: dict | None = None, higher_is_better: bool | None = None,
+              n_boot: int = 2000, level: float = 0.95, seed: int = 0):
+    """Compare models over several tasks and seeds: interquartile mean and mean of the final ``metric``
+    with stratified-bootstrap confidence intervals (Agarwal et al. 2021), one row per model.
+
+    A task (stratum) is a distinct value of the ``by`` columns of the finished runs, by default each
+    (task, dataset). For every model and task the runs of its best configuration (``configs='best'``, the
+    one the leaderboard shows: highest mean over seeds) or all its runs (``configs='all'``) are the
+    samples. IQM and mean pool the scores of all tasks (a task with more runs weighs more); the interval
+    resamples runs within each task independently. ``common=True`` keeps only the tasks every compared
+    model has, so the numbers are comparable. Scores of different tasks must share a scale: pass
+    ``normalize={'digits': (0.1, 1.0), ...}`` (stratum label -> (low, high), e.g. chance and perfect
+    accuracy) to map each task to [0, 1]. A model with fewer than two runs in some task gets no
+    interval (NaN) and says so in ``note``. Returns a DataFrame sorted best first."""
+    import numpy as np
+    import pandas as pd
+
+    by = (by,) if isinstance(by, str) else tuple(by)
+    if configs not in ('best', 'all'):
+        raise ResultsDBError(f"configs must be 'best' or 'all'; got {configs!r}")
+    store = open_db(db)
+    higher = not _lower_is_better(metric) if higher_is_better is None else higher_is_better
+    df = store.runs(model=model, task=task, dataset=dataset, status='finished')
+    unknown = [c for c in by if c not in runs_table.c]
+    if unknown:
+        raise ResultsDBError(f'unknown column(s) {unknown} to stratify by; known: {", ".join(runs_table.c.keys())}')
+    out = pd.DataFrame(columns=AGGREGATE_COLUMNS)
+    out.attrs.update(metric=metric, higher_is_better=higher, tasks=[])
+    if df.empty or metric not in df.columns:
+        known = sorted(c for c in df.columns if '/' in str(c))
+        if not df.empty and known:
+            raise ResultsDBError(f'no final metric {metric!r} among the finished runs; recorded: {", ".join(known)}')
+        return out
+    df = df[df[metric].notna()].copy()
+    df['_task'] = df[list(by)].astype(str).agg('/'.join, axis=1)
+    if normalize:
+        missing = sorted(set(df._task) - set(normalize))
+        if missing:
+            raise ResultsDBError(f'normalize has no (low, high) for task(s) {missing}; tasks: {sorted(set(df._task))}')
+        lo = df._task.map(lambda t: float(normalize[t][0]))
+        hi = df._task.map(lambda t: float(normalize[t][1]))
+        df[metric] = (df[metric] - lo) / (hi - lo)
+    if configs == 'best':     # per model and task, the runs of the configuration with the best mean
+        means = df.groupby(['model', '_task', 'config_key'], dropna=False)[metric].mean().reset_index()
+        best = means.sort_values(metric, ascending=not higher, kind='stable').drop_duplicates(['model', '_task'])
+        df = df.merge(best[['model', '_task', 'config_key']], on=['model', '_task', 'config_key'])
+    tasks = {m: set(g._task) for m, g in df.groupby('model')}
+    shared = set.intersection(*tasks.values()) if common else set().union(*tasks.values())
+    if not shared:
+        raise ResultsDBError('the models have no task in common: ' + '; '.join(
+            f'{m}: {", ".join(sorted(t))}' for m, t in sorted(tasks.items())) + ' (pass common=False to aggregate '
+            'each model over its own tasks, or filter with model=/task=/dataset=)')
+    rows = []
+    for name, g in df[df._task.isin(shared)].groupby('model', sort=False):
+        strata = [t[metric].to_numpy(dtype=float) for _, t in g.groupby('_task', sort=True)]
+        pooled = np.concatenate(strata)
+        counts = [len(x) for x in strata]
+        row = dict(model=name, n_tasks=len(strata), n_runs=len(pooled),
+                   runs_per_task=str(counts[0]) if min(counts) == max(counts) else f'{min(counts)}-{max(counts)}',
+                   note='')
+        for stat, fn in AGGREGATE_STATISTICS.items():
+            row[stat] = float(fn(pooled))
+            row[f'{stat}_low'], row[f'{stat}_high'] = stratified_bootstrap(strata, fn, n_boot, level, seed)
+        if min(counts) < 2:
+            row['note'] = (f'no interval: {sum(c < 2 for c in counts)} of {len(counts)} task(s) have a single run '
+                           '(run more seeds, e.g. zoo fit --seeds 0,1,2)')
+        elif len(pooled) < 4:
+            row['note'] = 'IQM of fewer than 4 runs trims nothing (it equals the mean)'
+        rows.append(row)
+    out = pd.DataFrame(rows, columns=AGGREGATE_COLUMNS).sort_values('iqm', ascending=not higher, kind='stable')
+    out = out.reset_index(drop=True)
+    out.attrs.update(metric=metric, higher_is_better=higher, tasks=sorted(shared), level=level)
+    return out
+
+
+def format_aggregate(agg, fmt: str = 'table') -> str:
+    """The ``aggregate`` table as text: 'table' (rich), 'markdown', 'csv' or 'json'."""
+    if fmt == 'csv':
+        return agg.to_csv(index=False)
+    if fmt == 'json':
+        return agg.to_json(orient='records', indent=2)
+    if fmt not in ('table', 'markdown'):
+        raise ResultsDBError(f'unknown format {fmt!r}; expected table, csv, json or markdown')
+    if agg.empty:
+        return '(no finished runs with this metric)'
+
+    def ci(lo, hi):
+        return '' if lo != lo else f'[{lo:.4f}, {hi:.4f}]'
+
+    pct = f"{round(100 * agg.attrs.get('level', 0.95))}%"
+    rows = [{'model': r.model, 'tasks': r.n_tasks, 'runs': r.n_runs, 'runs/task': r.runs_per_task,
+             'IQM': f'{r.iqm:.4f}', f'IQM {pct} CI': ci(r.iqm_low, r.iqm_high), 'mean': f'{r.mean:.4f}',
+             f'mean {pct} CI': ci(r.mean_low, r.mean_high), 'note': r.note} for r in agg.itertuples()]
+    import pandas as pd
+    if fmt == 'markdown':
+        return pd.DataFrame(rows).to_markdown(index=False)
+    import io
+
+    from rich.console import Console
+    from rich.table import Table
+
+    tasks = agg.attrs.get('tasks') or []
+    table = Table(title=f"{agg.attrs.get('metric')} over {len(tasks)} task(s): {', '.join(tasks)} "
+                        f'(stratified bootstrap, Agarwal et al. 2021)')
+    for c in rows[0]:
+        table.add_column(c, justify='left' if c in ('model', 'note') else 'right')
+    for r in rows:
+        table.add_row(*[str(v) for v in r.values()])
+    buf = io.StringIO()
+    Console(file=buf, width=200, force_terminal=False).print(table)
+    return buf.getvalue()
 
 
 def _lower_is_better(metric: str) -> bool:

@@ -8,6 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 import sqlalchemy as sa
 import torch
@@ -308,6 +309,87 @@ def test_bootstrap_and_iqm():
     assert 1.0 <= lo < 2.5 < hi <= 4.0
     assert R.bootstrap_ci([1.0]) != R.bootstrap_ci([1.0])   # NaNs
     assert R.iqm([0, 1, 2, 3, 4, 5, 6, 100]) == pytest.approx(3.5)
+
+
+# ------------------------------------------------------------------------ aggregate over tasks (stratified bootstrap)
+def _multi_task_db(scores: dict):
+    """scores: {model: {dataset: [one final val/acc1 per seed]}}."""
+    db = R.open_db()
+    for model, per_task in scores.items():
+        for dataset, accs in per_task.items():
+            for seed, acc in enumerate(accs):
+                _run(db, model, acc, seed, dataset=dataset)
+    return db
+
+
+def test_aggregate_iqm_and_mean_by_hand():
+    # pooled over two tasks: 1..8, whose IQM is the mean of the middle half (3, 4, 5, 6) = 4.5
+    _multi_task_db({'a': {'t1': [1, 2, 3, 8], 't2': [4, 5, 6, 7]},
+                    'b': {'t1': [0, 0, 0, 0], 't2': [0, 0, 0, 100]}})
+    agg = R.aggregate(higher_is_better=True).set_index('model')
+    assert agg.loc['a', 'iqm'] == pytest.approx(4.5) and agg.loc['a', 'mean'] == pytest.approx(4.5)
+    assert agg.loc['b', 'iqm'] == pytest.approx(0.0) and agg.loc['b', 'mean'] == pytest.approx(12.5)  # IQM ignores 100
+    assert agg.loc['a', 'n_tasks'] == 2 and agg.loc['a', 'n_runs'] == 8 and agg.loc['a', 'runs_per_task'] == '4'
+    assert agg.index.tolist() == ['a', 'b'] and agg.attrs['tasks'] == ['classification/t1', 'classification/t2']
+    assert agg.loc['a', 'iqm_low'] <= 4.5 <= agg.loc['a', 'iqm_high']
+
+
+def test_stratified_bootstrap_never_mixes_strata():
+    import numpy as np
+    counts = []
+
+    def from_b(x):                      # how many of each replicate's runs came from stratum b (valued 1000)
+        counts.append((x >= 1000).sum(axis=1))
+        return x.mean(axis=1)
+
+    R.stratified_bootstrap([np.zeros(3), np.full(5, 1000.0)], from_b, n_boot=500)
+    assert (counts[0] == 5).all()       # every replicate: exactly b's 5 runs, never more or fewer
+    # two constant tasks: resampling within each leaves the pooled mean fixed, so the interval is a point
+    # (an unstratified bootstrap would swing between 0 and 1)
+    assert R.stratified_bootstrap([[0.0, 0.0, 0.0, 0.0], [1.0, 1.0, 1.0, 1.0]], lambda x: x.mean(axis=1)) == (0.5, 0.5)
+    assert np.isnan(R.stratified_bootstrap([[0.0, 1.0], [1.0]], lambda x: x.mean(axis=1))[0])   # a single run
+
+
+def test_aggregate_interval_contains_the_truth_and_shrinks_with_more_seeds():
+    import numpy as np
+    rng = np.random.default_rng(0)
+    # two tasks centred on 0.6 and 0.8: the pooled distribution is symmetric about 0.7, so mean = IQM = 0.7
+    widths = {}
+    for n in (5, 40):
+        R._DBS.clear()
+        _multi_task_db({f'seeds{n}': {'t1': rng.normal(0.6, 0.05, n).tolist(), 't2': rng.normal(0.8, 0.05, n).tolist()}})
+        row = R.aggregate(model=f'seeds{n}').iloc[0]
+        for stat in ('iqm', 'mean'):
+            assert row[f'{stat}_low'] < 0.7 < row[f'{stat}_high'], (n, stat, row)
+        widths[n] = row.iqm_high - row.iqm_low
+    assert widths[40] < widths[5] / 2               # ~1/sqrt(n): eight times the seeds, under half the width
+
+
+def test_aggregate_too_few_runs_common_tasks_and_bad_input(capsys):
+    _multi_task_db({'one_seed': {'t1': [0.5], 't2': [0.6]}, 'three': {'t1': [0.5, 0.6, 0.7], 't2': [0.6, 0.7, 0.8]},
+                    'elsewhere': {'t3': [0.9, 0.9]}})
+    with pytest.raises(R.ResultsDBError, match='no task in common'):
+        R.aggregate()
+    agg = R.aggregate(model='[ot]*').set_index('model')            # one_seed and three: t1, t2 in common
+    assert agg.loc['one_seed'].iqm_low != agg.loc['one_seed'].iqm_low       # NaN: nothing to resample
+    assert 'single run' in agg.loc['one_seed', 'note'] and agg.loc['three', 'note'] == ''
+    assert R.aggregate(common=False).set_index('model').loc['elsewhere', 'n_tasks'] == 1
+    norm = R.aggregate(model='three', normalize={'classification/t1': (0.5, 1.0), 'classification/t2': (0.6, 1.0)})
+    assert norm.iloc[0]['mean'] == pytest.approx(np.mean([0, 0.2, 0.4, 0, 0.25, 0.5]))
+    with pytest.raises(R.ResultsDBError, match='normalize has no'):
+        R.aggregate(model='three', normalize={'classification/t1': (0, 1)})
+    with pytest.raises(R.ResultsDBError, match="unknown column"):
+        R.aggregate(by='colour')
+    with pytest.raises(R.ResultsDBError, match="no final metric 'val/psnr'"):
+        R.aggregate('val/psnr')
+    assert main(['results', '--aggregate', '--model', '[ot]*']) == 0
+    cap = capsys.readouterr()
+    assert 'three' in cap.out and 'IQM 95% CI' in cap.out and 'stratified bootstrap' in cap.out
+    assert 'too few runs' in cap.err
+    assert main(['results', '--aggregate', '--model', 'three', '--format', 'csv']) == 0
+    assert capsys.readouterr().out.startswith('model,n_tasks,n_runs,runs_per_task,iqm,iqm_low,iqm_high')
+    assert main(['results', '--aggregate']) == 2                              # no common task: one-line error
+    assert 'no task in common' in capsys.readouterr().err
 
 
 def test_cli_results_formats_and_plot(fixture_db, tmp_path, capsys):
