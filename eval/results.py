@@ -59,6 +59,9 @@ STALE_MIN = _dt.timedelta(minutes=2)
 STALE_AFTER = _dt.timedelta(hours=24)
 
 
+_PG_MIGRATION_LOCK = 0x7A6F6F5343       # PostgreSQL advisory lock key of schema migrations ('zooSC')
+
+
 class ResultsDBError(ValueError):
     """The results database cannot be used as asked (bad file, newer schema, unreachable server, bad query).
     A ValueError, so the CLI reports it as a one-line error."""
@@ -322,6 +325,10 @@ class ResultsDB:
         from alembic.operations import Operations
 
         with self.write() as conn:
+            if conn.dialect.name == 'postgresql':
+                # Processes opening a fresh server database together would race to create the tables
+                # (SQLite serialises them with BEGIN IMMEDIATE): one migrates, the others wait, then see it done.
+                conn.execute(sa.text('SELECT pg_advisory_xact_lock(:k)'), {'k': _PG_MIGRATION_LOCK})
             has = sa.inspect(conn).has_table('zoo_schema')
             version = conn.execute(sa.select(schema_table.c.version)).scalar() if has else 0
             version = version or 0
