@@ -273,7 +273,7 @@ class ResultsDB:
         except sa_exc.DatabaseError as e:
             self.engine.dispose()
             orig = getattr(e, 'orig', e)
-            if self._sqlite and 'not a database' in str(orig):
+            if self._sqlite and any(m in str(orig) for m in ('not a database', 'malformed')):
                 raise ResultsDBError(f'{path} is not a SQLite database (or it is corrupt); it was left untouched. '
                                      'Point ZOO_DB/--db at another file.') from e
             raise ResultsDBError(f'cannot open results database {self._safe_url()}: {orig}') from e

@@ -358,6 +358,10 @@ def run_sweep(path: str | os.PathLike, n_trials: int | None = None, n_jobs: int 
     """Create or resume the study and run trials until it holds ``n_trials`` (default: the file's N_TRIALS)."""
     import optuna
 
+    if n_jobs < 1:
+        raise SweepError(f'--n-jobs must be at least 1 (worker processes on the study); got {n_jobs}')
+    if n_trials is not None and n_trials < 1:
+        raise SweepError(f'--n-trials must be at least 1 (the number of trials the study should hold); got {n_trials}')
     sweep = load_sweep(path)
     study_name = study_name or sweep.path.stem
     seed = seed if seed is not None else getattr(sweep.module, 'SEED', None)

@@ -118,6 +118,19 @@ def test_a_file_that_is_not_a_database_is_a_clear_error_and_kept(zoo_db):
     assert main(['results', '--db', str(zoo_db)]) == 2
 
 
+def test_a_corrupt_database_file_is_a_clear_error_and_kept(zoo_db):
+    db = R.ResultsDB(str(zoo_db))
+    _run(db)
+    db.close()
+    data = bytearray(zoo_db.read_bytes())
+    data[120:400] = bytes(range(256)) + bytes(24)          # the schema page, overwritten past the 100-byte header
+    data[4096:8192] = b'\xff' * 4096
+    zoo_db.write_bytes(bytes(data))
+    with pytest.raises(R.ResultsDBError, match='not a SQLite database \\(or it is corrupt\\).*left untouched'):
+        R.ResultsDB(str(zoo_db))
+    assert zoo_db.read_bytes() == bytes(data)
+
+
 def test_an_unreachable_server_is_a_clear_error():
     with pytest.raises(R.ResultsDBError, match='cannot open results database'):
         R.ResultsDB('postgresql+psycopg://zoo:secret@127.0.0.1:9/zoo?connect_timeout=2')
@@ -553,6 +566,7 @@ def test_compare_notebook_runs_top_to_bottom(fixture_db, capsys):
     assert 'classification / digits: 4 models ranked by val/acc1' in out
     assert "Pareto front: ['fast', 'mid', 'slow_good']" in out
     assert ns['board'].model.tolist()[0] == 'slow_good' and len(ns['seeds']) == 3 + 4 + 1 + 2
+    assert ns['agg'].model.tolist()[0] == 'slow_good' and '| slow_good |' in out     # the across-tasks table
     plt.close('all')
 
 

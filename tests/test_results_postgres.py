@@ -12,6 +12,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import warnings
 from pathlib import Path
 
 import pytest
@@ -27,12 +28,14 @@ FAST = '--trainer.max_epochs=1 --trainer.limit_train_batches=1 --trainer.limit_v
 
 @pytest.fixture(scope='module')
 def pg_server():
-    import pgserver         # not skipped when missing: the test extra installs it, and CI must run these tests
+    with warnings.catch_warnings():     # platformdirs: "XDG_RUNTIME_DIR is not set" (it uses /tmp/runtime-<uid>)
+        warnings.simplefilter('ignore')
+        import pgserver     # not skipped when missing: the test extra installs it, and CI must run these tests
 
-    # Not under pytest's basetemp: pytest keeps that private (mode 0700, re-applied by every session),
-    # and the server's own user must reach its data directory.
-    root = Path(tempfile.mkdtemp(prefix='zoo-pg-'))
-    srv = pgserver.get_server(root / 'data', cleanup_mode='delete')
+        # Not under pytest's basetemp: pytest keeps that private (mode 0700, re-applied by every session),
+        # and the server's own user must reach its data directory.
+        root = Path(tempfile.mkdtemp(prefix='zoo-pg-'))
+        srv = pgserver.get_server(root / 'data', cleanup_mode='delete')
     yield srv
     srv.cleanup()
     shutil.rmtree(root, ignore_errors=True)

@@ -224,3 +224,8 @@ def test_bad_sweep_files_are_clear_errors(tmp_path, capsys):
     bad.write_text('BASE = "missing.yaml"\ndef space(t):\n    return {}\n')
     assert main(['sweep', str(bad)]) == 2
     assert 'base recipe missing.yaml not found' in capsys.readouterr().err
+    good = SWEEPS[0]
+    assert main(['sweep', str(good), '--n-jobs', '0']) == 2
+    assert '--n-jobs must be at least 1' in capsys.readouterr().err
+    assert main(['sweep', str(good), '--n-trials', '-3']) == 2
+    assert '--n-trials must be at least 1' in capsys.readouterr().err
