@@ -43,12 +43,23 @@ from sqlalchemy import event, exc as sa_exc
 
 from .profile import fingerprint  # noqa: F401  (re-exported: part of the results API)
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 DEFAULT_PATH = 'zoo-results.db'
 STATUSES = ('running', 'finished', 'failed', 'pruned', 'crashed')
 DISABLED = ('none', 'off', '0', 'false', '')
-# A run on another host that has not written for this long is presumed dead (its pid cannot be checked).
+# Crash detection. On the run's own host its pid is checked. Elsewhere (a shared server, a shared file)
+# the heartbeat decides: the recording callback refreshes ``heartbeat_at`` every ``heartbeat_s`` seconds
+# (``$ZOO_HEARTBEAT_S``, default 60) from a background thread, and a run whose heartbeat is older than
+# STALE_BEATS intervals (at least STALE_MIN, which also absorbs clock skew between hosts) is crashed.
+# Runs without a heartbeat interval (written before schema 3, or by hand) fall back to STALE_AFTER.
+HEARTBEAT_ENV = 'ZOO_HEARTBEAT_S'
+DEFAULT_HEARTBEAT_S = 60.0
+STALE_BEATS = 5
+STALE_MIN = _dt.timedelta(minutes=2)
 STALE_AFTER = _dt.timedelta(hours=24)
+
+
+_PG_MIGRATION_LOCK = 0x7A6F6F5343       # PostgreSQL advisory lock key of schema migrations ('zooSC')
 
 
 class ResultsDBError(ValueError):
@@ -100,6 +111,8 @@ runs_table = sa.Table(
     sa.Column('macs', sa.BigInteger),
     sa.Column('study_name', sa.String(200), index=True),
     sa.Column('trial_number', sa.Integer),
+    # v3
+    sa.Column('heartbeat_s', sa.Float),                       # the writer's heartbeat interval (crash detection)
 )
 
 metrics_table = sa.Table(
@@ -161,12 +174,12 @@ def _col(table: sa.Table, name: str) -> sa.Column:
 
 def _v1(op) -> None:
     """Version 1: runs, metrics and latency, without fingerprints or sweep links."""
-    v2 = {'zoo_runs': {'arch_fingerprint', 'params', 'macs', 'study_name', 'trial_number'},
-          'zoo_latency': {'arch_fingerprint'}, 'zoo_metrics': set()}
+    later = {'zoo_runs': {'arch_fingerprint', 'params', 'macs', 'study_name', 'trial_number', 'heartbeat_s'},
+             'zoo_latency': {'arch_fingerprint'}, 'zoo_metrics': set()}
     fks = {'zoo_runs': [], 'zoo_metrics': [sa.ForeignKeyConstraint(['run_id'], ['zoo_runs.id'], ondelete='CASCADE')],
            'zoo_latency': [sa.ForeignKeyConstraint(['run_id'], ['zoo_runs.id'], ondelete='SET NULL')]}
     for table in (runs_table, metrics_table, latency_table):
-        op.create_table(table.name, *[_col(table, c.name) for c in table.columns if c.name not in v2[table.name]],
+        op.create_table(table.name, *[_col(table, c.name) for c in table.columns if c.name not in later[table.name]],
                         *fks[table.name])
     for table, col in (('zoo_runs', 'model'), ('zoo_runs', 'task'), ('zoo_runs', 'dataset'), ('zoo_runs', 'status'),
                        ('zoo_runs', 'config_key'), ('zoo_metrics', 'run_id'), ('zoo_latency', 'run_id'),
@@ -185,7 +198,12 @@ def _v2(op) -> None:
     op.create_table('zoo_architectures', *[_col(architectures_table, c.name) for c in architectures_table.columns])
 
 
-MIGRATIONS = [_v1, _v2]          # MIGRATIONS[i] takes the schema from version i to version i + 1
+def _v3(op) -> None:
+    """Version 3: the heartbeat interval of a run, so other hosts can tell a dead run in minutes, not a day."""
+    op.add_column('zoo_runs', _col(runs_table, 'heartbeat_s'))
+
+
+MIGRATIONS = [_v1, _v2, _v3]          # MIGRATIONS[i] takes the schema from version i to version i + 1
 assert len(MIGRATIONS) == SCHEMA_VERSION
 
 
@@ -255,7 +273,7 @@ class ResultsDB:
         except sa_exc.DatabaseError as e:
             self.engine.dispose()
             orig = getattr(e, 'orig', e)
-            if self._sqlite and 'not a database' in str(orig):
+            if self._sqlite and any(m in str(orig) for m in ('not a database', 'malformed')):
                 raise ResultsDBError(f'{path} is not a SQLite database (or it is corrupt); it was left untouched. '
                                      'Point ZOO_DB/--db at another file.') from e
             raise ResultsDBError(f'cannot open results database {self._safe_url()}: {orig}') from e
@@ -307,6 +325,10 @@ class ResultsDB:
         from alembic.operations import Operations
 
         with self.write() as conn:
+            if conn.dialect.name == 'postgresql':
+                # Processes opening a fresh server database together would race to create the tables
+                # (SQLite serialises them with BEGIN IMMEDIATE): one migrates, the others wait, then see it done.
+                conn.execute(sa.text('SELECT pg_advisory_xact_lock(:k)'), {'k': _PG_MIGRATION_LOCK})
             has = sa.inspect(conn).has_table('zoo_schema')
             version = conn.execute(sa.select(schema_table.c.version)).scalar() if has else 0
             version = version or 0
@@ -377,19 +399,48 @@ class ResultsDB:
                 status=status, error=error, ended_at=now, heartbeat_at=now,
                 wall_s=(now - started).total_seconds()))
 
+    def heartbeat(self, run_id: int) -> bool:
+        """Refresh a running run's ``heartbeat_at``; False once the run is no longer ``running``."""
+        with self.write() as conn:
+            return conn.execute(runs_table.update().where(runs_table.c.id == run_id, runs_table.c.status == 'running')
+                                .values(heartbeat_at=_now())).rowcount > 0
+
+    def start_heartbeat(self, run_id: int, interval_s: float | None = None) -> 'Heartbeat':
+        """Record ``interval_s`` on the run and refresh its heartbeat from a daemon thread until stopped."""
+        if interval_s is None:
+            raw = os.environ.get(HEARTBEAT_ENV, DEFAULT_HEARTBEAT_S)
+            try:
+                interval_s = float(raw)
+            except ValueError:
+                raise ResultsDBError(f'{HEARTBEAT_ENV} must be a positive number of seconds; got {raw!r}') from None
+        if not interval_s > 0:
+            raise ResultsDBError(f'{HEARTBEAT_ENV} must be a positive number of seconds; got {interval_s}')
+        self.update_run(run_id, heartbeat_s=float(interval_s), heartbeat_at=_now())
+        return Heartbeat(self, run_id, float(interval_s))
+
+    @staticmethod
+    def stale_after(heartbeat_s: float | None) -> _dt.timedelta:
+        """How old a heartbeat written every ``heartbeat_s`` seconds may be before its run is presumed dead."""
+        if heartbeat_s is None or heartbeat_s != heartbeat_s:
+            return STALE_AFTER
+        return max(STALE_MIN, _dt.timedelta(seconds=STALE_BEATS * heartbeat_s))
+
     def mark_crashed(self) -> int:
         """Mark ``running`` runs whose process is gone as ``crashed``; returns how many.
 
-        On this host the pid (and its start time) is checked; a run from another host is presumed dead
-        when its heartbeat is older than ``STALE_AFTER``."""
+        On this host the pid (and its start time) is checked. A run from another host is presumed dead
+        when its heartbeat is older than ``stale_after(heartbeat_s)``: 5 intervals, at least 2 minutes
+        (5 minutes with the default 60 s interval), or 24 h for runs that record no interval."""
         host, now = socket.gethostname(), _now()
         with self.read() as conn:
             running = conn.execute(sa.select(runs_table.c.id, runs_table.c.host, runs_table.c.pid,
-                                             runs_table.c.proc_start, runs_table.c.heartbeat_at)
+                                             runs_table.c.proc_start, runs_table.c.heartbeat_at,
+                                             runs_table.c.heartbeat_s)
                                    .where(runs_table.c.status == 'running')).all()
         dead = [r.id for r in running
                 if (r.host == host and r.pid is not None and not _pid_alive(r.pid, r.proc_start))
-                or (r.host != host and r.heartbeat_at is not None and now - r.heartbeat_at > STALE_AFTER)]
+                or ((r.host != host or r.pid is None) and r.heartbeat_at is not None
+                    and now - r.heartbeat_at > self.stale_after(r.heartbeat_s))]
         if dead:
             with self.write() as conn:
                 conn.execute(runs_table.update().where(runs_table.c.id.in_(dead), runs_table.c.status == 'running')
@@ -438,8 +489,8 @@ class ResultsDB:
         import pandas as pd
 
         q = sa.select(runs_table)
-        q = _filter(q, runs_table, model, filters)
         with self.read() as conn:
+            q = _filter(q, runs_table, _expand_glob(conn, runs_table, model), filters)
             df = pd.read_sql(q.order_by(runs_table.c.id), conn)
             fm = pd.read_sql(sa.select(metrics_table.c.run_id, metrics_table.c.name, metrics_table.c.value)
                              .where(metrics_table.c.final), conn)
@@ -468,8 +519,8 @@ class ResultsDB:
         """Latency rows as a DataFrame (``model`` is a glob pattern; other keywords filter by equality)."""
         import pandas as pd
 
-        q = _filter(sa.select(latency_table), latency_table, model, filters)
         with self.read() as conn:
+            q = _filter(sa.select(latency_table), latency_table, _expand_glob(conn, latency_table, model), filters)
             df = pd.read_sql(q.order_by(latency_table.c.id), conn)
         return _select_columns(df, columns)
 
@@ -515,13 +566,23 @@ def _filter(q, table, model: str | None, filters: dict):
         if k not in cols:
             raise ResultsDBError(f'unknown column {k!r} for {table.name}; known: {", ".join(cols.keys())}')
         q = q.where(cols[k].in_(list(v)) if isinstance(v, (list, tuple, set)) else cols[k] == v)
-    if model:
-        if any(ch in model for ch in '*?['):
+    if isinstance(model, list):          # a bracket pattern, already expanded to the names it matches
+        q = q.where(cols.model.in_(model))
+    elif model:
+        if any(ch in model for ch in '*?'):
             like = model.replace('%', r'\%').replace('_', r'\_').replace('*', '%').replace('?', '_')
             q = q.where(cols.model.like(like, escape='\\'))
         else:
             q = q.where(cols.model == model)
     return q
+
+
+def _expand_glob(conn, table, model):
+    """A glob with a character class ('[ab]*') has no SQL LIKE equivalent: match the stored names here."""
+    if not model or '[' not in model:
+        return model
+    names = conn.execute(sa.select(table.c.model).distinct()).scalars()
+    return [m for m in names if fnmatch.fnmatchcase(m, model)]
 
 
 def _select_columns(df, columns):
@@ -587,6 +648,32 @@ def _cpu_name() -> str:
     return platform.processor() or platform.machine()
 
 
+class Heartbeat:
+    """A daemon thread that refreshes one run's heartbeat every ``interval_s`` seconds (a thread rather than
+    a training hook, so a long epoch, a slow validation or a compile keeps the run alive too)."""
+
+    def __init__(self, store: ResultsDB, run_id: int, interval_s: float):
+        self.store, self.run_id, self.interval_s = store, run_id, interval_s
+        self.beats = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name=f'zoo-heartbeat-{run_id}', daemon=True)
+        self._thread.start()
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            try:
+                if not self.store.heartbeat(self.run_id):
+                    return                      # the run has ended
+                self.beats += 1
+            except sa_exc.SQLAlchemyError:      # a busy or briefly unreachable server: try again next beat
+                continue
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not threading.current_thread():
+            self._thread.join(timeout=10)
+
+
 # --------------------------------------------------------------------------------------------- module-level API
 _DBS: dict[str, ResultsDB] = {}
 _LOCK = threading.Lock()
@@ -643,6 +730,153 @@ def iqm(values) -> float:
     x = np.asarray(values, dtype=float)
     x = x[~np.isnan(x)]
     return float(trim_mean(x, 0.25)) if len(x) else float('nan')
+
+
+def _iqm_rows(x):
+    """IQM along the last axis: the mean of the middle 50 % of the scores (25 % trimmed each side)."""
+    from scipy.stats import trim_mean
+    return trim_mean(x, 0.25, axis=-1)
+
+
+AGGREGATE_STATISTICS = {'iqm': _iqm_rows, 'mean': lambda x: x.mean(axis=-1)}
+
+
+def stratified_bootstrap(strata, statistic, n_boot: int = 2000, level: float = 0.95, seed: int = 0):
+    """Percentile interval of ``statistic`` over the pooled scores of several strata (tasks), resampling
+    the runs of each stratum independently, so every replicate keeps each task's number of runs
+    (Agarwal et al. 2021, "Deep Reinforcement Learning at the Edge of the Statistical Precipice";
+    google-research/rliable). ``statistic`` maps an (n_boot, n_runs) array to n_boot values.
+    Returns (low, high); NaN when a stratum has fewer than two runs (nothing to resample)."""
+    import numpy as np
+
+    strata = [np.asarray(x, dtype=float) for x in strata]
+    if not strata or any(len(x) < 2 for x in strata):
+        return float('nan'), float('nan')
+    rng = np.random.default_rng(seed)
+    # (n_boot, n_i) per stratum, drawn within it only, then side by side: (n_boot, sum n_i)
+    sample = np.concatenate([x[rng.integers(0, len(x), size=(n_boot, len(x)))] for x in strata], axis=1)
+    reps = statistic(sample)
+    a = (1 - level) / 2
+    return float(np.quantile(reps, a)), float(np.quantile(reps, 1 - a))
+
+
+AGGREGATE_COLUMNS = ['model', 'n_tasks', 'n_runs', 'runs_per_task', 'iqm', 'iqm_low', 'iqm_high', 'mean',
+                     'mean_low', 'mean_high', 'note']
+
+
+def aggregate(metric: str = 'val/acc1', *, db=None, model: str | None = None, task: str | None = None,
+              dataset: str | None = None, by: tuple[str, ...] = ('task', 'dataset'), configs: str = 'best',
+              common: bool = True, normalize: dict | None = None, higher_is_better: bool | None = None,
+              n_boot: int = 2000, level: float = 0.95, seed: int = 0):
+    """Compare models over several tasks and seeds: interquartile mean and mean of the final ``metric``
+    with stratified-bootstrap confidence intervals (Agarwal et al. 2021), one row per model.
+
+    A task (stratum) is a distinct value of the ``by`` columns of the finished runs, by default each
+    (task, dataset). For every model and task the runs of its best configuration (``configs='best'``, the
+    one the leaderboard shows: highest mean over seeds) or all its runs (``configs='all'``) are the
+    samples. IQM and mean pool the scores of all tasks (a task with more runs weighs more); the interval
+    resamples runs within each task independently. ``common=True`` keeps only the tasks every compared
+    model has, so the numbers are comparable. Scores of different tasks must share a scale: pass
+    ``normalize={'digits': (0.1, 1.0), ...}`` (stratum label -> (low, high), e.g. chance and perfect
+    accuracy) to map each task to [0, 1]. A model with fewer than two runs in some task gets no
+    interval (NaN) and says so in ``note``. Returns a DataFrame sorted best first."""
+    import numpy as np
+    import pandas as pd
+
+    by = (by,) if isinstance(by, str) else tuple(by)
+    if configs not in ('best', 'all'):
+        raise ResultsDBError(f"configs must be 'best' or 'all'; got {configs!r}")
+    store = open_db(db)
+    higher = not _lower_is_better(metric) if higher_is_better is None else higher_is_better
+    df = store.runs(model=model, task=task, dataset=dataset, status='finished')
+    unknown = [c for c in by if c not in runs_table.c]
+    if unknown:
+        raise ResultsDBError(f'unknown column(s) {unknown} to stratify by; known: {", ".join(runs_table.c.keys())}')
+    out = pd.DataFrame(columns=AGGREGATE_COLUMNS)
+    out.attrs.update(metric=metric, higher_is_better=higher, tasks=[])
+    if df.empty or metric not in df.columns:
+        known = sorted(c for c in df.columns if '/' in str(c))
+        if not df.empty and known:
+            raise ResultsDBError(f'no final metric {metric!r} among the finished runs; recorded: {", ".join(known)}')
+        return out
+    df = df[df[metric].notna()].copy()
+    df['_task'] = df[list(by)].astype(str).agg('/'.join, axis=1)
+    if normalize:
+        missing = sorted(set(df._task) - set(normalize))
+        if missing:
+            raise ResultsDBError(f'normalize has no (low, high) for task(s) {missing}; tasks: {sorted(set(df._task))}')
+        lo = df._task.map(lambda t: float(normalize[t][0]))
+        hi = df._task.map(lambda t: float(normalize[t][1]))
+        df[metric] = (df[metric] - lo) / (hi - lo)
+    if configs == 'best':     # per model and task, the runs of the configuration with the best mean
+        means = df.groupby(['model', '_task', 'config_key'], dropna=False)[metric].mean().reset_index()
+        best = means.sort_values(metric, ascending=not higher, kind='stable').drop_duplicates(['model', '_task'])
+        df = df.merge(best[['model', '_task', 'config_key']], on=['model', '_task', 'config_key'])
+    tasks = {m: set(g._task) for m, g in df.groupby('model')}
+    shared = set.intersection(*tasks.values()) if common else set().union(*tasks.values())
+    if not shared:
+        raise ResultsDBError('the models have no task in common: ' + '; '.join(
+            f'{m}: {", ".join(sorted(t))}' for m, t in sorted(tasks.items())) + ' (pass common=False to aggregate '
+            'each model over its own tasks, or filter with model=/task=/dataset=)')
+    rows = []
+    for name, g in df[df._task.isin(shared)].groupby('model', sort=False):
+        strata = [t[metric].to_numpy(dtype=float) for _, t in g.groupby('_task', sort=True)]
+        pooled = np.concatenate(strata)
+        counts = [len(x) for x in strata]
+        row = dict(model=name, n_tasks=len(strata), n_runs=len(pooled),
+                   runs_per_task=str(counts[0]) if min(counts) == max(counts) else f'{min(counts)}-{max(counts)}',
+                   note='')
+        for stat, fn in AGGREGATE_STATISTICS.items():
+            row[stat] = float(fn(pooled))
+            row[f'{stat}_low'], row[f'{stat}_high'] = stratified_bootstrap(strata, fn, n_boot, level, seed)
+        if min(counts) < 2:
+            row['note'] = (f'no interval: {sum(c < 2 for c in counts)} of {len(counts)} task(s) have a single run '
+                           '(run more seeds, e.g. zoo fit --seeds 0,1,2)')
+        elif len(pooled) < 4:
+            row['note'] = 'IQM of fewer than 4 runs trims nothing (it equals the mean)'
+        rows.append(row)
+    out = pd.DataFrame(rows, columns=AGGREGATE_COLUMNS).sort_values('iqm', ascending=not higher, kind='stable')
+    out = out.reset_index(drop=True)
+    out.attrs.update(metric=metric, higher_is_better=higher, tasks=sorted(shared), level=level)
+    return out
+
+
+def format_aggregate(agg, fmt: str = 'table') -> str:
+    """The ``aggregate`` table as text: 'table' (rich), 'markdown', 'csv' or 'json'."""
+    if fmt == 'csv':
+        return agg.to_csv(index=False)
+    if fmt == 'json':
+        return agg.to_json(orient='records', indent=2)
+    if fmt not in ('table', 'markdown'):
+        raise ResultsDBError(f'unknown format {fmt!r}; expected table, csv, json or markdown')
+    if agg.empty:
+        return '(no finished runs with this metric)'
+
+    def ci(lo, hi):
+        return '' if lo != lo else f'[{lo:.4f}, {hi:.4f}]'
+
+    pct = f"{round(100 * agg.attrs.get('level', 0.95))}%"
+    rows = [{'model': r.model, 'tasks': r.n_tasks, 'runs': r.n_runs, 'runs/task': r.runs_per_task,
+             'IQM': f'{r.iqm:.4f}', f'IQM {pct} CI': ci(r.iqm_low, r.iqm_high), 'mean': f'{r.mean:.4f}',
+             f'mean {pct} CI': ci(r.mean_low, r.mean_high), 'note': r.note} for r in agg.itertuples()]
+    import pandas as pd
+    if fmt == 'markdown':
+        return pd.DataFrame(rows).to_markdown(index=False)
+    import io
+
+    from rich.console import Console
+    from rich.table import Table
+
+    tasks = agg.attrs.get('tasks') or []
+    table = Table(title=f"{agg.attrs.get('metric')} over {len(tasks)} task(s): {', '.join(tasks)} "
+                        f'(stratified bootstrap, Agarwal et al. 2021)')
+    for c in rows[0]:
+        table.add_column(c, justify='left' if c in ('model', 'note') else 'right')
+    for r in rows:
+        table.add_row(*[str(v) for v in r.values()])
+    buf = io.StringIO()
+    Console(file=buf, width=200, force_terminal=False).print(table)
+    return buf.getvalue()
 
 
 def _lower_is_better(metric: str) -> bool:

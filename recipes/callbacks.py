@@ -3,9 +3,11 @@
 ``ResultsCallback`` records a run in the results database (``zoo.eval.results``): the run row when
 fit / validate / test starts, metrics per epoch and at the end, the final status (``finished``,
 ``failed`` on an exception, ``pruned`` when an Optuna pruner stops it) and, after training, the
-model's batch-1 CPU latency with its parameters, MACs and architecture fingerprint. A run killed
-outright stays ``running`` with its host and pid, and the next process that opens the store marks it
-``crashed``. Only global rank 0 writes.
+model's batch-1 CPU latency with its parameters, MACs and architecture fingerprint. While the run lasts,
+a heartbeat thread refreshes its ``heartbeat_at`` every ``$ZOO_HEARTBEAT_S`` seconds (default 60). A run
+killed outright stays ``running`` with its host and pid, and the next process that opens the store marks
+it ``crashed``: at once on the same host (its pid is gone), within 5 heartbeat intervals elsewhere.
+Only global rank 0 writes.
 """
 from __future__ import annotations
 
@@ -68,6 +70,8 @@ class ResultsCallback(Callback):
         self._store = None
         self._stage: str | None = None
         self._closed = False
+        self._heartbeat = None
+        self.heartbeats = 0
 
     # ------------------------------------------------------------------------------------------ run row
     def setup(self, trainer, pl_module, stage: str) -> None:
@@ -87,9 +91,18 @@ class ResultsCallback(Callback):
             self.run_id = self._store.start_run(**fields)
         if self._trial is not None:
             self._trial.run_id, self._trial.claimed = self.run_id, True
+        self._stop_heartbeat()
+        self._heartbeat = self._store.start_heartbeat(self.run_id)
+
+    def _stop_heartbeat(self) -> None:
+        if self._heartbeat is not None:
+            self._heartbeat.stop()
+            self.heartbeats = self._heartbeat.beats        # how many the thread wrote (for the tests)
+            self._heartbeat = None
 
     def _close(self, status: str, error: str | None = None, metrics: dict | None = None) -> None:
         self._closed = True
+        self._stop_heartbeat()
         self._store.finish_run(self.run_id, status, error=error)
         if self._trial is not None:
             self._trial.status, self._trial.error = status, error

@@ -210,8 +210,10 @@ def _check_config_paths(argv: list[str]) -> str | None:
     return None
 
 
-def run_lightning_cli(argv: list[str]) -> int:
-    """Run ``zoo <fit|validate|test|predict> ...``; return a process exit code (2 for bad input)."""
+def run_lightning_cli(argv: list[str], raise_errors: bool = False) -> int:
+    """Run ``zoo <fit|validate|test|predict> ...``; return a process exit code (2 for bad input).
+    ``raise_errors``: raise a rejected configuration's error instead of printing it (``zoo sweep``
+    stores it in the trial's run row)."""
     argv = list(argv)
     command = argv[0] if argv else 'fit'
     problem = _check_config_paths(argv)
@@ -224,10 +226,13 @@ def run_lightning_cli(argv: list[str]) -> int:
             warnings.filterwarnings('ignore', message=".*litlogger")
             ZooCLI(model_class=LightningModule, datamodule_class=LightningDataModule, subclass_mode_model=True,
                    subclass_mode_data=True, args=argv, auto_configure_optimizers=False,
-                   save_config_kwargs={'overwrite': False}, parser_kwargs={'prog': 'zoo'})
+                   save_config_kwargs={'overwrite': False},
+                   parser_kwargs={'prog': 'zoo', **({'exit_on_error': False} if raise_errors else {})})
     except SystemExit as e:  # argparse/jsonargparse: --help, --print_config, or a parse error already printed
         return e.code if isinstance(e.code, int) else (0 if e.code is None else 2)
     except _usage_errors() as e:
+        if raise_errors:
+            raise
         msg = e.args[0] if isinstance(e, KeyError) and e.args else e
         print(f'zoo {command}: error: {msg}', file=sys.stderr)
         return 2

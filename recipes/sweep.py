@@ -16,7 +16,11 @@ for every trial), ``SEED``.
 Storage is the results database URL itself (Optuna's tables beside ``zoo_*``), so ``--study-name``
 resumes a study after a crash or kill (``load_if_exists``), and every trial is also a run row with
 ``study_name`` and ``trial_number``. ``--n-trials N`` is the number of trials the study should hold
-when done (complete + pruned + failed), so re-running the same command resumes instead of adding N more.
+when done (complete + pruned + failed, running ones included), so re-running the same command resumes
+instead of adding N more. The count is exact with ``--n-jobs`` and several processes: the storage
+creates a trial only under a lock and only while the study is short of N (``CappedRDBStorage``). A trial
+whose worker was killed (its run row ``crashed``) is failed in Optuna and does not count: the resumed
+sweep replaces it.
 
 Single-objective studies prune with optuna-integration's ``PyTorchLightningPruningCallback``
 (``MedianPruner`` by default). Multi-objective studies (the second objective is the trained model's
@@ -31,6 +35,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import functools
 import importlib.util
 import json
 import os
@@ -107,11 +112,65 @@ def load_sweep(path: str | os.PathLike) -> Sweep:
                  n_trials=int(getattr(mod, 'N_TRIALS', 10)), module=mod)
 
 
+class StudyFull(Exception):
+    """Raised instead of creating a trial once the study holds its ``--n-trials``: ends ``study.optimize``."""
+
+
+def counted_trials(trials, crashed_numbers) -> int:
+    """How many trials count towards ``--n-trials``: every trial, running ones included, except those of a
+    killed worker (their run row is ``crashed``), which a resumed sweep replaces."""
+    return sum(t.number not in crashed_numbers for t in trials)
+
+
+@functools.lru_cache(maxsize=None)
+def _capped_storage_class():
+    import optuna
+    from optuna.trial import TrialState
+
+    class CappedRDBStorage(optuna.storages.RDBStorage):
+        """Optuna's RDB storage that refuses to create a trial beyond the study's target.
+
+        ``MaxTrialsCallback`` checks the count after a trial ends, so N workers that finish together each
+        start one more (up to N - 1 too many). Here the count and the creation happen under one lock
+        shared by every worker (a file lock beside a SQLite file, an advisory lock on PostgreSQL), so the
+        total is exact. Before counting, trials whose run row is ``crashed`` (a killed worker) are failed,
+        and they do not count: the sweep replaces them."""
+
+        cap: dict = {}                 # study name -> target, set by run_sweep
+
+        # Optuna's cache layer calls ``_create_new_trial`` (``create_new_trial`` goes through it too).
+        def _create_new_trial(self, study_id, template_trial=None):
+            name = self.get_study_name_from_id(study_id)
+            target = self.cap.get(name)
+            if target is None:
+                return super()._create_new_trial(study_id, template_trial)
+            with _trial_lock(self.url, self.engine, study_id):
+                crashed = fail_crashed_trials(self, study_id, name, self.url)
+                if counted_trials(self.get_all_trials(study_id, deepcopy=False), crashed) >= target:
+                    raise StudyFull(f'study {name!r} holds its {target} trials')
+                return super()._create_new_trial(study_id, template_trial)
+
+    def fail_crashed_trials(storage, study_id: int, name: str, url: str) -> set[int]:
+        """Trial numbers of the study whose run row is ``crashed``; those still RUNNING in Optuna are
+        failed now (Optuna's own heartbeat would fail them only after its grace period)."""
+        from zoo.eval.results import open_db
+
+        store = open_db(url)
+        store.mark_crashed()
+        rows = store.runs(study_name=name, status='crashed', columns=['trial_number'])
+        crashed = {int(n) for n in rows.trial_number.dropna()}
+        for t in storage.get_all_trials(study_id, deepcopy=False, states=(TrialState.RUNNING,)):
+            if t.number in crashed:
+                storage.set_trial_state_values(t._trial_id, TrialState.FAIL)
+        return crashed
+
+    CappedRDBStorage.fail_crashed_trials = staticmethod(fail_crashed_trials)
+    return CappedRDBStorage
+
+
 def storage(db: str | None = None):
     """Optuna's RDB storage on the results database URL (a long busy timeout for SQLite, heartbeats so a
-    killed worker's trial is failed, not left running forever)."""
-    import optuna
-
+    killed worker's trial is failed, not left running forever), capped at each study's target."""
     from zoo.eval.results import open_db, resolve_url
 
     url = resolve_url(db)
@@ -124,10 +183,10 @@ def storage(db: str | None = None):
     # Workers started together on a fresh database race to create Optuna's tables and stamp its
     # schema version; on a SQLite file they take turns under a file lock, elsewhere the loser retries
     # and opens what the winner made.
-    with _init_lock(url):
+    with _file_lock(url):
         for attempt in range(5):
             try:
-                return optuna.storages.RDBStorage(url, engine_kwargs=kw, heartbeat_interval=30, grace_period=120)
+                return _capped_storage_class()(url, engine_kwargs=kw, heartbeat_interval=30, grace_period=120)
             except sqlalchemy.exc.DBAPIError as e:
                 msg = str(e).lower()
                 if attempt == 4 or not any(k in msg for k in ('already exists', 'unique', 'duplicate')):
@@ -136,20 +195,45 @@ def storage(db: str | None = None):
 
 
 @contextlib.contextmanager
-def _init_lock(url: str):
-    """An exclusive lock beside a SQLite database file while its Optuna schema is set up."""
+def _file_lock(url: str, suffix: str = 'optuna-lock'):
+    """An exclusive lock beside a SQLite database file (nothing for other URLs)."""
     path = url.split(':///', 1)[1] if url.startswith('sqlite:///') else ''
     if not path or path == ':memory:':
         yield
         return
     import fcntl
 
-    with open(f'{path}.optuna-lock', 'w') as f:
+    with open(f'{path}.{suffix}', 'w') as f:
         fcntl.flock(f, fcntl.LOCK_EX)
         try:
             yield
         finally:
             fcntl.flock(f, fcntl.LOCK_UN)
+
+
+@contextlib.contextmanager
+def _trial_lock(url: str, engine, study_id: int):
+    """One worker at a time counts a study's trials and creates the next: a file lock beside a SQLite
+    file, a session advisory lock on PostgreSQL. Other servers get no lock (the cap is then checked but
+    two workers may still both pass it)."""
+    if url.startswith('sqlite'):
+        with _file_lock(url, 'trial-lock'):
+            yield
+        return
+    if engine.dialect.name != 'postgresql':
+        yield
+        return
+    import sqlalchemy as sa
+
+    key = 0x7A6F6F0000 + int(study_id)            # 'zoo' + the study: one lock per study
+    with engine.connect() as conn:
+        conn.execute(sa.text('SELECT pg_advisory_lock(:k)'), {'k': key})
+        conn.commit()
+        try:
+            yield
+        finally:
+            conn.execute(sa.text('SELECT pg_advisory_unlock(:k)'), {'k': key})
+            conn.commit()
 
 
 def _sampler(sweep: Sweep, seed: int | None):
@@ -179,10 +263,18 @@ def _argv(sweep: Sweep, params: dict, extra_args: list[str]) -> list[str]:
     return argv + list(getattr(sweep.module, 'ARGS', [])) + list(extra_args)
 
 
-def _run_cli(argv: list[str]) -> None:
+def _run_cli(argv: list[str], ctx: TrialContext | None = None) -> None:
+    """Run one trial's ``zoo fit``. A configuration rejected before training (a bad value, an unknown
+    model) is raised, not just printed, so the trial's run row keeps the real error."""
     from zoo.recipes.cli import run_lightning_cli
 
-    rc = run_lightning_cli(argv)
+    try:
+        rc = run_lightning_cli(argv, raise_errors=True)
+    except Exception as e:
+        msg = f'{type(e).__name__}: {e.args[0] if isinstance(e, KeyError) and e.args else e}'
+        if ctx is not None and ctx.status is None:
+            ctx.error = msg
+        raise SweepError(f'zoo {" ".join(argv)}: {msg}') from e
     if rc not in (None, 0):
         raise SweepError(f'zoo {" ".join(argv)} exited with status {rc}')
 
@@ -210,7 +302,7 @@ def _fail_unstarted(ctx: TrialContext) -> None:
     from zoo.eval.results import open_db
 
     ctx.status = 'failed'
-    ctx.error = ctx.error or 'the run stopped before training started (its configuration was rejected; see the log)'
+    ctx.error = ctx.error or 'the run stopped before training started (no error was raised; see the log)'
     open_db(ctx.db).finish_run(ctx.run_id, 'failed', error=ctx.error)
 
 
@@ -230,7 +322,7 @@ def make_objective(sweep: Sweep, study_name: str, extra_args: list[str], db_url:
         trial.set_user_attr('zoo_run_id', ctx.run_id)
         token = CURRENT_TRIAL.set(ctx)
         try:
-            _run_cli(_argv(sweep, params, extra_args))
+            _run_cli(_argv(sweep, params, extra_args), ctx)
         except optuna.TrialPruned:
             raise
         except BaseException as e:
@@ -265,8 +357,11 @@ def run_sweep(path: str | os.PathLike, n_trials: int | None = None, n_jobs: int 
               seed: int | None = None):
     """Create or resume the study and run trials until it holds ``n_trials`` (default: the file's N_TRIALS)."""
     import optuna
-    from optuna.trial import TrialState
 
+    if n_jobs < 1:
+        raise SweepError(f'--n-jobs must be at least 1 (worker processes on the study); got {n_jobs}')
+    if n_trials is not None and n_trials < 1:
+        raise SweepError(f'--n-trials must be at least 1 (the number of trials the study should hold); got {n_trials}')
     sweep = load_sweep(path)
     study_name = study_name or sweep.path.stem
     seed = seed if seed is not None else getattr(sweep.module, 'SEED', None)
@@ -284,17 +379,19 @@ def run_sweep(path: str | os.PathLike, n_trials: int | None = None, n_jobs: int 
     study.set_user_attr('sweep_file', sweep.path.name)
     optuna.storages.fail_stale_trials(study)            # trials of a killed worker: failed, not running forever
     target = n_trials if n_trials is not None else sweep.n_trials
-    done_states = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)
-    remaining = target - len(study.get_trials(deepcopy=False, states=done_states))
+    st.cap[study_name] = target
+    crashed = st.fail_crashed_trials(st, st.get_study_id_from_name(study_name), study_name, st.url)
+    remaining = target - counted_trials(study.get_trials(deepcopy=False), crashed)
     if remaining > 0:
         # --n-jobs N: N - 1 more worker processes on the same study (not threads: Lightning, seeding and
-        # jsonargparse's directory changes are process-global), each stopping when the study is full.
+        # jsonargparse's directory changes are process-global). The storage refuses a trial beyond the
+        # target (StudyFull), so the workers together run exactly the missing trials.
         workers = [_spawn_worker(path, target, study_name, st.url, timeout, extra_args, seed, i)
                    for i in range(1, min(n_jobs, remaining))]
         try:
-            study.optimize(make_objective(sweep, study_name, extra_args or [], st.url), n_trials=remaining,
-                           timeout=timeout, catch=(SweepError, RuntimeError, ValueError),
-                           callbacks=[optuna.study.MaxTrialsCallback(target, states=done_states)])
+            with contextlib.suppress(StudyFull):
+                study.optimize(make_objective(sweep, study_name, extra_args or [], st.url), n_trials=remaining,
+                               timeout=timeout, catch=(SweepError, RuntimeError, ValueError))
         finally:
             codes = [w.wait() for w in workers]
         if any(codes):

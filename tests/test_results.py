@@ -8,6 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 import sqlalchemy as sa
 import torch
@@ -56,27 +57,43 @@ def test_fresh_schema_equals_the_declared_tables(zoo_db, tmp_path):
     assert _describe(db.engine) == _describe(reference)     # the migration path builds exactly the declared schema
 
 
-def test_a_version_1_file_is_migrated_and_keeps_its_rows(zoo_db):
+@pytest.mark.parametrize('version', range(1, R.SCHEMA_VERSION))
+def test_an_older_file_is_migrated_and_keeps_its_rows(zoo_db, version):
     from alembic.migration import MigrationContext
     from alembic.operations import Operations
 
     engine = sa.create_engine(f'sqlite:///{zoo_db}')
-    with engine.begin() as conn:            # a store written by the first release
+    with engine.begin() as conn:            # a store written by an earlier release
         R.schema_table.create(conn)
-        R.MIGRATIONS[0](Operations(MigrationContext.configure(conn)))
-        conn.execute(R.schema_table.insert().values(id=1, version=1, updated_at=R._now()))
-        conn.exec_driver_sql("INSERT INTO zoo_runs (uid, model, status, started_at, seed) "
-                             "VALUES ('old', 'net_old', 'finished', '2026-01-01 00:00:00', 3)")
+        op = Operations(MigrationContext.configure(conn))
+        for migration in R.MIGRATIONS[:version]:
+            migration(op)
+        conn.execute(R.schema_table.insert().values(id=1, version=version, updated_at=R._now()))
+        conn.exec_driver_sql("INSERT INTO zoo_runs (uid, model, status, started_at, seed, heartbeat_at, host, pid) "
+                             "VALUES ('old', 'net_old', 'finished', '2026-01-01 00:00:00', 3, "
+                             "'2026-01-01 00:00:00', 'elsewhere', 1)")
+        conn.exec_driver_sql("INSERT INTO zoo_runs (uid, model, status, started_at, heartbeat_at, host, pid) "
+                             "VALUES ('live', 'net_live', 'running', :t, :t, 'elsewhere', 1)",
+                             {'t': str(R._now() - __import__('datetime').timedelta(hours=1))})
         conn.exec_driver_sql("INSERT INTO zoo_metrics (run_id, name, value, final) VALUES (1, 'val/acc1', 0.5, 1)")
-    assert 'arch_fingerprint' not in [c['name'] for c in sa.inspect(engine).get_columns('zoo_runs')]
+        conn.exec_driver_sql("INSERT INTO zoo_latency (model, input_shape, batch_size, device, median_ms, "
+                             "measured_at) VALUES ('net_old', '3x8x8', 1, 'cpu', 2.5, '2026-01-01 00:00:00')")
+    cols = [c['name'] for c in sa.inspect(engine).get_columns('zoo_runs')]
+    assert 'heartbeat_s' not in cols and ('arch_fingerprint' in cols) == (version >= 2)
     engine.dispose()
 
     db = R.open_db()
-    assert db.schema_version() == 2
+    assert db.schema_version() == R.SCHEMA_VERSION == 3
+    reference = sa.create_engine(f'sqlite:///{zoo_db.parent / "reference.db"}')
+    R.metadata.create_all(reference)
+    assert _describe(db.engine) == _describe(reference)
     old = db.runs(model='net_old')
-    assert old.seed.tolist() == [3] and old['val/acc1'].tolist() == [0.5] and old.arch_fingerprint.isna().all()
-    rid = db.start_run('net_new', arch_fingerprint='abc', study_name='s', trial_number=0)
-    assert db.runs(id=rid).study_name.tolist() == ['s']
+    assert old.seed.tolist() == [3] and old['val/acc1'].tolist() == [0.5] and old.heartbeat_s.isna().all()
+    assert db.latency(model='net_old').median_ms.tolist() == [2.5]
+    # a run from before the heartbeat interval existed keeps the 24 h rule: one hour of silence is not a crash
+    assert db.runs(model='net_live').status.tolist() == ['running']
+    rid = db.start_run('net_new', arch_fingerprint='abc', study_name='s', trial_number=0, heartbeat_s=30.0)
+    assert db.runs(id=rid)[['study_name', 'heartbeat_s']].values.tolist() == [['s', 30.0]]
 
 
 def test_a_newer_schema_is_refused_and_left_untouched(zoo_db):
@@ -99,6 +116,19 @@ def test_a_file_that_is_not_a_database_is_a_clear_error_and_kept(zoo_db):
         R.ResultsDB(str(zoo_db))
     assert zoo_db.read_bytes() == before
     assert main(['results', '--db', str(zoo_db)]) == 2
+
+
+def test_a_corrupt_database_file_is_a_clear_error_and_kept(zoo_db):
+    db = R.ResultsDB(str(zoo_db))
+    _run(db)
+    db.close()
+    data = bytearray(zoo_db.read_bytes())
+    data[120:400] = bytes(range(256)) + bytes(24)          # the schema page, overwritten past the 100-byte header
+    data[4096:8192] = b'\xff' * 4096
+    zoo_db.write_bytes(bytes(data))
+    with pytest.raises(R.ResultsDBError, match='not a SQLite database \\(or it is corrupt\\).*left untouched'):
+        R.ResultsDB(str(zoo_db))
+    assert zoo_db.read_bytes() == bytes(data)
 
 
 def test_an_unreachable_server_is_a_clear_error():
@@ -152,6 +182,53 @@ def test_a_killed_run_is_marked_crashed_when_the_store_is_next_opened(zoo_db):
     assert df.loc['victim', 'status'] == 'crashed' and df.loc['victim', 'pid'] != os.getpid()
     assert 'killed' in df.loc['victim', 'error']
     assert df.loc['alive', 'status'] == 'running' and alive
+
+
+def test_a_run_elsewhere_is_crashed_once_its_heartbeat_is_stale(zoo_db):
+    import datetime as dt
+    db = R.open_db()
+    now = R._now()
+
+    def run(name, host, ago, heartbeat_s, pid=1):
+        rid = db.start_run(name, host=host, pid=pid, heartbeat_s=heartbeat_s)
+        db.update_run(rid, heartbeat_at=now - ago)
+        return rid
+
+    run('stale', 'other-host', dt.timedelta(minutes=6), 60.0)             # 5 beats of 60 s missed
+    run('fresh', 'other-host', dt.timedelta(minutes=4), 60.0)
+    run('fast_stale', 'other-host', dt.timedelta(minutes=3), 1.0)         # 2 min floor (clock skew) passed
+    run('fast_fresh', 'other-host', dt.timedelta(seconds=90), 1.0)
+    run('legacy_fresh', 'other-host', dt.timedelta(hours=23), None)       # no interval recorded: 24 h rule
+    run('legacy_stale', 'other-host', dt.timedelta(hours=25), None)
+    run('here_alive', R.socket.gethostname(), dt.timedelta(hours=30), 1.0, pid=os.getpid())  # pid decides here
+    assert db.mark_crashed() == 3
+    status = db.runs().set_index('model').status.to_dict()
+    assert status == {'stale': 'crashed', 'fresh': 'running', 'fast_stale': 'crashed', 'fast_fresh': 'running',
+                      'legacy_fresh': 'running', 'legacy_stale': 'crashed', 'here_alive': 'running'}
+    assert R.ResultsDB.stale_after(60) == dt.timedelta(minutes=5) and R.ResultsDB.stale_after(None) == R.STALE_AFTER
+
+
+def test_the_heartbeat_thread_refreshes_a_running_run_and_stops(zoo_db, monkeypatch):
+    import time
+    db = R.open_db()
+    rid = db.start_run('beating')
+    db.update_run(rid, heartbeat_at=R._now() - __import__('datetime').timedelta(hours=1))
+    before = db.runs(id=rid).heartbeat_at.iloc[0]
+    hb = db.start_heartbeat(rid, 0.02)
+    deadline = time.time() + 30
+    while hb.beats < 3 and time.time() < deadline:
+        time.sleep(0.01)
+    assert hb.beats >= 3 and db.runs(id=rid).heartbeat_s.tolist() == [0.02]
+    assert db.runs(id=rid).heartbeat_at.iloc[0] > before
+    hb.stop()
+    assert not hb._thread.is_alive()
+    db.finish_run(rid)
+    assert db.heartbeat(rid) is False                 # an ended run is never refreshed again
+    monkeypatch.setenv('ZOO_HEARTBEAT_S', 'often')
+    with pytest.raises(R.ResultsDBError, match='ZOO_HEARTBEAT_S must be a positive number'):
+        db.start_heartbeat(db.start_run('x'))
+    with pytest.raises(R.ResultsDBError, match='positive'):
+        db.start_heartbeat(db.start_run('y'), 0)
 
 
 def test_four_processes_recording_at_once_lose_nothing(zoo_db):
@@ -245,6 +322,87 @@ def test_bootstrap_and_iqm():
     assert 1.0 <= lo < 2.5 < hi <= 4.0
     assert R.bootstrap_ci([1.0]) != R.bootstrap_ci([1.0])   # NaNs
     assert R.iqm([0, 1, 2, 3, 4, 5, 6, 100]) == pytest.approx(3.5)
+
+
+# ------------------------------------------------------------------------ aggregate over tasks (stratified bootstrap)
+def _multi_task_db(scores: dict):
+    """scores: {model: {dataset: [one final val/acc1 per seed]}}."""
+    db = R.open_db()
+    for model, per_task in scores.items():
+        for dataset, accs in per_task.items():
+            for seed, acc in enumerate(accs):
+                _run(db, model, acc, seed, dataset=dataset)
+    return db
+
+
+def test_aggregate_iqm_and_mean_by_hand():
+    # pooled over two tasks: 1..8, whose IQM is the mean of the middle half (3, 4, 5, 6) = 4.5
+    _multi_task_db({'a': {'t1': [1, 2, 3, 8], 't2': [4, 5, 6, 7]},
+                    'b': {'t1': [0, 0, 0, 0], 't2': [0, 0, 0, 100]}})
+    agg = R.aggregate(higher_is_better=True).set_index('model')
+    assert agg.loc['a', 'iqm'] == pytest.approx(4.5) and agg.loc['a', 'mean'] == pytest.approx(4.5)
+    assert agg.loc['b', 'iqm'] == pytest.approx(0.0) and agg.loc['b', 'mean'] == pytest.approx(12.5)  # IQM ignores 100
+    assert agg.loc['a', 'n_tasks'] == 2 and agg.loc['a', 'n_runs'] == 8 and agg.loc['a', 'runs_per_task'] == '4'
+    assert agg.index.tolist() == ['a', 'b'] and agg.attrs['tasks'] == ['classification/t1', 'classification/t2']
+    assert agg.loc['a', 'iqm_low'] <= 4.5 <= agg.loc['a', 'iqm_high']
+
+
+def test_stratified_bootstrap_never_mixes_strata():
+    import numpy as np
+    counts = []
+
+    def from_b(x):                      # how many of each replicate's runs came from stratum b (valued 1000)
+        counts.append((x >= 1000).sum(axis=1))
+        return x.mean(axis=1)
+
+    R.stratified_bootstrap([np.zeros(3), np.full(5, 1000.0)], from_b, n_boot=500)
+    assert (counts[0] == 5).all()       # every replicate: exactly b's 5 runs, never more or fewer
+    # two constant tasks: resampling within each leaves the pooled mean fixed, so the interval is a point
+    # (an unstratified bootstrap would swing between 0 and 1)
+    assert R.stratified_bootstrap([[0.0, 0.0, 0.0, 0.0], [1.0, 1.0, 1.0, 1.0]], lambda x: x.mean(axis=1)) == (0.5, 0.5)
+    assert np.isnan(R.stratified_bootstrap([[0.0, 1.0], [1.0]], lambda x: x.mean(axis=1))[0])   # a single run
+
+
+def test_aggregate_interval_contains_the_truth_and_shrinks_with_more_seeds():
+    import numpy as np
+    rng = np.random.default_rng(0)
+    # two tasks centred on 0.6 and 0.8: the pooled distribution is symmetric about 0.7, so mean = IQM = 0.7
+    widths = {}
+    for n in (5, 40):
+        R._DBS.clear()
+        _multi_task_db({f'seeds{n}': {'t1': rng.normal(0.6, 0.05, n).tolist(), 't2': rng.normal(0.8, 0.05, n).tolist()}})
+        row = R.aggregate(model=f'seeds{n}').iloc[0]
+        for stat in ('iqm', 'mean'):
+            assert row[f'{stat}_low'] < 0.7 < row[f'{stat}_high'], (n, stat, row)
+        widths[n] = row.iqm_high - row.iqm_low
+    assert widths[40] < widths[5] / 2               # ~1/sqrt(n): eight times the seeds, under half the width
+
+
+def test_aggregate_too_few_runs_common_tasks_and_bad_input(capsys):
+    _multi_task_db({'one_seed': {'t1': [0.5], 't2': [0.6]}, 'three': {'t1': [0.5, 0.6, 0.7], 't2': [0.6, 0.7, 0.8]},
+                    'elsewhere': {'t3': [0.9, 0.9]}})
+    with pytest.raises(R.ResultsDBError, match='no task in common'):
+        R.aggregate()
+    agg = R.aggregate(model='[ot]*').set_index('model')            # one_seed and three: t1, t2 in common
+    assert agg.loc['one_seed'].iqm_low != agg.loc['one_seed'].iqm_low       # NaN: nothing to resample
+    assert 'single run' in agg.loc['one_seed', 'note'] and agg.loc['three', 'note'] == ''
+    assert R.aggregate(common=False).set_index('model').loc['elsewhere', 'n_tasks'] == 1
+    norm = R.aggregate(model='three', normalize={'classification/t1': (0.5, 1.0), 'classification/t2': (0.6, 1.0)})
+    assert norm.iloc[0]['mean'] == pytest.approx(np.mean([0, 0.2, 0.4, 0, 0.25, 0.5]))
+    with pytest.raises(R.ResultsDBError, match='normalize has no'):
+        R.aggregate(model='three', normalize={'classification/t1': (0, 1)})
+    with pytest.raises(R.ResultsDBError, match="unknown column"):
+        R.aggregate(by='colour')
+    with pytest.raises(R.ResultsDBError, match="no final metric 'val/psnr'"):
+        R.aggregate('val/psnr')
+    assert main(['results', '--aggregate', '--model', '[ot]*']) == 0
+    cap = capsys.readouterr()
+    assert 'three' in cap.out and 'IQM 95% CI' in cap.out and 'stratified bootstrap' in cap.out
+    assert 'too few runs' in cap.err
+    assert main(['results', '--aggregate', '--model', 'three', '--format', 'csv']) == 0
+    assert capsys.readouterr().out.startswith('model,n_tasks,n_runs,runs_per_task,iqm,iqm_low,iqm_high')
+    assert main(['results', '--aggregate']) == 2                              # no common task: one-line error
+    assert 'no task in common' in capsys.readouterr().err
 
 
 def test_cli_results_formats_and_plot(fixture_db, tmp_path, capsys):
@@ -342,9 +500,10 @@ def _trainer(**kw):
                       enable_progress_bar=False, enable_model_summary=False, callbacks=[cb]), cb
 
 
-def test_callback_records_run_metrics_and_latency():
+def test_callback_records_run_metrics_and_latency(monkeypatch):
     import lightning.pytorch as pl
 
+    monkeypatch.setenv('ZOO_HEARTBEAT_S', '0.01')
     pl.seed_everything(3)
     System, loader = _tiny_system()
     trainer, cb = _trainer()
@@ -356,6 +515,8 @@ def test_callback_records_run_metrics_and_latency():
     assert run.env['torch'] == torch.__version__ and run.env['device'] == 'cpu' and run.host and run.pid
     assert run.arch_fingerprint == R.fingerprint(system.model) and run.params == 8 * 16 + 8 + 2 * 8 + 2
     assert run.macs == 16 * 8 + 8 * 2 and run.wall_s > 0
+    assert run.heartbeat_s == 0.01 and cb.heartbeats > 0 and cb._heartbeat is None     # beat during fit, then stopped
+    assert not any(t.name.startswith('zoo-heartbeat') for t in __import__('threading').enumerate())
     per_epoch = R.metrics(cb.run_id, name='val/acc1', final=False)
     assert per_epoch.epoch.tolist() == [0, 1]
     final = R.metrics(cb.run_id, final=True).set_index('name').value
@@ -405,6 +566,7 @@ def test_compare_notebook_runs_top_to_bottom(fixture_db, capsys):
     assert 'classification / digits: 4 models ranked by val/acc1' in out
     assert "Pareto front: ['fast', 'mid', 'slow_good']" in out
     assert ns['board'].model.tolist()[0] == 'slow_good' and len(ns['seeds']) == 3 + 4 + 1 + 2
+    assert ns['agg'].model.tolist()[0] == 'slow_good' and '| slow_good |' in out     # the across-tasks table
     plt.close('all')
 
 

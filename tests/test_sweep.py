@@ -127,17 +127,19 @@ def space(trial):
         proc.send_signal(signal.SIGKILL)
         proc.wait()
     from zoo.recipes.sweep import run_sweep
-    study = run_sweep(sweep, extra_args=FAST.split())        # same name: resumes to N_TRIALS done trials
-    done = [t for t in study.trials if t.state.name in ('COMPLETE', 'PRUNED', 'FAIL')]
-    assert len(done) == 2
+    study = run_sweep(sweep, extra_args=FAST.split())        # same name: resumes to N_TRIALS trials
     rows = _check_links(study, zoo_db)
-    # the trial that was running when the process died is a crashed run, not lost
-    running = [t.number for t in study.trials if t.state.name == 'RUNNING']
-    assert len(running) == 1 and sorted(rows[rows.status == 'crashed'].trial_number) == running
-    assert (rows.status == 'finished').sum() == sum(t.state.name == 'COMPLETE' for t in study.trials)
+    # the trial that was running when the process died is a crashed run, not lost; Optuna's copy is failed
+    # at once (not after its heartbeat grace period), and the resumed sweep replaced it: exactly 2 count
+    crashed = sorted(rows[rows.status == 'crashed'].trial_number)
+    assert len(crashed) == 1 and [t.state.name for t in study.trials if t.number in crashed] == ['FAIL']
+    assert sorted(t.state.name for t in study.trials if t.number not in crashed) == ['COMPLETE', 'COMPLETE']
+    assert (rows.status == 'finished').sum() == 2 and len(study.trials) == 3
+    # and the same command again adds nothing
+    assert len(run_sweep(sweep, extra_args=FAST.split()).trials) == 3
 
 
-def test_two_processes_on_one_sqlite_file_lose_no_trial(tmp_path, zoo_db):
+def test_two_processes_on_one_sqlite_file_lose_no_trial_and_add_none(tmp_path, zoo_db):
     sweep = _write_sweep(tmp_path, '''
 def space(trial):
     return {"model.init_args.lr": trial.suggest_float("lr", 1e-3, 1e-2, log=True)}
@@ -148,17 +150,68 @@ def pruner():
 ''', name='shared')
     env = {**os.environ, 'ZOO_DB': str(zoo_db)}
     R.open_db()
-    procs = [subprocess.Popen([sys.executable, '-m', 'zoo.cli', 'sweep', str(sweep), '--n-trials', '2',
+    procs = [subprocess.Popen([sys.executable, '-m', 'zoo.cli', 'sweep', str(sweep), '--n-trials', '3',
                                '--trial-args', FAST], cwd=ROOT, env=env, stdout=subprocess.DEVNULL,
                               stderr=subprocess.PIPE, text=True) for _ in range(2)]
     for p in procs:
         assert p.wait(timeout=600) == 0, p.stderr.read()[-3000:]
     study = _study('shared', zoo_db)
-    assert len(study.trials) >= 2            # MaxTrialsCallback: each worker stops once 2 are done
+    assert len(study.trials) == 3            # exact: trials are created under a lock, never past the target
     assert all(t.state.name == 'COMPLETE' for t in study.trials)
-    assert sorted(t.number for t in study.trials) == list(range(len(study.trials)))
+    assert sorted(t.number for t in study.trials) == [0, 1, 2]
     rows = _check_links(study, zoo_db)
     assert (rows.status == 'finished').all() and rows.pid.nunique() == 2
+    # a larger target resumes the study and adds exactly the difference (--n-jobs: also exact, see the
+    # PostgreSQL test for two workers sharing one study)
+    assert main(['sweep', str(sweep), '--n-trials', '4', '--n-jobs', '2', '--trial-args', FAST]) == 0
+    assert len(_study('shared', zoo_db).trials) == 4
+
+
+def test_the_trial_cap_is_exact_with_four_racing_processes(zoo_db):
+    """Four processes ask for trials as fast as they can (no training): the study ends with exactly its
+    target. Without the lock each worker passes the count before the others' trials exist."""
+    code = ('import optuna, sys\nfrom zoo.recipes import sweep as S\n'
+            'optuna.logging.set_verbosity(optuna.logging.WARNING)\n'
+            'st = S.storage(sys.argv[1])\nst.cap["race"] = 12\n'
+            'study = optuna.load_study(study_name="race", storage=st)\n'
+            'try:\n    study.optimize(lambda t: t.suggest_float("x", 0, 1), n_trials=100)\n'
+            'except S.StudyFull:\n    print("full")\n')
+    import optuna
+
+    from zoo.recipes.sweep import storage
+    optuna.create_study(study_name='race', storage=storage(str(zoo_db)))
+    procs = [subprocess.Popen([sys.executable, '-c', code, str(zoo_db)], cwd=ROOT, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) for _ in range(4)]
+    outs = [p.communicate(timeout=300) for p in procs]
+    assert all(p.returncode == 0 for p in procs), [e[-2000:] for _, e in outs]
+    assert all(o.strip() == 'full' for o, _ in outs)          # every worker stopped on the cap
+    trials = _study('race', zoo_db).trials
+    assert len(trials) == 12 and sorted(t.number for t in trials) == list(range(12))
+
+
+def test_a_rejected_configuration_keeps_its_real_error(tmp_path, zoo_db):
+    from zoo.recipes.sweep import run_sweep
+
+    sweep = _write_sweep(tmp_path, '''
+def space(trial):
+    which = trial.suggest_categorical("which", ["bad_name", "bad_value"])
+    if which == "bad_name":
+        return {"model.init_args.name": "poolformer_nope"}
+    return {"model.init_args.lr": "fast"}
+
+def sampler(seed):
+    import optuna
+    return optuna.samplers.BruteForceSampler(seed=0)
+''', name='rejected')
+    study = run_sweep(sweep, n_trials=2, extra_args=FAST.split())
+    assert [t.state.name for t in study.trials] == ['FAIL', 'FAIL']
+    rows = _check_links(study, zoo_db).set_index('trial_number')
+    errors = {t.params['which']: rows.loc[t.number, 'error'] for t in study.trials}
+    assert (rows.status == 'failed').all()
+    assert errors['bad_name'].startswith("KeyError: no model named 'poolformer_nope'"), errors['bad_name']
+    assert 'poolformer_tiny' in errors['bad_name']                        # with the registry's close matches
+    assert errors['bad_value'].startswith('ArgumentError:') and 'lr' in errors['bad_value'] \
+        and 'fast' in errors['bad_value'], errors['bad_value']
 
 
 def test_bad_sweep_files_are_clear_errors(tmp_path, capsys):
@@ -171,3 +224,8 @@ def test_bad_sweep_files_are_clear_errors(tmp_path, capsys):
     bad.write_text('BASE = "missing.yaml"\ndef space(t):\n    return {}\n')
     assert main(['sweep', str(bad)]) == 2
     assert 'base recipe missing.yaml not found' in capsys.readouterr().err
+    good = SWEEPS[0]
+    assert main(['sweep', str(good), '--n-jobs', '0']) == 2
+    assert '--n-jobs must be at least 1' in capsys.readouterr().err
+    assert main(['sweep', str(good), '--n-trials', '-3']) == 2
+    assert '--n-trials must be at least 1' in capsys.readouterr().err

@@ -4,7 +4,7 @@
     zoo info NAME
     zoo bench NAME... [--batch-size 1 16] [--img-size 224] [--vs timm/NAME] [--db URL]
     zoo results [--task T] [--dataset D] [--model PATTERN] [--metric val/acc1] [--format table|csv|json|markdown]
-                [--plot pareto.png] [--db URL]
+                [--plot pareto.png] [--aggregate] [--runs] [--db URL]
     zoo sweep recipes/sweeps/NAME.py [--n-trials N] [--n-jobs J] [--study-name S] [--db URL] [--trial-args '...']
 
 Training subcommands (``fit``, ``validate``, ``test``, ``predict``) are LightningCLI and load
@@ -79,6 +79,16 @@ def _cmd_results(args) -> int:
     from zoo.eval import results
 
     board = None
+    if args.aggregate:
+        if args.plot:
+            raise ValueError('--plot draws the leaderboard; it does not combine with --aggregate')
+        agg = results.aggregate(args.metric, db=args.db, model=args.model, task=args.task, dataset=args.dataset)
+        print(results.format_aggregate(agg, args.format))
+        if agg.empty:
+            print(f'zoo results: no finished run has a final {args.metric!r}', file=sys.stderr)
+        elif (agg.note != '').any():
+            print('zoo results: some models have too few runs per task for an interval (see note)', file=sys.stderr)
+        return 0
     if args.runs:
         df = results.runs(db=args.db, model=args.model, task=args.task, dataset=args.dataset)
         print(df.to_string(max_colwidth=40) if args.format == 'table' else
@@ -180,12 +190,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument('--format', default='table', choices=['table', 'csv', 'json', 'markdown'])
     p.add_argument('--plot', metavar='PNG', help='also draw metric vs latency with the Pareto front to this file')
     p.add_argument('--runs', action='store_true', help='list the runs instead of the leaderboard')
+    p.add_argument('--aggregate', action='store_true',
+                   help='compare models over all their tasks/datasets and seeds: IQM and mean with stratified '
+                        'bootstrap 95%% intervals (Agarwal et al. 2021)')
     p.add_argument('--db', help='results database path or SQLAlchemy URL (default $ZOO_DB or ./zoo-results.db)')
     p.set_defaults(func=_cmd_results)
 
     p = sub.add_parser('sweep', help='an Optuna sweep from recipes/sweeps/NAME.py, stored in the results database')
     p.add_argument('file', help='a search-space file, e.g. recipes/sweeps/poolformer_digits.py')
-    p.add_argument('--n-trials', type=int, default=None, help='trials to run now (added to those already stored)')
+    p.add_argument('--n-trials', type=int, default=None,
+                   help="trials the study should hold (default: the file's N_TRIALS); the same command resumes")
     p.add_argument('--n-jobs', type=int, default=1, help='parallel worker processes on the study')
     p.add_argument('--seed', type=int, help="sampler seed (default: the sweep file's SEED, else random)")
     p.add_argument('--study-name', help='default: the file name; the same name resumes the study')
