@@ -70,7 +70,10 @@ class WordEmbed(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         p = self.patch_size
         x = rearrange(x, 'b c (gh p1) (gw p2) -> (b gh gw) c p1 p2', p1=p, p2=p)
-        return rearrange(self.proj(x), 'bn c wh ww -> bn (wh ww) c')  # (B*N, m, c)
+        # The conv gives channels first; the words are made contiguous as (B*N, m, c) once here. Left as a
+        # transposed view (as in timm), every later op inherits the c-major layout: each LayerNorm(c) reads
+        # strided rows and each Linear on the words copies its input first, in all 12 blocks.
+        return rearrange(self.proj(x), 'bn c wh ww -> bn (wh ww) c').contiguous()  # (B*N, m, c)
 
 
 class TNTBlock(nn.Module):
@@ -97,6 +100,8 @@ class TNTBlock(nn.Module):
         self.drop_path = DropPath(drop_path) if drop_path > 0 else nn.Identity()
 
     def forward(self, words: torch.Tensor, sentences: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        if not (self.training or torch.is_grad_enabled()):
+            return self._forward_inference(words, sentences)
         words = words + self.drop_path(self.inner_attn(self.inner_norm1(words)))
         words = words + self.drop_path(self.inner_mlp(self.inner_norm2(words)))
         b = sentences.shape[0]
@@ -106,6 +111,32 @@ class TNTBlock(nn.Module):
         sentences = sentences + self.drop_path(self.outer_attn(self.outer_norm1(sentences)))
         sentences = sentences + self.drop_path(self.outer_mlp(self.outer_norm2(sentences)))
         return words, sentences
+
+    def _forward_inference(self, words: torch.Tensor, sentences: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The same function as ``forward`` in eval mode without autograd, with fewer large temporaries:
+        the second residual of each stream is added in place into the tensor the first one created (never
+        into the caller's inputs), and the MLPs apply GELU in place (``_mlp_inplace``). Drop path and
+        dropout are identities in eval mode. Outputs equal the autograd path's to float rounding (same ops,
+        same order)."""
+        words = words + self.inner_attn(self.inner_norm1(words))            # a new tensor, ours to update
+        words += _mlp_inplace(self.inner_mlp, self.inner_norm2(words))
+        b = sentences.shape[0]
+        fused = self.word_to_sentence(rearrange(words, '(b n) m c -> b n (m c)', b=b))  # (B, N, d)
+        sentences = torch.cat([sentences[:, :1], sentences[:, 1:] + fused], dim=1)      # new; class token unchanged
+        sentences += self.outer_attn(self.outer_norm1(sentences))
+        sentences += _mlp_inplace(self.outer_mlp, self.outer_norm2(sentences))
+        return words, sentences
+
+
+def _mlp_inplace(mlp: Mlp, x: torch.Tensor) -> torch.Tensor:
+    """``mlp(x)`` in eval mode without autograd, applying a GELU activation in place on fc1's output
+    (one (tokens, 4 dim) temporary instead of two). Other activations run as in ``Mlp``."""
+    h = mlp.fc1(x)
+    if type(mlp.act) is nn.GELU:
+        h = torch.ops.aten.gelu_(h, approximate=mlp.act.approximate)
+    else:
+        h = mlp.act(h)
+    return mlp.fc2(h)
 
 
 class TNT(ClassifierBase):
