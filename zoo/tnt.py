@@ -100,32 +100,53 @@ class TNTBlock(nn.Module):
         self.drop_path = DropPath(drop_path) if drop_path > 0 else nn.Identity()
 
     def forward(self, words: torch.Tensor, sentences: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        if not (self.training or torch.is_grad_enabled()):
-            return self._forward_inference(words, sentences)
-        words = words + self.drop_path(self.inner_attn(self.inner_norm1(words)))
-        words = words + self.drop_path(self.inner_mlp(self.inner_norm2(words)))
-        b = sentences.shape[0]
-        fused = self.word_to_sentence(rearrange(words, '(b n) m c -> b n (m c)', b=b))  # (B, N, d)
-        # the class token (index 0) receives nothing from the words
-        sentences = torch.cat([sentences[:, :1], sentences[:, 1:] + fused], dim=1)
+        words, sentences = self._words_and_fuse(words, sentences)
+        if _inference(self):
+            # eval without autograd: `sentences` is the new tensor made by the fuse, so add in place
+            sentences += self.outer_attn(self.outer_norm1(sentences))
+            sentences += _mlp_inplace(self.outer_mlp, self.outer_norm2(sentences))
+            return words, sentences
         sentences = sentences + self.drop_path(self.outer_attn(self.outer_norm1(sentences)))
         sentences = sentences + self.drop_path(self.outer_mlp(self.outer_norm2(sentences)))
         return words, sentences
 
-    def _forward_inference(self, words: torch.Tensor, sentences: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """The same function as ``forward`` in eval mode without autograd, with fewer large temporaries:
-        the second residual of each stream is added in place into the tensor the first one created (never
-        into the caller's inputs), and the MLPs apply GELU in place (``_mlp_inplace``). Drop path and
-        dropout are identities in eval mode. Outputs equal the autograd path's to float rounding (same ops,
-        same order)."""
-        words = words + self.inner_attn(self.inner_norm1(words))            # a new tensor, ours to update
-        words += _mlp_inplace(self.inner_mlp, self.inner_norm2(words))
+    def forward_class_token(self, words: torch.Tensor, sentences: torch.Tensor) -> torch.Tensor:
+        """Only the class token's output of this block, (B, 1, d): all a classifier reads from the last block.
+
+        Every word and sentence token still feeds it (inner transformer, fuse, the keys and values of the
+        outer attention), but the outer attention's queries and projection and the outer MLP run on the
+        class token alone; ``forward`` would compute the other 1+N-1 outputs and the head would drop them.
+        """
+        _, sentences = self._words_and_fuse(words, sentences)
+        cls = sentences[:, :1] + self.drop_path(self.outer_attn(self.outer_norm1(sentences), num_queries=1))
+        if _inference(self):
+            cls += _mlp_inplace(self.outer_mlp, self.outer_norm2(cls))
+            return cls
+        return cls + self.drop_path(self.outer_mlp(self.outer_norm2(cls)))
+
+    def _words_and_fuse(self, words: torch.Tensor, sentences: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Inner transformer on the words, then the words folded into the sentence tokens (not the class token).
+
+        In eval mode without autograd (``_inference``) the second word residual is added in place into the
+        tensor the first one created (never into the caller's inputs) and the MLP applies GELU in place;
+        drop path is the identity there. Same ops in the same order: equal outputs.
+        """
+        if _inference(self):
+            words = words + self.inner_attn(self.inner_norm1(words))            # a new tensor, ours to update
+            words += _mlp_inplace(self.inner_mlp, self.inner_norm2(words))
+        else:
+            words = words + self.drop_path(self.inner_attn(self.inner_norm1(words)))
+            words = words + self.drop_path(self.inner_mlp(self.inner_norm2(words)))
         b = sentences.shape[0]
         fused = self.word_to_sentence(rearrange(words, '(b n) m c -> b n (m c)', b=b))  # (B, N, d)
-        sentences = torch.cat([sentences[:, :1], sentences[:, 1:] + fused], dim=1)      # new; class token unchanged
-        sentences += self.outer_attn(self.outer_norm1(sentences))
-        sentences += _mlp_inplace(self.outer_mlp, self.outer_norm2(sentences))
+        # the class token (index 0) receives nothing from the words; a no-drop-path term (official)
+        sentences = torch.cat([sentences[:, :1], sentences[:, 1:] + fused], dim=1)      # (B, 1+N, d), new
         return words, sentences
+
+
+def _inference(module: nn.Module) -> bool:
+    """Eval mode without autograd (inference_mode / no_grad): in-place updates of our own temporaries are safe."""
+    return not (module.training or torch.is_grad_enabled())
 
 
 def _mlp_inplace(mlp: Mlp, x: torch.Tensor) -> torch.Tensor:
@@ -197,7 +218,18 @@ class TNT(ClassifierBase):
     def no_weight_decay(self) -> set[str]:
         return {'word_pos', 'sentence_pos', 'cls_token'}
 
-    def _forward_blocks(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor):
+        """Logits (B, num_classes); with ``features_only``, the list of ``forward_intermediates``.
+
+        Equals ``forward_head(forward_features(x))``; the head reads the class token only, so the last
+        block computes that token alone (``TNTBlock.forward_class_token``) and the final norm sees it alone.
+        """
+        if self.features_only:
+            return self.forward_intermediates(x)
+        return self.forward_head(self.norm(self._forward_blocks(x, class_token_only=True)))
+
+    def _forward_blocks(self, x: torch.Tensor, class_token_only: bool = False) -> torch.Tensor:
+        """(B, C, H, W) -> the last block's sentence tokens (B, 1+N, d), or its class token (B, 1, d)."""
         check_image(x, self.in_chans, min_size=self.word_embed.patch_size, model=getattr(self, 'zoo_name', 'TNT'),
                     fixed_size=self.img_size)
         b = x.shape[0]
@@ -205,7 +237,10 @@ class TNT(ClassifierBase):
         sentences = self.sentence_embed(rearrange(words, '(b n) m c -> b n (m c)', b=b))  # (B, N, d)
         sentences = torch.cat([self.cls_token.expand(b, -1, -1), sentences], dim=1) + self.sentence_pos
         sentences = self.pos_drop(sentences)                                           # (B, 1+N, d)
-        for blk in self.blocks:
+        last = len(self.blocks) - 1
+        for i, blk in enumerate(self.blocks):
+            if class_token_only and i == last:
+                return blk.forward_class_token(words, sentences)                      # (B, 1, d)
             words, sentences = blk(words, sentences)
         return sentences
 
