@@ -42,8 +42,18 @@ class TokenAttention(nn.Module):
         self.proj = nn.Linear(dim, dim)
         self.proj_drop = nn.Dropout(proj_drop)
 
-    def forward(self, x: torch.Tensor, attn_mask: torch.Tensor | None = None) -> torch.Tensor:
-        q, k, v = rearrange(self.qkv(x), 'b l (three h d) -> three b h l d', three=3, h=self.num_heads)
+    def forward(self, x: torch.Tensor, attn_mask: torch.Tensor | None = None,
+                num_queries: int | None = None) -> torch.Tensor:
+        """(B, L, dim) -> (B, L, dim); with ``num_queries`` = n, only the first n tokens' outputs (B, n, dim):
+        the same values, from the queries of those tokens alone (every token still gives keys and values)."""
+        if num_queries is None:
+            q, k, v = rearrange(self.qkv(x), 'b l (three h d) -> three b h l d', three=3, h=self.num_heads)
+        else:
+            dim, w, bias = x.shape[-1], self.qkv.weight, self.qkv.bias  # weight rows: q, k, v
+            q = F.linear(x[:, :num_queries], w[:dim], None if bias is None else bias[:dim])
+            kv = F.linear(x, w[dim:], None if bias is None else bias[dim:])
+            q = rearrange(q, 'b n (h d) -> b h n d', h=self.num_heads)
+            k, v = rearrange(kv, 'b l (two h d) -> two b h l d', two=2, h=self.num_heads)
         x = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask,
                                            dropout_p=self.attn_drop if self.training else 0.0)
         return self.proj_drop(self.proj(rearrange(x, 'b h l d -> b l (h d)')))

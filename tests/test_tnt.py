@@ -210,3 +210,52 @@ def test_metaformer_s12_with_tnt_mixer_builds_at_224():
         model = zoo.create('metaformer_s12', token_mixer='tnt')
         out = model(torch.zeros(1, 3, 224, 224))
     assert out.shape == (1, 1000)
+
+
+# ---- the faster inference path computes the same function ------------------------------------------
+
+def test_word_stream_is_contiguous_words_by_channels():
+    # the conv's channels-first output is laid out as (B*N, m, c) once, so no block copies the words
+    model = zoo.create('tnt_tiny', num_classes=10).eval()
+    words = model.word_embed(torch.randn(2, 3, 32, 32))
+    assert words.shape == (2 * 16, 16, 12) and words.is_contiguous()
+
+
+def test_in_place_inference_path_equals_the_autograd_path_and_leaves_inputs_alone():
+    model = _perturb(zoo.create('tnt_tiny', num_classes=10))
+    x = torch.randn(3, 3, 32, 32, generator=torch.Generator().manual_seed(2))
+    with_grad = model.forward_features(x)                  # eval, autograd on: the out-of-place path
+    with torch.inference_mode():
+        fast = model.forward_features(x)                   # eval, no autograd: in-place residuals and GELU
+    torch.testing.assert_close(fast, with_grad.detach(), rtol=0, atol=1e-6)
+    blk = model.blocks[0]
+    words, sentences = torch.randn(3 * 16, 16, 12), torch.randn(3, 17, 96)
+    w0, s0 = words.clone(), sentences.clone()
+    with torch.no_grad():
+        blk(words, sentences)
+        blk.forward_class_token(words, sentences)
+    assert torch.equal(words, w0) and torch.equal(sentences, s0)
+
+
+def test_inference_logits_from_the_class_token_only_last_block_equal_the_full_forward():
+    torch.manual_seed(0)
+    model = _perturb(zoo.create('tnt_tiny', num_classes=10))
+    x = torch.randn(3, 3, 32, 32, generator=torch.Generator().manual_seed(3))
+    seen = []
+    hook = model.blocks[-1].outer_mlp.fc1.register_forward_hook(lambda m, i, o: seen.append(i[0].shape[1]))
+    with_grad = model(x)                                       # autograd: all 1+N tokens through the last block
+    with torch.inference_mode():
+        full = model.forward_head(model.forward_features(x))   # every token, no autograd
+        fast = model(x)                                        # the class token alone in the last block
+    hook.remove()
+    assert seen == [17, 17, 1]
+    torch.testing.assert_close(fast, full, rtol=0, atol=1e-5)
+    torch.testing.assert_close(fast, with_grad.detach(), rtol=0, atol=1e-5)
+
+
+def test_attention_for_the_first_queries_equals_the_first_rows():
+    from zoo.layers.tnt import TokenAttention
+    torch.manual_seed(0)
+    attn = TokenAttention(32, 4, qkv_bias=True).eval()
+    x = torch.randn(2, 9, 32)
+    torch.testing.assert_close(attn(x, num_queries=2), attn(x)[:, :2], rtol=0, atol=1e-6)

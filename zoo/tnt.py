@@ -27,6 +27,11 @@ Linear (the official ``qk`` and ``v`` weights stacked), attention runs through
 ``F.scaled_dot_product_attention``, patches are cut with a reshape instead of ``nn.Unfold``, the
 word position embedding is stored as (1, 16, c) like the official code (timm: (1, c, 4, 4)), and the
 sentence stream is updated with a concatenation (not the official in-place write).
+Speed (same parameters and function): the words are kept contiguous as (B*N, m, c) (timm leaves a
+transposed view, so each block's LayerNorms read strided rows and its Linears copy their input); in eval
+mode without autograd, residuals and GELU are applied in place, and ``forward`` (logits) runs the last
+block's outer queries, projection and MLP on the class token alone, the only token the head reads
+(4.90 G instead of 5.22 G MACs for tnt_s; ``forward_features`` and autograd still run every token).
 This is the current (official) TNT, not timm's ``tnt_s_legacy_patch16_224`` (whole-image conv and a
 different fuse), which is a different model.
 """
@@ -70,7 +75,10 @@ class WordEmbed(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         p = self.patch_size
         x = rearrange(x, 'b c (gh p1) (gw p2) -> (b gh gw) c p1 p2', p1=p, p2=p)
-        return rearrange(self.proj(x), 'bn c wh ww -> bn (wh ww) c')  # (B*N, m, c)
+        # The conv gives channels first; the words are made contiguous as (B*N, m, c) once here. Left as a
+        # transposed view (as in timm), every later op inherits the c-major layout: each LayerNorm(c) reads
+        # strided rows and each Linear on the words copies its input first, in all 12 blocks.
+        return rearrange(self.proj(x), 'bn c wh ww -> bn (wh ww) c').contiguous()  # (B*N, m, c)
 
 
 class TNTBlock(nn.Module):
@@ -97,15 +105,64 @@ class TNTBlock(nn.Module):
         self.drop_path = DropPath(drop_path) if drop_path > 0 else nn.Identity()
 
     def forward(self, words: torch.Tensor, sentences: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        words = words + self.drop_path(self.inner_attn(self.inner_norm1(words)))
-        words = words + self.drop_path(self.inner_mlp(self.inner_norm2(words)))
-        b = sentences.shape[0]
-        fused = self.word_to_sentence(rearrange(words, '(b n) m c -> b n (m c)', b=b))  # (B, N, d)
-        # the class token (index 0) receives nothing from the words
-        sentences = torch.cat([sentences[:, :1], sentences[:, 1:] + fused], dim=1)
+        words, sentences = self._words_and_fuse(words, sentences)
+        if _inference(self):
+            # eval without autograd: `sentences` is the new tensor made by the fuse, so add in place
+            sentences += self.outer_attn(self.outer_norm1(sentences))
+            sentences += _mlp_inplace(self.outer_mlp, self.outer_norm2(sentences))
+            return words, sentences
         sentences = sentences + self.drop_path(self.outer_attn(self.outer_norm1(sentences)))
         sentences = sentences + self.drop_path(self.outer_mlp(self.outer_norm2(sentences)))
         return words, sentences
+
+    def forward_class_token(self, words: torch.Tensor, sentences: torch.Tensor) -> torch.Tensor:
+        """Only the class token's output of this block, (B, 1, d): all a classifier reads from the last block.
+
+        Every word and sentence token still feeds it (inner transformer, fuse, the keys and values of the
+        outer attention), but the outer attention's queries and projection and the outer MLP run on the
+        class token alone; ``forward`` would compute the other 1+N-1 outputs and the head would drop them.
+        """
+        _, sentences = self._words_and_fuse(words, sentences)
+        cls = sentences[:, :1] + self.drop_path(self.outer_attn(self.outer_norm1(sentences), num_queries=1))
+        if _inference(self):
+            cls += _mlp_inplace(self.outer_mlp, self.outer_norm2(cls))
+            return cls
+        return cls + self.drop_path(self.outer_mlp(self.outer_norm2(cls)))
+
+    def _words_and_fuse(self, words: torch.Tensor, sentences: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Inner transformer on the words, then the words folded into the sentence tokens (not the class token).
+
+        In eval mode without autograd (``_inference``) the second word residual is added in place into the
+        tensor the first one created (never into the caller's inputs) and the MLP applies GELU in place;
+        drop path is the identity there. Same ops in the same order: equal outputs.
+        """
+        if _inference(self):
+            words = words + self.inner_attn(self.inner_norm1(words))            # a new tensor, ours to update
+            words += _mlp_inplace(self.inner_mlp, self.inner_norm2(words))
+        else:
+            words = words + self.drop_path(self.inner_attn(self.inner_norm1(words)))
+            words = words + self.drop_path(self.inner_mlp(self.inner_norm2(words)))
+        b = sentences.shape[0]
+        fused = self.word_to_sentence(rearrange(words, '(b n) m c -> b n (m c)', b=b))  # (B, N, d)
+        # the class token (index 0) receives nothing from the words; a no-drop-path term (official)
+        sentences = torch.cat([sentences[:, :1], sentences[:, 1:] + fused], dim=1)      # (B, 1+N, d), new
+        return words, sentences
+
+
+def _inference(module: nn.Module) -> bool:
+    """Eval mode without autograd (inference_mode / no_grad): in-place updates of our own temporaries are safe."""
+    return not (module.training or torch.is_grad_enabled())
+
+
+def _mlp_inplace(mlp: Mlp, x: torch.Tensor) -> torch.Tensor:
+    """``mlp(x)`` in eval mode without autograd, applying a GELU activation in place on fc1's output
+    (one (tokens, 4 dim) temporary instead of two). Other activations run as in ``Mlp``."""
+    h = mlp.fc1(x)
+    if type(mlp.act) is nn.GELU:
+        h = torch.ops.aten.gelu_(h, approximate=mlp.act.approximate)
+    else:
+        h = mlp.act(h)
+    return mlp.fc2(h)
 
 
 class TNT(ClassifierBase):
@@ -166,7 +223,19 @@ class TNT(ClassifierBase):
     def no_weight_decay(self) -> set[str]:
         return {'word_pos', 'sentence_pos', 'cls_token'}
 
-    def _forward_blocks(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor):
+        """Logits (B, num_classes); with ``features_only``, the list of ``forward_intermediates``.
+
+        Equals ``forward_head(forward_features(x))``. In eval mode without autograd (inference), the last
+        block computes the class token alone (``TNTBlock.forward_class_token``), the only token the head
+        reads; with autograd (training, MAC counting) every token runs through every block.
+        """
+        if self.features_only:
+            return self.forward_intermediates(x)
+        return self.forward_head(self.norm(self._forward_blocks(x, class_token_only=_inference(self))))
+
+    def _forward_blocks(self, x: torch.Tensor, class_token_only: bool = False) -> torch.Tensor:
+        """(B, C, H, W) -> the last block's sentence tokens (B, 1+N, d), or its class token (B, 1, d)."""
         check_image(x, self.in_chans, min_size=self.word_embed.patch_size, model=getattr(self, 'zoo_name', 'TNT'),
                     fixed_size=self.img_size)
         b = x.shape[0]
@@ -174,7 +243,10 @@ class TNT(ClassifierBase):
         sentences = self.sentence_embed(rearrange(words, '(b n) m c -> b n (m c)', b=b))  # (B, N, d)
         sentences = torch.cat([self.cls_token.expand(b, -1, -1), sentences], dim=1) + self.sentence_pos
         sentences = self.pos_drop(sentences)                                           # (B, 1+N, d)
-        for blk in self.blocks:
+        last = len(self.blocks) - 1
+        for i, blk in enumerate(self.blocks):
+            if class_token_only and i == last:
+                return blk.forward_class_token(words, sentences)                      # (B, 1, d)
             words, sentences = blk(words, sentences)
         return sentences
 
