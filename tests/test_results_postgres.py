@@ -21,6 +21,8 @@ import sqlalchemy as sa
 from zoo.cli import main
 from zoo.eval import results as R
 
+from test_sweep import two_worker_gate
+
 ROOT = Path(__file__).resolve().parents[1]
 BASE = ROOT / 'recipes' / 'configs' / 'poolformer' / 'poolformer_tiny_digits_15e.yaml'
 FAST = '--trainer.max_epochs=1 --trainer.limit_train_batches=1 --trainer.limit_val_batches=1'
@@ -132,8 +134,9 @@ def test_a_sweep_with_two_worker_processes_on_postgres(pg_url, tmp_path):
     import optuna
 
     sweep = tmp_path / 'pg_sweep.py'
-    sweep.write_text(f'BASE = {str(BASE)!r}\nMETRIC = "val/acc1"\n'
+    sweep.write_text(f'BASE = {str(BASE)!r}\nMETRIC = "val/acc1"\n' + two_worker_gate(tmp_path / 'gate') +
                      'def space(trial):\n'
+                     '    wait_for_both_workers()\n'
                      '    return {"model.init_args.lr": trial.suggest_float("lr", 1e-3, 1e-2, log=True)}\n'
                      'def pruner():\n    import optuna\n    return optuna.pruners.NopPruner()\n')
     assert main(['sweep', str(sweep), '--n-trials', '3', '--n-jobs', '2', '--db', pg_url, '--trial-args', FAST]) == 0
@@ -141,7 +144,7 @@ def test_a_sweep_with_two_worker_processes_on_postgres(pg_url, tmp_path):
     assert len(study.trials) == 3 and all(t.state.name == 'COMPLETE' for t in study.trials)   # exactly 3
     rows = R.runs(study_name='pg_sweep')
     assert sorted(rows.trial_number) == [0, 1, 2] and (rows.status == 'finished').all()
-    assert rows.pid.nunique() == 2                              # both worker processes ran trials
+    assert rows.pid.nunique() == 2                              # both worker processes ran trials (gate)
     assert rows['val/acc1'].between(0, 1).all() and len(R.latency()) == 3
     with sa.create_engine(pg_url).connect() as conn:             # Optuna's tables beside ours, in one database
         tables = set(sa.inspect(conn).get_table_names())

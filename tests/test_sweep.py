@@ -139,9 +139,27 @@ def space(trial):
     assert len(run_sweep(sweep, extra_args=FAST.split()).trials) == 3
 
 
+def two_worker_gate(gate) -> str:
+    """Sweep-file code whose ``wait_for_both_workers()`` holds a worker's first trial until a second worker
+    process has started one too (3 minutes at most), so each of two workers is known to run a trial, however
+    slowly the second one starts (a fast first worker could otherwise take every trial of a small study)."""
+    return f'''
+import os, pathlib, time
+GATE = pathlib.Path({str(gate)!r})
+
+def wait_for_both_workers():
+    GATE.mkdir(exist_ok=True)
+    (GATE / str(os.getpid())).touch()
+    deadline = time.monotonic() + 180
+    while len(list(GATE.iterdir())) < 2 and time.monotonic() < deadline:
+        time.sleep(0.1)
+'''
+
+
 def test_two_processes_on_one_sqlite_file_lose_no_trial_and_add_none(tmp_path, zoo_db):
-    sweep = _write_sweep(tmp_path, '''
+    sweep = _write_sweep(tmp_path, two_worker_gate(tmp_path / 'gate') + '''
 def space(trial):
+    wait_for_both_workers()
     return {"model.init_args.lr": trial.suggest_float("lr", 1e-3, 1e-2, log=True)}
 
 def pruner():
@@ -160,7 +178,7 @@ def pruner():
     assert all(t.state.name == 'COMPLETE' for t in study.trials)
     assert sorted(t.number for t in study.trials) == [0, 1, 2]
     rows = _check_links(study, zoo_db)
-    assert (rows.status == 'finished').all() and rows.pid.nunique() == 2
+    assert (rows.status == 'finished').all() and rows.pid.nunique() == 2   # the gate: each worker ran one
     # a larger target resumes the study and adds exactly the difference (--n-jobs: also exact, see the
     # PostgreSQL test for two workers sharing one study)
     assert main(['sweep', str(sweep), '--n-trials', '4', '--n-jobs', '2', '--trial-args', FAST]) == 0
