@@ -6,10 +6,12 @@
 A plain training loop with the recipe's pieces (``zoo.recipes.lm``: AdamW 0.9/0.98, eps 1e-6, warm-up then
 cosine to 10 %, answer-only loss; ``zoo.datasets``: the same seeded windows for every architecture).
 Each run appends one JSON line to ``--out`` (so an interrupted sweep keeps its finished runs); ``--table``
-prints mean and 95 % t-interval over seeds as markdown.
+prints mean and 95 % t-interval over seeds as markdown, one group per (task, size, model, optimiser setting).
+``--cache DIR`` generates a seed's training windows once and keeps them as tensors, so the variants of that
+seed (possibly in other processes) train on the identical data without paying the Python generator again.
 
     python -m zoo.eval.canon_probe copy --N 32 --steps 3000 --seeds 0 1 2
-    python -m zoo.eval.canon_probe depo --N 12 --K 4 --steps 3000 --seeds 0 1 2
+    python -m zoo.eval.canon_probe depo --N 16 --K 4 --dim 64 --batch 16 --steps 1000 --seeds 0 --cache /tmp/probe
     python -m zoo.eval.canon_probe --table eval/results/canon_probe.jsonl
 """
 from __future__ import annotations
@@ -17,6 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import statistics
 import time
 from pathlib import Path
@@ -37,11 +40,43 @@ VARIANTS = {
 }
 
 
+def cached_windows(ds: SyntheticWindows, cache: Path) -> dict[str, torch.Tensor]:
+    """Every window of ``ds`` stacked into (size, T) int16 tensors, stored under ``cache`` on first use.
+
+    The file name holds everything that determines the windows (task and its sizes, context, seed, count);
+    it is written to a temporary name and renamed, so a concurrent reader never sees half a file.
+    """
+    t = ds.task
+    key = f"{t.name}_N{t.N}_K{getattr(t, 'K', 0)}_ctx{ds.context}_seed{ds.seed}_n{ds.size}.pt"
+    path = cache / key
+    if path.exists():
+        return torch.load(path)
+    cache.mkdir(parents=True, exist_ok=True)
+    items = [ds[i] for i in range(ds.size)]
+    # token ids, answer ids and tags are small: int16 keeps a 20k-window cache at ~40 MB
+    data = {k: torch.stack([it[k] for it in items]).to(torch.int16) for k in items[0]}   # (size, T) each
+    tmp = path.with_suffix(f'.{os.getpid()}.tmp')
+    torch.save(data, tmp)
+    tmp.rename(path)
+    return data
+
+
+def train_batches(train: SyntheticWindows, batch: int, cache: Path | None):
+    """Batches of consecutive windows in index order: from the cache if given, else generated on the fly."""
+    if cache is None:
+        yield from torch.utils.data.DataLoader(train, batch_size=batch, shuffle=False)
+        return
+    data = cached_windows(train, cache)
+    for i in range(0, train.size, batch):
+        yield {k: v[i:i + batch].long() for k, v in data.items()}
+
+
 def run(task_name: str, variant: str, model_args: dict, seed: int, args) -> dict:
     task = make_task('copy', N=args.N) if task_name == 'copy' else make_task('depo1_mini', N=args.N, K=args.K)
     ctx = 2 * args.N + 2 if task_name == 'copy' else args.context
     train = SyntheticWindows(task, ctx, args.steps * args.batch, seed=1000 + seed)
-    evalk = {} if task_name == 'copy' else {'k': (args.K, max(1, args.K // 2))}
+    eval_k = tuple(args.eval_k) if args.eval_k else (args.K, max(1, args.K // 2))
+    evalk = {} if task_name == 'copy' else {'k': eval_k}
     val = SyntheticWindows(task, ctx, args.eval_windows, seed=10_000 + seed, hardest=True, task_kwargs=evalk)
     torch.manual_seed(seed)
     base = dict(dim=args.dim, num_heads=args.heads) if task_name == 'copy' else dict(dim=args.dim, depth=args.depth,
@@ -52,8 +87,8 @@ def run(task_name: str, variant: str, model_args: dict, seed: int, args) -> dict
     opt = torch.optim.AdamW([{'params': decay, 'weight_decay': 0.03}, {'params': other, 'weight_decay': 0.0}],
                             lr=args.lr, betas=(0.9, 0.98), eps=1e-6)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: warmup_cosine(s, args.warmup, args.steps))
-    loader = torch.utils.data.DataLoader(train, batch_size=args.batch, shuffle=False)
-    t0, curve = time.perf_counter(), []
+    loader = train_batches(train, args.batch, args.cache)
+    load0, t0, curve = os.getloadavg()[0], time.perf_counter(), []
     model.train()
     for step, batch in enumerate(loader):
         logits = model(batch['input'])
@@ -65,11 +100,15 @@ def run(task_name: str, variant: str, model_args: dict, seed: int, args) -> dict
         sched.step()
         if (step + 1) % args.eval_every == 0 or step + 1 == args.steps:
             curve.append((step + 1, round(loss.item(), 4), evaluate(model, val, args)))
+            print(f'  {variant} seed={seed} step {step + 1}: loss {curve[-1][1]} {curve[-1][2]} '
+                  f'({time.perf_counter() - t0:.0f} s)', flush=True)
             model.train()
     res = dict(task=task_name, N=args.N, K=args.K if task_name != 'copy' else None, variant=variant,
                model_args={**base, **model_args}, seed=seed, steps=args.steps, batch=args.batch, lr=args.lr,
-               warmup=args.warmup, params=sum(p.numel() for p in model.parameters()),
-               seconds=round(time.perf_counter() - t0, 1), curve=curve, final=curve[-1][2])
+               warmup=args.warmup, context=ctx, eval_windows=args.eval_windows, threads=args.threads,
+               params=sum(p.numel() for p in model.parameters()),
+               seconds=round(time.perf_counter() - t0, 1), load=[round(load0, 2), round(os.getloadavg()[0], 2)],
+               curve=curve, final=curve[-1][2])
     return res
 
 
@@ -89,21 +128,28 @@ def evaluate(model, val, args) -> dict:
     return out
 
 
+def setting(r: dict) -> str:
+    """Short label of a run's model size and optimiser setting: runs differing in any of them never share a row."""
+    m = r['model_args']
+    ctx = r.get('context', 2 * r['N'] + 2 if r['task'] == 'copy' else 256)    # early records lack it: the defaults
+    return f"{m.get('depth', 1)}L d{m['dim']} h{m['num_heads']} T{ctx} B{r['batch']} lr{r['lr']:g}"
+
+
 def table(path: Path) -> str:
     rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
     groups = {}
     for r in rows:
-        groups.setdefault((r['task'], r['N'], r['K'], r['steps'], r['variant']), []).append(r)
-    lines = ['| task | N | K | steps | model | params | seeds | metric | mean | 95 % CI | per seed |',
-             '|---|---|---|---|---|---|---|---|---|---|---|']
-    order = sorted(groups, key=lambda g: (g[0], g[1], g[3]))               # stable: variants keep run order
-    for (task, n, k, steps, variant) in order:
-        rs = groups[(task, n, k, steps, variant)]
-        for metric in rs[0]['final']:
+        groups.setdefault((r['task'], r['N'], r['K'], r['steps'], setting(r), r['variant']), []).append(r)
+    lines = ['| task | N | K | steps | setting | model | params | seeds | metric | mean | 95 % CI | per seed |',
+             '|---|---|---|---|---|---|---|---|---|---|---|---|']
+    order = sorted(groups, key=lambda g: (g[0], g[1], g[3], g[4]))         # stable: variants keep run order
+    for (task, n, k, steps, conf, variant) in order:
+        rs = groups[(task, n, k, steps, conf, variant)]
+        for metric in sorted(rs[0]['final'], key=lambda m: (m != 'token_acc', m)):
             vals = [100 * r['final'][metric] for r in rs]
             mean = statistics.fmean(vals)
             half = (statistics.stdev(vals) * _t95(len(vals) - 1) / math.sqrt(len(vals))) if len(vals) > 1 else float('nan')
-            lines.append(f'| {task} | {n} | {k or ""} | {steps} | {variant} | {rs[0]["params"]:,} | '
+            lines.append(f'| {task} | {n} | {k or ""} | {steps} | {conf} | {variant} | {rs[0]["params"]:,} | '
                          f'{",".join(str(r["seed"]) for r in rs)} | {metric} | {mean:.1f} | {"±%.1f" % half if len(vals) > 1 else "–"} | '
                          f'{" / ".join(f"{v:.1f}" for v in vals)} |')
     return '\n'.join(lines)
@@ -129,6 +175,9 @@ def main():
     p.add_argument('--warmup', type=int, default=300)
     p.add_argument('--eval-every', type=int, default=500)
     p.add_argument('--eval-windows', type=int, default=128)
+    p.add_argument('--eval-k', type=int, nargs='+', default=None,
+                   help='Depo: hop counts of the held-out queries (default: K and K/2); accuracy is reported per k')
+    p.add_argument('--cache', type=Path, default=None, help='keep each seed\'s training windows here (see above)')
     p.add_argument('--seeds', type=int, nargs='+', default=[0, 1, 2])
     p.add_argument('--variants', nargs='+', default=None)
     p.add_argument('--out', type=Path, default=Path('eval/results/canon_probe.jsonl'))
