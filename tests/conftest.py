@@ -31,6 +31,15 @@ def model_output(model, x):
 
 
 @pytest.fixture
+def one_thread():
+    """Tiny models train faster on one thread (no OpenMP barriers per small op on a busy machine)."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+@pytest.fixture
 def tmp_ckpt(tmp_path):
     return tmp_path / 'model.pth'
 

@@ -10,14 +10,6 @@ from zoo.datasets.synthetic_data import SyntheticWindows
 from zoo.eval import canon_probe
 
 
-@pytest.fixture
-def one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
 def _args(**kw):
     base = dict(N=8, K=4, dim=16, heads=2, depth=2, context=96, steps=4, batch=2, lr=2e-3, warmup=2,
                 eval_every=2, eval_windows=4, eval_k=None, cache=None, threads=1)

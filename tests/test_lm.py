@@ -224,14 +224,6 @@ def test_bad_inputs_have_clear_errors():
         zoo.create('llama_tiny', canon='AE')
 
 
-@pytest.fixture
-def one_thread():
-    """Tiny models train faster on one thread (no OpenMP barriers per small op on a busy machine)."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
 
 @pytest.mark.parametrize('name', FAMILIES)
 def test_short_training_lowers_loss(name, one_thread):

@@ -6,7 +6,6 @@ import numpy as np
 import pytest
 import torch
 
-from test_lm import one_thread  # noqa: F401  (fixture)
 from zoo.datasets.synthetic import (Brevo, Depo, Mano, TokenCopy, brevo_check, brevo_depth, difficulty_probs,
                                     make_task, pack_window, sample_difficulty)
 
