@@ -75,19 +75,16 @@ class Canon(nn.Module):
     def step(self, h_t: torch.Tensor, cache: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Decode one token: ``h_t`` (B, m), cache (B, m, k) -> (output (B, m), new cache).
 
-        The cache is rolled left and the newest token written at the end, so it lines up with the
-        kernel taps (oldest first); the output is ``sum(cache * w)`` plus the residual.
+        The cache holds the last k inputs, oldest first, so it lines up with the kernel taps; the output is
+        ``sum(cache * w)`` plus the residual (``extend`` with one token).
         """
-        cache = torch.cat([cache[..., 1:], h_t.unsqueeze(-1)], dim=-1)  # (B, m, k), newest last
-        y = (cache * self.conv.weight[:, 0, :]).sum(-1)
-        if self.activation:
-            y = F.silu(y)
-        return (h_t + y if self.residual else y), cache
+        y, cache = self.extend(h_t.unsqueeze(1), cache)                  # (B, 1, m)
+        return y[:, 0], cache
 
     def extend(self, h: torch.Tensor, cache: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """Continue a sequence by T tokens: ``h`` (B, T, m), cache (B, m, k) of the last k inputs (oldest first;
         ``None`` = a fresh sequence, i.e. zero padding) -> (output (B, T, m), new cache). Prefill (T > 1) and
-        one-token decoding (T = 1, the same as ``step``) in one code path."""
+        one-token decoding (T = 1, ``step``) in one code path."""
         if h.ndim != 3 or h.shape[-1] != self.dim:
             raise ValueError(f'Canon expects (B, T, {self.dim}) inputs, got shape {tuple(h.shape)}')
         if cache is None:
