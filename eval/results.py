@@ -725,11 +725,10 @@ def iqm(values) -> float:
     """Interquartile mean (Agarwal et al., "Deep RL at the Edge of the Statistical Precipice", 2021):
     the mean of the middle 50 %, robust to one outlying seed."""
     import numpy as np
-    from scipy.stats import trim_mean
 
     x = np.asarray(values, dtype=float)
     x = x[~np.isnan(x)]
-    return float(trim_mean(x, 0.25)) if len(x) else float('nan')
+    return float(_iqm_rows(x)) if len(x) else float('nan')
 
 
 def _iqm_rows(x):
@@ -862,21 +861,9 @@ def format_aggregate(agg, fmt: str = 'table') -> str:
     import pandas as pd
     if fmt == 'markdown':
         return pd.DataFrame(rows).to_markdown(index=False)
-    import io
-
-    from rich.console import Console
-    from rich.table import Table
-
     tasks = agg.attrs.get('tasks') or []
-    table = Table(title=f"{agg.attrs.get('metric')} over {len(tasks)} task(s): {', '.join(tasks)} "
-                        f'(stratified bootstrap, Agarwal et al. 2021)')
-    for c in rows[0]:
-        table.add_column(c, justify='left' if c in ('model', 'note') else 'right')
-    for r in rows:
-        table.add_row(*[str(v) for v in r.values()])
-    buf = io.StringIO()
-    Console(file=buf, width=200, force_terminal=False).print(table)
-    return buf.getvalue()
+    return _rich_table(f"{agg.attrs.get('metric')} over {len(tasks)} task(s): {', '.join(tasks)} "
+                       f'(stratified bootstrap, Agarwal et al. 2021)', rows, left=('model', 'note'))
 
 
 def _lower_is_better(metric: str) -> bool:
@@ -969,17 +956,22 @@ def format_board(board, fmt: str = 'table') -> str:
         return pd.DataFrame(rows).to_markdown(index=False) if rows else '(no finished runs)'
     if fmt != 'table':
         raise ResultsDBError(f'unknown format {fmt!r}; expected table, csv, json or markdown')
+    metric = board.attrs.get('metric', 'metric')
+    title = f"leaderboard: {metric} ({'higher' if board.attrs.get('higher_is_better', True) else 'lower'} is better)"
+    return _rich_table(title, rows, left=('model', 'blocks', 'aliases'))
+
+
+def _rich_table(title: str, rows: list[dict], left: tuple[str, ...]) -> str:
+    """Rows (dicts with the same keys) as a rich table rendered to text; ``left`` columns left-aligned."""
     import io
 
     from rich.console import Console
     from rich.table import Table
 
-    metric = board.attrs.get('metric', 'metric')
-    title = f"leaderboard: {metric} ({'higher' if board.attrs.get('higher_is_better', True) else 'lower'} is better)"
     table = Table(title=title)
     cols = list(rows[0]) if rows else ['model']
     for c in cols:
-        table.add_column(c, justify='left' if c in ('model', 'blocks', 'aliases') else 'right')
+        table.add_column(c, justify='left' if c in left else 'right')
     for r in rows:
         table.add_row(*[str(r[c]) for c in cols])
     buf = io.StringIO()
