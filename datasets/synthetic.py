@@ -213,11 +213,10 @@ class Brevo(_Task):
             if x not in anc:
                 anc.add(x)
                 stack += parents[x]
-        depth = {}                                                          # longest path from a root: leaves first
+        depth = {}                                  # longest path from a root (= brevo_depth), leaves first
         for i in range(n):
             depth[i] = 1 + max((depth[p] for p in parents[i]), default=-1)
         order = sorted(anc, key=lambda x: (depth[x], rng.random()))
-        query_depth = brevo_depth(parents, q)
         b = _Builder()
         b.add(self.bos)
         for e in rng.permutation(len(edges)):
@@ -228,7 +227,7 @@ class Brevo(_Task):
         for x in order:
             b.add(names[x], answer=True)
         b.add(self.eos, answer=True)
-        return b.build(names=names, parents=parents, query=q, ancestors=sorted(anc), order=order, depth=query_depth)
+        return b.build(names=names, parents=parents, query=q, ancestors=sorted(anc), order=order, depth=depth[q])
 
 
 def brevo_depth(parents: list[list[int]], node: int) -> int:
