@@ -1,6 +1,7 @@
-"""RaftMLP and Strip-MLP against PoolFormer (and TNT when registered) of similar size: params, MACs, CPU latency.
+"""RaftMLP, Strip-MLP and TNT against the PoolFormer of similar size: params, MACs, CPU latency.
 
-No timm implementation of either family exists, so the reference is our PoolFormer at similar MACs.
+No timm implementation of RaftMLP or Strip-MLP exists, so the reference is our PoolFormer at similar MACs
+(TNT-S, 5.2 G, beside PoolFormer-S36, 5.0 G; ``zoo bench`` compares TNT with timm's).
 All models of one batch size run in one process, interleaved (A, B, C, A, B, C, ...), so machine noise
 hits them alike; figures are medians over the repeats and ratios against the paired PoolFormer.
 
@@ -20,15 +21,14 @@ from .profile import benchmark, count_macs, count_params
 PAIRS = {
     'raftmlp_s': 'poolformer_s12', 'raftmlp_m': 'poolformer_s24', 'raftmlp_l': 'poolformer_s36',
     'stripmlp_t_star': 'poolformer_s12', 'stripmlp_t': 'poolformer_s24', 'stripmlp_s': 'poolformer_s36',
-    'stripmlp_b': 'poolformer_m36',
+    'stripmlp_b': 'poolformer_m36', 'tnt_s': 'poolformer_s36',
 }
 
 
 def run(names: list[str], batch_sizes=(1, 16), repeats: int = 5, warmup: int = 1, threads: int | None = None,
         img_size: int = 224) -> list[dict]:
     refs = sorted({PAIRS[n] for n in names if n in PAIRS})
-    extra = [n for n in ('tnt_s',) if n in zoo.list_models()]  # TNT, when its family is merged
-    all_names = list(dict.fromkeys([*names, *refs, *extra]))
+    all_names = list(dict.fromkeys([*names, *refs]))
     torch.manual_seed(0)
     models = {n: zoo.create(n).eval() for n in all_names}
     size = (3, img_size, img_size)
