@@ -56,6 +56,19 @@ def floor_ops(model, batch_size: int = 1) -> dict[str, tuple[str, Callable[[], N
                 fn(blk)  # the output is dropped at once, as the forward frees its temporaries
         return run
 
+    def transformer(stream: str, group: str, blks, tokens, heads, hidden) -> dict:
+        """The ops of one pre-norm transformer block (``inner_*`` or ``outer_*`` modules) over ``blks``."""
+        mod = lambda blk, name: getattr(blk, f'{stream}_{name}')  # noqa: E731
+        return {
+            f'{stream} LayerNorm x2': (group, each(blks, lambda k: (mod(k, 'norm1')(tokens), mod(k, 'norm2')(tokens)))),
+            f'{stream} qkv': (group, each(blks, lambda k: mod(k, 'attn').qkv(tokens))),
+            f'{stream} attention': (group, each(blks, lambda k: F.scaled_dot_product_attention(heads, heads, heads))),
+            f'{stream} proj': (group, each(blks, lambda k: mod(k, 'attn').proj(tokens))),
+            f'{stream} fc1': (group, each(blks, lambda k: mod(k, 'mlp').fc1(tokens))),
+            f'{stream} GELU (in place)': (group, each(blks, lambda k: torch.ops.aten.gelu_(hidden))),
+            f'{stream} fc2': (group, each(blks, lambda k: mod(k, 'mlp').fc2(hidden))),
+        }
+
     def stem_and_head():
         model.word_embed.proj(patches)
         model.sentence_embed(flat)
@@ -63,21 +76,9 @@ def floor_ops(model, batch_size: int = 1) -> dict[str, tuple[str, Callable[[], N
 
     return {
         'stem and head': ('shared', stem_and_head),
-        'inner LayerNorm x2': ('inner', each(blocks, lambda k: (k.inner_norm1(words), k.inner_norm2(words)))),
-        'inner qkv': ('inner', each(blocks, lambda k: k.inner_attn.qkv(words))),
-        'inner attention': ('inner', each(blocks, lambda k: F.scaled_dot_product_attention(wq, wq, wq))),
-        'inner proj': ('inner', each(blocks, lambda k: k.inner_attn.proj(words))),
-        'inner fc1': ('inner', each(blocks, lambda k: k.inner_mlp.fc1(words))),
-        'inner GELU (in place)': ('inner', each(blocks, lambda k: torch.ops.aten.gelu_(w_hidden))),
-        'inner fc2': ('inner', each(blocks, lambda k: k.inner_mlp.fc2(w_hidden))),
+        **transformer('inner', 'inner', blocks, words, wq, w_hidden),
         'word-to-sentence': ('shared', each(blocks, lambda k: k.word_to_sentence(flat))),
-        'outer LayerNorm x2': ('shared', each(full, lambda k: (k.outer_norm1(sentences), k.outer_norm2(sentences)))),
-        'outer qkv': ('shared', each(full, lambda k: k.outer_attn.qkv(sentences))),
-        'outer attention': ('shared', each(full, lambda k: F.scaled_dot_product_attention(sq, sq, sq))),
-        'outer proj': ('shared', each(full, lambda k: k.outer_attn.proj(sentences))),
-        'outer fc1': ('shared', each(full, lambda k: k.outer_mlp.fc1(sentences))),
-        'outer GELU (in place)': ('shared', each(full, lambda k: torch.ops.aten.gelu_(s_hidden))),
-        'outer fc2': ('shared', each(full, lambda k: k.outer_mlp.fc2(s_hidden))),
+        **transformer('outer', 'shared', full, sentences, sq, s_hidden),
         # last block: keys and values of every token; queries, projection and MLP of the class token only
         'last block, class token': ('shared', lambda: _class_token_only(last, sentences, b, oh)),
     }
