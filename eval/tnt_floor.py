@@ -13,7 +13,7 @@ that runs these ops can be faster than it. The ops are split into:
 The last block runs the class token alone (what ``TNT.forward`` does in inference), so the floor's
 ops execute exactly the multiply-adds of ``zoo.create(name).eval()(x)`` under ``torch.inference_mode``
 (``tests/test_tnt.py`` checks that). With ``--vs``, the zoo model and the reference are timed too,
-interleaved, and the table gives the time the reference would have to be divided by.
+interleaved, and the output compares the floor with the time a ``--target`` speed-up would need.
 
     python -m zoo.eval.tnt_floor --model tnt_s --batch-size 1 --vs timm/tnt_s_patch16_224
 """
@@ -26,6 +26,7 @@ from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
+from einops import rearrange
 
 import zoo
 
@@ -86,13 +87,14 @@ def floor_ops(model, batch_size: int = 1) -> dict[str, tuple[str, Callable[[], N
 
 def _class_token_only(blk, sentences: torch.Tensor, b: int, heads: int) -> None:
     d = sentences.shape[-1]
-    cls = sentences.view(b, -1, d)[:, 0]                                      # (B, d)
     w, bias = blk.outer_attn.qkv.weight, blk.outer_attn.qkv.bias              # rows: q, k, v
-    q = F.linear(cls, w[:d], None if bias is None else bias[:d]).view(b, heads, 1, d // heads)  # (B, heads, 1, .)
-    k, v = F.linear(sentences, w[d:], None if bias is None else bias[d:]).view(b, -1, 2, heads, d // heads).permute(2, 0, 3, 1, 4)  # (B, heads, L, .)
-    o = F.scaled_dot_product_attention(q, k, v).reshape(b, d)                # (B, d)
-    h = torch.ops.aten.gelu_(blk.outer_mlp.fc1(blk.outer_attn.proj(o)))
-    blk.outer_mlp.fc2(h)
+    cls = rearrange(sentences, '(b l) d -> b l d', b=b)[:, 0]                 # (B, d)
+    q = F.linear(cls, w[:d], None if bias is None else bias[:d])
+    kv = F.linear(sentences, w[d:], None if bias is None else bias[d:])
+    q = rearrange(q, 'b (h e) -> b h 1 e', h=heads)
+    k, v = rearrange(kv, '(b l) (two h e) -> two b h l e', b=b, two=2, h=heads)
+    o = rearrange(F.scaled_dot_product_attention(q, k, v), 'b h 1 e -> b (h e)')
+    blk.outer_mlp.fc2(torch.ops.aten.gelu_(blk.outer_mlp.fc1(blk.outer_attn.proj(o))))
 
 
 def time_ops(ops: dict, repeats: int = 20, warmup: int = 3) -> dict[str, float]:
