@@ -40,8 +40,9 @@ def main(argv=None) -> None:
     per_run = []
     for i in range(args.runs):
         model, seed = f'model_{i % args.models}', i // (args.models * args.tasks)
+        dataset = f'data{(i // args.models) % args.tasks}'
         t = time.perf_counter()
-        rid = db.start_run(model, task='classification', dataset=f'data{(i // args.models) % args.tasks}', seed=seed, hparams={'lr': 0.01},
+        rid = db.start_run(model, task='classification', dataset=dataset, seed=seed, hparams={'lr': 0.01},
                            block_choices={'token_mixer': 'pooling'}, config={'trainer': {'max_epochs': args.epochs}},
                            env=R.environment(), git_commit=R.git_commit())
         for epoch in range(args.epochs):

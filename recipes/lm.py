@@ -69,7 +69,8 @@ class CausalLM(L.LightningModule):
         pos = {None: 'rope', 0: 'nope'}.get(self.model_args.get('rope_dim'), 'partial_rope')
         if self.model_args.get('rope_heads', 1) != 1 and pos != 'nope':
             pos = f"rope_heads{self.model_args['rope_heads']}_{pos}"       # e.g. rope_heads0.5_partial_rope
-        self.block_choices = {'canon': self.model_args.get('canon', ''), 'pos': pos if info.family == 'llama' else info.family}
+        self.block_choices = {'canon': self.model_args.get('canon', ''),
+                              'pos': pos if info.family == 'llama' else info.family}
         self.monitor, self.monitor_mode = 'val/acc', 'max'    # the checkpoint callback's metric
         self.model = None
         if vocab_size is not None:

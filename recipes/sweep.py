@@ -136,7 +136,9 @@ def _capped_storage_class():
         total is exact. Before counting, trials whose run row is ``crashed`` (a killed worker) are failed,
         and they do not count: the sweep replaces them."""
 
-        cap: dict = {}                 # study name -> target, set by run_sweep
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            self.cap: dict[str, int] = {}   # study name -> target, set by run_sweep
 
         # Optuna's cache layer calls ``_create_new_trial`` (``create_new_trial`` goes through it too).
         def _create_new_trial(self, study_id, template_trial=None):
@@ -145,26 +147,25 @@ def _capped_storage_class():
             if target is None:
                 return super()._create_new_trial(study_id, template_trial)
             with _trial_lock(self.url, self.engine, study_id):
-                crashed = fail_crashed_trials(self, study_id, name, self.url)
+                crashed = self.fail_crashed_trials(study_id, name)
                 if counted_trials(self.get_all_trials(study_id, deepcopy=False), crashed) >= target:
                     raise StudyFull(f'study {name!r} holds its {target} trials')
                 return super()._create_new_trial(study_id, template_trial)
 
-    def fail_crashed_trials(storage, study_id: int, name: str, url: str) -> set[int]:
-        """Trial numbers of the study whose run row is ``crashed``; those still RUNNING in Optuna are
-        failed now (Optuna's own heartbeat would fail them only after its grace period)."""
-        from zoo.eval.results import open_db
+        def fail_crashed_trials(self, study_id: int, name: str) -> set[int]:
+            """Trial numbers of the study whose run row is ``crashed``; those still RUNNING in Optuna are
+            failed now (Optuna's own heartbeat would fail them only after its grace period)."""
+            from zoo.eval.results import open_db
 
-        store = open_db(url)
-        store.mark_crashed()
-        rows = store.runs(study_name=name, status='crashed', columns=['trial_number'])
-        crashed = {int(n) for n in rows.trial_number.dropna()}
-        for t in storage.get_all_trials(study_id, deepcopy=False, states=(TrialState.RUNNING,)):
-            if t.number in crashed:
-                storage.set_trial_state_values(t._trial_id, TrialState.FAIL)
-        return crashed
+            store = open_db(self.url)
+            store.mark_crashed()
+            rows = store.runs(study_name=name, status='crashed', columns=['trial_number'])
+            crashed = {int(n) for n in rows.trial_number.dropna()}
+            for t in self.get_all_trials(study_id, deepcopy=False, states=(TrialState.RUNNING,)):
+                if t.number in crashed:
+                    self.set_trial_state_values(t._trial_id, TrialState.FAIL)
+            return crashed
 
-    CappedRDBStorage.fail_crashed_trials = staticmethod(fail_crashed_trials)
     return CappedRDBStorage
 
 
@@ -380,7 +381,7 @@ def run_sweep(path: str | os.PathLike, n_trials: int | None = None, n_jobs: int 
     optuna.storages.fail_stale_trials(study)            # trials of a killed worker: failed, not running forever
     target = n_trials if n_trials is not None else sweep.n_trials
     st.cap[study_name] = target
-    crashed = st.fail_crashed_trials(st, st.get_study_id_from_name(study_name), study_name, st.url)
+    crashed = st.fail_crashed_trials(st.get_study_id_from_name(study_name), study_name)
     remaining = target - counted_trials(study.get_trials(deepcopy=False), crashed)
     if remaining > 0:
         # --n-jobs N: N - 1 more worker processes on the same study (not threads: Lightning, seeding and
