@@ -178,3 +178,87 @@ def test_fast_inference_path_equals_autograd_path():
     slow = m(x)  # grad enabled: the plain autograd path
     assert not block._fast_inference(torch.randn(1, 16, 8, 8, requires_grad=True))
     assert torch.allclose(fast, slow, atol=1e-5, rtol=1e-5)
+
+
+# ---------------------------------------------------------------------------------------- num_classes
+_TINY = zoo.list_models(tiny=True)
+
+
+def _takes_num_classes(name: str) -> bool:
+    return zoo.model_info(name).task == 'classification'
+
+
+@pytest.mark.parametrize('name', _TINY)
+def test_num_classes_is_checked_in_one_place_for_every_family(name):
+    """Negative counts and non-integers are one-line errors; 0 means no head (timm's convention)."""
+    if not _takes_num_classes(name):  # language models, denoisers: not a classifier argument at all
+        with pytest.raises(TypeError, match='unknown argument'):
+            zoo.create(name, num_classes=3)
+        return
+    with pytest.raises(ValueError, match=r'num_classes must be >= 0 \(0 = no classifier head\), got -3'):
+        zoo.create(name, num_classes=-3)
+    for bad in ('10', 2.0, True):
+        with pytest.raises(TypeError, match='num_classes must be an int >= 0'):
+            zoo.create(name, num_classes=bad)
+    m = zoo.create(name, num_classes=0).eval()
+    x = torch.randn(2, *zoo.model_info(name).input_size)
+    with torch.no_grad():
+        assert m(x).shape == (2, m.num_features), 'num_classes=0 must return the pooled features (no head)'
+    assert not [k for k, v in m.state_dict().items() if v.numel() == 0], 'no zero-sized classifier left behind'
+
+
+# ------------------------------------------------------------------------------- torchvision weights
+def _random_bn_stats(model):
+    g = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for m in model.modules():
+            if isinstance(m, torch.nn.BatchNorm2d):  # non-trivial statistics, so a swapped bn would show
+                m.running_mean.copy_(torch.randn(m.num_features, generator=g))
+                m.running_var.copy_(torch.rand(m.num_features, generator=g) + 0.5)
+                m.weight.copy_(torch.randn(m.num_features, generator=g))
+                m.bias.copy_(torch.randn(m.num_features, generator=g))
+    return model.eval()
+
+
+def test_torchvision_resnet18_weights_reproduce_torchvision_logits(tmp_path):
+    import torchvision
+    torch.manual_seed(0)
+    ref = _random_bn_stats(torchvision.models.resnet18())
+    torch.save(ref.state_dict(), tmp_path / 'tv.pth')
+    ours = zoo.create('resnet18', checkpoint=tmp_path / 'tv.pth').eval()
+    x = torch.randn(2, 3, 64, 64)
+    with torch.no_grad():
+        assert torch.allclose(ours(x), ref(x), atol=1e-5, rtol=1e-5)
+    # the same weights start a weighted-conv fine-tune (den/Phi come from the model, not the checkpoint)
+    w = zoo.create('resnet18', conv_layer='weighted', den=[1.0], checkpoint=tmp_path / 'tv.pth').eval()
+    with torch.no_grad():
+        assert torch.allclose(w(x), ref(x), atol=1e-5, rtol=1e-5)
+
+
+def test_torchvision_resnet50_keys_and_shapes_all_map():
+    """Full-size key coverage on the meta device (no memory, no compute): every torchvision key maps onto ours."""
+    import torchvision
+    with torch.device('meta'):
+        ref, ours = torchvision.models.resnet50(), zoo.create('resnet50')
+    mapped = ours.remap_checkpoint(ref.state_dict())
+    own = ours.state_dict()
+    assert sorted(mapped) == sorted(own)
+    assert all(mapped[k].shape == own[k].shape for k in own)
+
+
+@pytest.mark.parametrize('batch_norm', [False, True])
+def test_torchvision_vgg_weights_reproduce_torchvision_logits(tmp_path, batch_norm):
+    """torchvision's VGG class with a small configuration (its own make_layers; the first classifier layer
+    narrowed to the 64-channel grid), so the test stays small; the key layout is torchvision's."""
+    from torchvision.models.vgg import VGG, make_layers
+    torch.manual_seed(0)
+    cfg = [16, 'M', 32, 'M', 64, 64, 'M']
+    ref = VGG(make_layers(cfg, batch_norm=batch_norm), num_classes=10)
+    ref.classifier[0] = torch.nn.Linear(64 * 7 * 7, 4096)
+    ref = _random_bn_stats(ref)
+    torch.save(ref.state_dict(), tmp_path / 'tv.pth')
+    ours = zoo.create('vgg11', cfg=tuple(cfg), batch_norm=batch_norm, num_classes=10,
+                      checkpoint=tmp_path / 'tv.pth').eval()
+    x = torch.randn(2, 3, 32, 32)
+    with torch.no_grad():
+        assert torch.allclose(ours(x), ref(x), atol=1e-5, rtol=1e-5)

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import inspect
+import numbers
 from dataclasses import dataclass
 
 import torch
@@ -22,13 +23,32 @@ def accepted_args(cls: type) -> list[str]:
     return [n for n, p in params.items() if n != 'self' and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
 
 
+def check_num_classes(num_classes) -> int:
+    """``num_classes`` must be a whole number >= 0; 0 means "no classifier head" (timm's convention)."""
+    if isinstance(num_classes, bool) or not isinstance(num_classes, numbers.Integral):
+        raise TypeError(f'num_classes must be an int >= 0 (0 = no classifier head), got '
+                        f'{type(num_classes).__name__} {num_classes!r}')
+    if num_classes < 0:
+        raise ValueError(f'num_classes must be >= 0 (0 = no classifier head), got {num_classes}')
+    return num_classes
+
+
 def build_model(cls: type, cfg: dict, overrides: dict):
-    """``cls(**{**cfg, **overrides})`` after checking that every override is a constructor argument."""
+    """``cls(**{**cfg, **overrides})`` after checking that every override is a constructor argument.
+
+    Every registered family is built here, so argument checks common to all of them live here too."""
     accepted = accepted_args(cls)
     unknown = sorted(k for k in overrides if k not in accepted)
     if unknown:
         raise UnknownArgumentError(cls, unknown, accepted)
-    return cls(**{**cfg, **overrides})
+    args = {**cfg, **overrides}
+    if 'num_classes' in args:
+        check_num_classes(args['num_classes'])
+    model = cls(**args)
+    if args.get('num_classes') == 0 and not getattr(model, 'features_only', False) \
+            and hasattr(model, 'reset_classifier'):
+        model.reset_classifier(0)  # the same "no head" everywhere, also where a family would build Linear(d, 0)
+    return model
 
 
 def check_image(x: torch.Tensor, in_chans: int, min_size: int, model: str,

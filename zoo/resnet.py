@@ -138,6 +138,41 @@ class ResNet(ClassifierBase):
         x = self.forward_features(x)
         return x if self.features_only else self.forward_head(x)
 
+    def remap_checkpoint(self, state_dict: dict) -> dict:
+        """Map torchvision's ResNet layout onto ours (ours is returned unchanged).
+
+        torchvision: ``conv1``/``bn1`` (stem), ``layer{i}.{j}.conv{n}``/``bn{n}``, ``downsample.{0,1}``, ``fc``.
+        Ours: ``stem.0.{conv,bn}``, ``layers.{i-1}.{j}.conv{n}.{conv,bn}``, ``downsample.{conv,bn}``, ``fc``.
+        The weighted convolution's ``den``/``Phi`` buffers (absent from torchvision) are kept from this model,
+        so torchvision weights also start a ``conv_layer='weighted'`` fine-tune.
+        """
+        if 'conv1.weight' not in state_dict or 'layer1.0.conv1.weight' not in state_dict:
+            return state_dict
+        out = {}
+        for k, v in state_dict.items():
+            parts = k.split('.')
+            if parts[0] in ('conv1', 'bn1'):                       # stem: conv1 -> stem.0.conv, bn1 -> stem.0.bn
+                k = 'stem.0.' + ('conv.' if parts[0] == 'conv1' else 'bn.') + '.'.join(parts[1:])
+            elif parts[0].startswith('layer'):                     # layer{i}.{j}.<name>.<param>
+                stage, block, name, rest = int(parts[0][5:]) - 1, parts[1], parts[2], parts[3:]
+                if name == 'downsample':                           # downsample.0 = conv, downsample.1 = bn
+                    name, rest = 'downsample.' + ('conv' if rest[0] == '0' else 'bn'), rest[1:]
+                elif name.startswith('bn'):                        # bn{n} -> conv{n}.bn
+                    name = f'conv{name[2:]}.bn'
+                else:                                              # conv{n} -> conv{n}.conv
+                    name = f'{name}.conv'
+                k = f'layers.{stage}.{block}.{name}.' + '.'.join(rest)
+            out[k] = v
+        return _keep_density_buffers(self, out)
+
+
+def _keep_density_buffers(model: nn.Module, state_dict: dict) -> dict:
+    """Add the model's own weighted-conv ``den``/``Phi`` buffers where a standard-conv checkpoint has none."""
+    for k, v in model.state_dict().items():
+        if k.rsplit('.', 1)[-1] in ('den', 'Phi') and k not in state_dict:
+            state_dict[k] = v
+    return state_dict
+
 
 def _create(cfg: dict, kwargs: dict) -> ResNet:
     return build_model(ResNet, cfg, kwargs)

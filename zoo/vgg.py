@@ -92,6 +92,38 @@ class VGG(ClassifierBase):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.forward_head(self.forward_features(x))
 
+    def remap_checkpoint(self, state_dict: dict) -> dict:
+        """Map torchvision's VGG layout onto ours (ours is returned unchanged).
+
+        torchvision's ``features`` is conv, [bn,] relu per conv and a max-pool per 'M'; ours is conv (or one
+        ConvBN holding ``conv`` and ``bn``), relu. Its ``classifier.{0,3,6}`` are our ``pre_logits.{0,3}`` and
+        ``fc`` (the 224x224 head; ``stem='cifar'`` has no torchvision counterpart). The weighted convolution's
+        ``den``/``Phi`` buffers are kept from this model.
+        """
+        if 'classifier.6.weight' not in state_dict:
+            return state_dict
+        names, tv = {}, 0                        # torchvision's features.<tv> -> our features.<i>[.conv|.bn]
+        for i, m in enumerate(self.features):
+            if isinstance(m, ConvBN):
+                names[str(tv)], names[str(tv + 1)] = f'{i}.conv', f'{i}.bn'
+                tv += 2
+            else:                                # a conv (same index), ReLU or max-pool
+                names[str(tv)] = str(i)
+                tv += 1
+        head = {'0': 'pre_logits.0', '3': 'pre_logits.3', '6': 'fc'}
+        out = {}
+        for k, v in state_dict.items():
+            group, idx, param = k.split('.', 2)
+            if group == 'features' and idx in names:
+                k = f'features.{names[idx]}.{param}'
+            elif group == 'classifier' and idx in head:
+                k = f'{head[idx]}.{param}'
+            out[k] = v
+        for k, v in self.state_dict().items():  # weighted-conv buffers absent from torchvision
+            if k.rsplit('.', 1)[-1] in ('den', 'Phi') and k not in out:
+                out[k] = v
+        return out
+
 
 def _create(cfg: dict, kwargs: dict) -> VGG:
     return build_model(VGG, cfg, kwargs)
