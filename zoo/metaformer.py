@@ -14,6 +14,11 @@ Differences from the official code, all numerically neutral:
 - the network runs in channels-last memory on CPU (1x1 convs become one GEMM, average pooling
   vectorises over channels); the logical layout stays NCHW.
 
+Dense backbone: ``features_only=True`` returns the four stage outputs (strides 4/8/16/32). The
+official detection / segmentation backbone (``fork_feat=True``) also puts a norm on each output
+(``norm0/2/4/6``); ``out_norm=True`` adds them (``out_norms.{i}``), so the official detection
+checkpoints load (``remap_checkpoint``) and give the official feature maps. See docs/backbones.md.
+
 Head: the official head is GroupNorm(1, C) over the whole map, then mean, then linear; timm's
 is mean, then LayerNorm over channels (eps 1e-6), then linear. ``timm_head=True`` selects timm's
 so that weights trained in timm reproduce timm's logits exactly.
@@ -21,6 +26,7 @@ so that weights trained in timm reproduce timm's logits exactly.
 from __future__ import annotations
 
 import inspect
+import warnings
 from collections.abc import Sequence
 
 import torch
@@ -115,6 +121,8 @@ class MetaFormer(ClassifierBase):
         timm_head: timm's head order (pool, LayerNorm, fc) instead of the official one.
         img_size: used only by token mixers whose weights depend on the grid.
         features_only: return the multi-scale maps of ``out_indices`` instead of logits.
+        out_norm: with ``features_only``, normalise each returned map with the stage's norm layer, as the
+            official dense backbone (``fork_feat=True``) does; needed for its detection checkpoints.
     """
 
     def __init__(self, depths: Sequence[int] = (2, 2, 6, 2), dims: Sequence[int] = (64, 128, 320, 512),
@@ -123,8 +131,10 @@ class MetaFormer(ClassifierBase):
                  downsample_layer='conv', layer_scale_init_value: float | None = 1e-5, drop_rate: float = 0.0,
                  proj_drop_rate: float = 0.0, drop_path_rate: float = 0.0, timm_head: bool = False,
                  img_size: int | Sequence[int] = 224, channels_last: bool = True, features_only: bool = False,
-                 out_indices: Sequence[int] | None = None):
+                 out_indices: Sequence[int] | None = None, out_norm: bool = False):
         super().__init__()
+        if out_norm and not features_only:
+            raise ValueError('out_norm=True normalises the multi-scale outputs; it needs features_only=True')
         n = len(depths)
         if len(dims) != n:
             raise ValueError(f'depths {tuple(depths)} and dims {tuple(dims)} must have the same length')
@@ -154,6 +164,9 @@ class MetaFormer(ClassifierBase):
         self.stages = nn.Sequential(*stages)
         self.features_only = features_only
         self.out_indices, self.feature_info = select_features(info, out_indices)
+        self.out_norm = out_norm
+        if out_norm:  # official fork_feat: one norm per returned map (its norm0/2/4/6), keyed by level
+            self.out_norms = nn.ModuleDict({str(i): layers.get('norm', norms[i])(dims[i]) for i in self.out_indices})
         if features_only:
             self.head = None
         else:
@@ -191,13 +204,14 @@ class MetaFormer(ClassifierBase):
         return self.stages(self._stem(x))
 
     def forward_intermediates(self, x: torch.Tensor) -> list[torch.Tensor]:
-        """The maps after each stage in ``out_indices``: (B, dims[i], H/(4*2^i), W/(4*2^i))."""
+        """The maps after each stage in ``out_indices``: (B, dims[i], H/(4*2^i), W/(4*2^i)), each through its
+        own norm when built with ``out_norm`` (the norm is applied to the output only, not to the trunk)."""
         x = self._stem(x)
         feats = []
         for i, stage in enumerate(self.stages):
             x = stage(x)
             if i in self.out_indices:
-                feats.append(x)
+                feats.append(self.out_norms[str(i)](x) if self.out_norm else x)
         return feats
 
     def forward_head(self, x: torch.Tensor, pre_logits: bool = False) -> torch.Tensor:
@@ -207,15 +221,36 @@ class MetaFormer(ClassifierBase):
         self.num_classes = num_classes
         self.head.reset(num_classes)
 
-    @staticmethod
-    def remap_checkpoint(state_dict: dict) -> dict:
+    def remap_checkpoint(self, state_dict: dict) -> dict:
         """Map the official PoolFormer layout onto ours; timm's layout is ours already.
 
         Official: ``patch_embed.proj``, ``network.{0,2,4,6}.j.*`` (stages), ``network.{1,3,5}.proj``
-        (downsampling), ``layer_scale_1`` (a bare parameter), ``norm``, ``head``.
+        (downsampling), ``layer_scale_1`` (a bare parameter), ``norm``, ``head``; its dense backbone
+        (``fork_feat=True``) has ``norm{0,2,4,6}`` on the outputs instead of ``norm``/``head``: they become
+        ``out_norms.{0..3}``. A detector's checkpoint (mmdet: ``backbone.*``, ``neck.*``, ...) gives its
+        backbone. For a ``features_only`` model the classifier (``head.*``) is dropped, and output norms the
+        checkpoint lacks (an ImageNet checkpoint) are left newly initialised, as the official code does.
         """
-        if 'stem.conv.weight' in state_dict:
-            return state_dict
+        if any(k.startswith('backbone.') for k in state_dict):  # a whole detector / segmentor
+            state_dict = {k[len('backbone.'):]: v for k, v in state_dict.items() if k.startswith('backbone.')}
+        if 'stem.conv.weight' not in state_dict:
+            state_dict = self._remap_official(state_dict)
+        if any(k.startswith('out_norms.') for k in state_dict) and not self.out_norm:
+            raise ValueError('the checkpoint is an official dense backbone (fork_feat) with a norm on each output; '
+                             'build the model with features_only=True, out_norm=True to load it')
+        if self.features_only:
+            own = {k: v for k, v in self.state_dict().items() if k.startswith('out_norms.')}
+            # the classifier, and the output norms of levels not in out_indices, are not part of this model
+            state_dict = {k: v for k, v in state_dict.items()
+                          if not k.startswith('head.') and (not k.startswith('out_norms.') or k in own)}
+            fresh = sorted(k for k in own if k not in state_dict)
+            if fresh:
+                warnings.warn(f'the checkpoint has no output norms for {", ".join(fresh)}; left newly initialised')
+                state_dict = {**state_dict, **{k: own[k] for k in fresh}}
+        return state_dict
+
+    @staticmethod
+    def _remap_official(state_dict: dict) -> dict:
         out = {}
         for k, v in state_dict.items():
             parts = k.split('.')
@@ -232,6 +267,8 @@ class MetaFormer(ClassifierBase):
                     k = f'stages.{(idx + 1) // 2}.downsample.conv.' + '.'.join(parts[3:])
             elif parts[0] == 'norm':
                 k = 'head.norm.' + '.'.join(parts[1:])
+            elif parts[0] in ('norm0', 'norm2', 'norm4', 'norm6'):  # fork_feat output norms, one per stage
+                k = f'out_norms.{int(parts[0][4:]) // 2}.' + '.'.join(parts[1:])
             elif parts[0] == 'head':
                 k = 'head.fc.' + '.'.join(parts[1:])
             out[k] = v
