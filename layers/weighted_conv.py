@@ -9,10 +9,26 @@ The density ``den`` has ``(k - 1) / 2`` entries, the outermost ring first. With
 ``alfa ⊗ alfa ⊗ alfa`` (3D), and the forward is one ordinary convolution with ``weight * Phi``.
 ``Phi`` is a buffer computed once, so the cost over ``nn.ConvNd`` is one weight-sized multiply.
 
-Unlike the official ``wConv2d`` (padding 1, no bias, Kaiming fan-out init) these classes keep
-``nn.ConvNd``'s signature and defaults, so they are drop-in replacements: ``den`` of all ones (the
-default) gives bit-identical outputs. ``trainable_den=True`` makes ``den`` a per-layer parameter
-(the repository's ``wConv_Trainable`` variant; the papers keep one fixed ``den`` for all layers).
+Defaults differ from the official ``wConv1d/2d/3d`` on purpose: these classes keep ``nn.ConvNd``'s
+signature and defaults, so they are drop-in replacements (``den`` of all ones, the default, gives
+bit-identical outputs to ``nn.ConvNd``):
+
+=============  ==================================  ========================================
+               official ``wConv2d``                here (= ``nn.Conv2d``)
+=============  ==================================  ========================================
+padding        1                                   0
+bias           False                               True
+weight init    kaiming_normal_(fan_out, relu)      kaiming_uniform_(a=sqrt(5)); a host model
+                                                   (ResNet, VGG, DnCNN) applies its own init
+den            required, positional (4th)          keyword, default all ones
+buffers        ``alfa`` (length k) and ``Phi``     ``den`` ((k - 1) / 2 values) and ``Phi``
+=============  ==================================  ========================================
+
+To reproduce an official layer pass ``padding=1, bias=False`` (and the den). Official state dicts
+load directly: ``alfa`` is turned into ``den`` (its first (k - 1) / 2 entries, checked to be the
+symmetric profile with centre 1) and ``Phi`` is rebuilt where a checkpoint lacks it (the trainable
+variant stores only ``den``). ``trainable_den=True`` makes ``den`` a per-layer parameter (the
+repository's ``wConv_Trainable`` variant; the papers keep one fixed ``den`` for all layers).
 """
 from __future__ import annotations
 
@@ -71,6 +87,26 @@ class _WeightedConvNd:
         else:
             self.register_buffer('den', den.clone())
             self.register_buffer('Phi', density_mask(den, self._ndim))  # (k,) * ndim, broadcast over (Cout, Cin/g)
+
+    def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
+                              error_msgs):
+        """Accept the official layout: ``alfa`` (the whole 1-D profile) instead of ``den``, ``Phi`` optional."""
+        alfa = state_dict.pop(prefix + 'alfa', None)
+        if alfa is not None and prefix + 'den' not in state_dict:
+            n = (self.kernel_size[0] - 1) // 2
+            den = alfa[:n]
+            if alfa.numel() != 2 * n + 1 or not torch.equal(alfa, _alfa(den)):
+                error_msgs.append(f'{prefix}alfa must be the symmetric profile [den, 1, reversed(den)] of '
+                                  f'length {2 * n + 1}, got {alfa.tolist()}')
+                return
+            state_dict[prefix + 'den'] = den.clone()
+        den = state_dict.get(prefix + 'den')
+        if self.trainable_den:
+            state_dict.pop(prefix + 'Phi', None)  # rebuilt from the parameter at every forward
+        elif den is not None and prefix + 'Phi' not in state_dict:
+            state_dict[prefix + 'Phi'] = density_mask(den.float(), self._ndim)
+        super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
+                                      error_msgs)
 
     def masked_weight(self) -> torch.Tensor:
         """``weight * Phi`` (rebuilt from the parameter ``den`` when it is trainable)."""

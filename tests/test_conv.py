@@ -64,6 +64,61 @@ def test_weighted_matches_unfold_formulation():
     assert torch.allclose(conv(x), ref, atol=1e-5)
 
 
+def _official_fixed_layout(cout, cin, k, den, ndim=2, bias=False, seed=0):
+    """A state dict in the official ``wConv{1,2,3}d`` layout (cammarasana123/weightedConvolution2.0 ``wConv.py``):
+    ``weight``, optional ``bias``, the whole 1-D profile ``alfa = [den, 1, reversed(den)]`` and its outer power
+    ``Phi``, written here from that description."""
+    g = torch.Generator().manual_seed(seed)
+    d = torch.tensor(den, dtype=torch.float32)
+    alfa = torch.cat([d, torch.ones(1), d.flip(0)])
+    phi = alfa if ndim == 1 else torch.einsum('i,j->ij', alfa, alfa) if ndim == 2 else \
+        torch.einsum('i,j,k->ijk', alfa, alfa, alfa)
+    sd = {'weight': torch.randn(cout, cin, *(k,) * ndim, generator=g), 'alfa': alfa, 'Phi': phi}
+    if bias:
+        sd['bias'] = torch.randn(cout, generator=g)
+    return sd
+
+
+@pytest.mark.parametrize('cls,fn,ndim', [(WeightedConv1d, F.conv1d, 1), (WeightedConv2d, F.conv2d, 2),
+                                         (WeightedConv3d, F.conv3d, 3)])
+@pytest.mark.parametrize('bias', [False, True])
+def test_official_state_dict_loads(cls, fn, ndim, bias):
+    """The official layer computes conv(x, weight * Phi, bias, padding=1) with its buffers alfa and Phi.
+
+    Checked once against the official layers themselves (weightedConvolution2.0 @ 7ee7e21, run in /tmp):
+    wConv1d/2d/3d state dicts loaded into ours built with ``padding=1`` gave max |delta| 0.0 (k = 3 and 7, with
+    and without bias), ours loaded into theirs (den -> alfa) 0.0, and the trainable wConv2d (7x7) 0.0."""
+    den = [0.25, 0.15, 0.55] if ndim == 2 else [0.4]
+    k = 2 * len(den) + 1
+    sd = _official_fixed_layout(6, 3, k, den, ndim, bias)
+    conv = cls(3, 6, k, padding=1, bias=bias)   # the official defaults: padding 1, no bias
+    conv.load_state_dict(sd)
+    assert conv.den.tolist() == pytest.approx(den) and torch.equal(conv.Phi, sd['Phi'])
+    x = torch.randn(2, 3, *(7,) * ndim)
+    assert torch.equal(conv(x), fn(x, sd['weight'] * sd['Phi'], sd.get('bias'), padding=1))
+    # the trainable variant (wConv_Trainable.py) stores den as a parameter and no Phi: both load either way
+    trainable = cls(3, 6, k, padding=1, bias=bias, trainable_den=True)
+    trainable.load_state_dict(sd)
+    assert torch.allclose(trainable(x), conv(x))
+    fixed = cls(3, 6, k, padding=1, bias=bias)
+    fixed.load_state_dict({kk: v for kk, v in trainable.state_dict().items()})
+    assert torch.equal(fixed.Phi, conv.Phi)
+
+
+def test_official_state_dict_with_a_bad_profile_is_an_error():
+    sd = _official_fixed_layout(4, 2, 3, [0.5])
+    sd['alfa'] = torch.tensor([0.5, 1.0, 0.7])  # not symmetric
+    with pytest.raises(RuntimeError, match=r'alfa must be the symmetric profile'):
+        WeightedConv2d(2, 4, 3, padding=1, bias=False).load_state_dict(sd)
+
+
+def test_defaults_differ_from_official_as_documented():
+    """nn.Conv2d's defaults (padding 0, bias) rather than the official layer's (padding 1, no bias)."""
+    conv = WeightedConv2d(2, 4, 3, den=[0.5])
+    assert conv.padding == (0, 0) and conv.bias is not None
+    assert conv(torch.randn(1, 2, 5, 5)).shape == (1, 4, 3, 3)   # unpadded, like nn.Conv2d
+
+
 def test_trainable_density_gets_gradient():
     conv = WeightedConv2d(2, 3, 5, padding=2, den=[0.5, 0.9], trainable_den=True)
     assert {n for n, _ in conv.named_parameters()} == {'weight', 'bias', 'den'}
