@@ -13,6 +13,18 @@ outputs, so ``weight[:, 0, -1]`` multiplies h_t and ``weight[:, 0, 0]`` multipli
 The weights keep PyTorch's default Conv1d initialisation (U(-1/sqrt(k), 1/sqrt(k)), std ~0.289 for k = 4):
 the paper's demo warns against re-initialising them to 0.02, so model-level inits must skip Canon
 modules (they carry ``skip_global_init = True``).
+
+Padding: ``forward``/``extend`` take an attention mask (B, L) of 1 = token, 0 = padding, as the official
+``apply_canon`` does (HF's 2-d form; its last T columns belong to the T inputs, so a mask covering a cached
+prefix as well works). Padded positions are zeroed before the convolution, so a left-padded sequence's real
+tokens see the same zero history as the unpadded sequence. Unlike the official ``ShortConvolution`` the input
+is not overwritten in place, and zeroing uses ``where`` rather than a product, so a non-finite value at a padded
+position cannot leak into real ones.
+
+Chunked prefill: ``extend`` continues a sequence by any number of tokens from the rolling cache. The official
+cached path uses the cache only for one-token steps; a multi-token chunk after a cached prefix is convolved with
+zero padding there (the cache is overwritten, not read), so its first k - 1 outputs miss their history. Here
+every chunk size gives the full-sequence result (tested).
 """
 from __future__ import annotations
 
@@ -23,7 +35,7 @@ from torch import nn
 
 from ._registry import register
 
-__all__ = ['Canon', 'ShortConv', 'apply_cached', 'parse_canon_set']
+__all__ = ['Canon', 'ShortConv', 'apply_cached', 'parse_canon_set', 'zero_padding']
 
 CANON_POINTS = 'ABCD'
 
@@ -58,11 +70,13 @@ class Canon(nn.Module):
         # PyTorch's default Conv1d init: kaiming_uniform(a=sqrt(5)) -> U(-1/sqrt(k), 1/sqrt(k)).
         self.conv = nn.Conv1d(dim, dim, kernel_size, groups=dim, bias=False, padding=kernel_size - 1)
 
-    def forward(self, h: torch.Tensor) -> torch.Tensor:
+    def forward(self, h: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+        """h: (B, T, m); mask: optional (B, L >= T) attention mask, 1 = token, 0 = padding (its last T columns)."""
         if h.ndim != 3 or h.shape[-1] != self.dim:
             raise ValueError(f'Canon expects (B, T, {self.dim}) inputs, got shape {tuple(h.shape)}')
         t = h.shape[1]
-        y = self.conv(rearrange(h, 'b t m -> b m t'))[..., :t]  # left padding k-1: keep the causal outputs
+        x = zero_padding(h, mask)
+        y = self.conv(rearrange(x, 'b t m -> b m t'))[..., :t]  # left padding k-1: keep the causal outputs
         y = rearrange(y, 'b m t -> b t m')
         if self.activation:
             y = F.silu(y)
@@ -72,24 +86,28 @@ class Canon(nn.Module):
         """An empty rolling cache (B, m, k) for step-by-step decoding."""
         return torch.zeros(batch, self.dim, self.kernel_size, device=device, dtype=dtype or self.conv.weight.dtype)
 
-    def step(self, h_t: torch.Tensor, cache: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def step(self, h_t: torch.Tensor, cache: torch.Tensor, mask: torch.Tensor | None = None
+             ) -> tuple[torch.Tensor, torch.Tensor]:
         """Decode one token: ``h_t`` (B, m), cache (B, m, k) -> (output (B, m), new cache).
 
         The cache holds the last k inputs, oldest first, so it lines up with the kernel taps; the output is
         ``sum(cache * w)`` plus the residual (``extend`` with one token).
         """
-        y, cache = self.extend(h_t.unsqueeze(1), cache)                  # (B, 1, m)
+        y, cache = self.extend(h_t.unsqueeze(1), cache, mask)            # (B, 1, m)
         return y[:, 0], cache
 
-    def extend(self, h: torch.Tensor, cache: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    def extend(self, h: torch.Tensor, cache: torch.Tensor | None = None, mask: torch.Tensor | None = None
+               ) -> tuple[torch.Tensor, torch.Tensor]:
         """Continue a sequence by T tokens: ``h`` (B, T, m), cache (B, m, k) of the last k inputs (oldest first;
-        ``None`` = a fresh sequence, i.e. zero padding) -> (output (B, T, m), new cache). Prefill (T > 1) and
-        one-token decoding (T = 1, ``step``) in one code path."""
+        ``None`` = a fresh sequence, i.e. zero padding) -> (output (B, T, m), new cache). Prefill (T > 1), chunks
+        of any size and one-token decoding (T = 1, ``step``) in one code path. ``mask``: as in ``forward``; padded
+        inputs enter the window as zeros."""
         if h.ndim != 3 or h.shape[-1] != self.dim:
             raise ValueError(f'Canon expects (B, T, {self.dim}) inputs, got shape {tuple(h.shape)}')
         if cache is None:
             cache = self.init_cache(h.shape[0], h.device, h.dtype)
-        full = torch.cat([cache, rearrange(h, 'b t m -> b m t')], dim=-1)  # (B, m, k + T), history first
+        x = zero_padding(h, mask)
+        full = torch.cat([cache, rearrange(x, 'b t m -> b m t')], dim=-1)  # (B, m, k + T), history first
         windows = full[..., 1:].unfold(-1, self.kernel_size, 1)             # (B, m, T, k): each output's last k inputs
         # taps as a product-sum, not conv1d: a one-token conv1d costs ~4x more on CPU (per-call overhead)
         y = rearrange((windows * self.conv.weight[:, None, 0, :]).sum(-1), 'b m t -> b t m')
@@ -114,12 +132,27 @@ class ShortConv(Canon):
         self.conv.reset_parameters()
 
 
-def apply_cached(layer: Canon | None, h: torch.Tensor, cache: dict | None, key: str) -> torch.Tensor:
+def zero_padding(h: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+    """Zero the padded positions of ``h`` (B, T, ...): ``mask`` (B, L >= T), 1 = token, 0 = padding, whose last
+    T columns belong to ``h`` (the official ``apply_canon`` slicing). ``None`` returns ``h`` unchanged."""
+    if mask is None:
+        return h
+    b, t = h.shape[:2]
+    if mask.ndim != 2 or mask.shape[0] != b or mask.shape[1] < t:
+        raise ValueError(f'attention mask must be (B, L) with B = {b} and L >= {t} (1 = token, 0 = padding), '
+                         f'got shape {tuple(mask.shape)}')
+    keep = mask[:, -t:].bool().reshape(b, t, *([1] * (h.ndim - 2)))   # (B, T, 1, ...)
+    return torch.where(keep, h, h.new_zeros(()))
+
+
+def apply_cached(layer: Canon | None, h: torch.Tensor, cache: dict | None, key: str,
+                 mask: torch.Tensor | None = None) -> torch.Tensor:
     """Run an optional Canon / short conv: identity if ``layer`` is None, the full forward if ``cache`` is None,
-    else ``layer.extend`` with its rolling cache kept in ``cache[key]`` (updated in place)."""
+    else ``layer.extend`` with its rolling cache kept in ``cache[key]`` (updated in place). ``mask``: the
+    attention mask (B, L), padded inputs zeroed before the convolution."""
     if layer is None:
         return h
     if cache is None:
-        return layer(h)
-    y, cache[key] = layer.extend(h, cache.get(key))
+        return layer(h, mask)
+    y, cache[key] = layer.extend(h, cache.get(key), mask)
     return y

@@ -17,7 +17,11 @@ arXiv 2512.17351) on the concatenated projections before the heads are formed.
 
 ``gla_recurrent`` and ``ssd_recurrent`` are the token-by-token references the chunked scans are tested
 and benchmarked against. Every mixer's ``forward(x, cache=None)`` also continues a sequence from a cache dict
-(KV cache / recurrent state plus the short-conv and Canon-B windows) for step-by-step decoding.
+(KV cache / recurrent state plus the short-conv and Canon-B windows) for step-by-step decoding, and takes
+an optional attention ``mask`` (B, L) of 1 = token, 0 = padding covering the cached prefix and the T new tokens
+(HF's 2-d form): padded positions are no-ops, so a padded batch gives each sequence's unpadded outputs at its
+real positions. Attention masks padded keys and counts RoPE positions over real tokens only (left padding);
+GLA and Mamba2 zero the padded inputs of their convolutions and make padded steps leave the state unchanged.
 """
 from __future__ import annotations
 
@@ -29,7 +33,7 @@ from einops import rearrange
 from torch import nn
 
 from ._registry import register
-from .canon import Canon, ShortConv, apply_cached
+from .canon import Canon, ShortConv, apply_cached, zero_padding
 
 __all__ = ['CausalSelfAttention', 'GatedLinearAttention', 'Mamba2Mixer', 'apply_rope',
            'gla_chunked', 'gla_recurrent', 'ssd_chunked', 'ssd_recurrent']
@@ -38,17 +42,23 @@ _EX = dict(layout='nlc', example_input=(2, 12, 32))
 
 
 # ----------------------------------------------------------------------------------------------- RoPE
-def apply_rope(x: torch.Tensor, rope_dim: int, theta: float = 10000.0, offset: int = 0) -> torch.Tensor:
+def apply_rope(x: torch.Tensor, rope_dim: int, theta: float = 10000.0, offset: int = 0,
+               positions: torch.Tensor | None = None) -> torch.Tensor:
     """Rotary embedding (rotate-half convention, as HF Llama) on the first ``rope_dim`` dims of each head.
 
-    x: (..., T, hd). The remaining ``hd - rope_dim`` dims pass through (partial RoPE); ``rope_dim=0`` is NoPE.
+    x: (..., T, hd) at positions offset .. offset + T - 1, or (..., B, H, T, hd) at per-sequence ``positions``
+    (B, T) (padded batches). The remaining ``hd - rope_dim`` dims pass through (partial RoPE); ``rope_dim=0``
+    is NoPE.
     """
     if rope_dim == 0:
         return x
     t = x.shape[-2]
     inv_freq = 1.0 / theta ** (torch.arange(0, rope_dim, 2, device=x.device, dtype=torch.float32) / rope_dim)
-    pos = torch.arange(offset, offset + t, device=x.device, dtype=torch.float32)
-    ang = torch.outer(pos, inv_freq)                                   # (T, rope_dim/2)
+    if positions is None:
+        pos = torch.arange(offset, offset + t, device=x.device, dtype=torch.float32)
+        ang = torch.outer(pos, inv_freq)                               # (T, rope_dim/2)
+    else:
+        ang = positions.float()[:, None, :, None] * inv_freq           # (B, 1, T, rope_dim/2): broadcast over heads
     cos, sin = torch.cat([ang, ang], -1).cos().to(x.dtype), torch.cat([ang, ang], -1).sin().to(x.dtype)
     xr, xp = x[..., :rope_dim], x[..., rope_dim:]
     x1, x2 = xr.chunk(2, dim=-1)
@@ -71,7 +81,7 @@ class CausalSelfAttention(nn.Module):
     """
 
     def __init__(self, dim: int, num_heads: int = 8, rope_dim: int | None = None, rope_theta: float = 10000.0,
-                 canon_b: bool = False, canon_kernel: int = 4, rope_heads: float = 1.0):
+                 canon_b: bool = False, canon_kernel: int = 4, rope_heads: float = 1.0, canon_activation: bool = False):
         super().__init__()
         if dim % num_heads:
             raise ValueError(f'dim {dim} must be divisible by num_heads {num_heads}')
@@ -86,35 +96,48 @@ class CausalSelfAttention(nn.Module):
         self.rope_heads = int(round(n_rope))                               # heads 0..rope_heads-1 rotate
         self.rope_dim, self.rope_theta = rope_dim, rope_theta
         self.qkv = nn.Linear(dim, 3 * dim, bias=False)   # = concat[q_proj, k_proj, v_proj]
-        self.canon_b = Canon(3 * dim, canon_kernel) if canon_b else None
+        self.canon_b = Canon(3 * dim, canon_kernel, activation=canon_activation) if canon_b else None
         self.proj = nn.Linear(dim, dim, bias=False)
 
-    def forward(self, x: torch.Tensor, cache: dict | None = None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, cache: dict | None = None, mask: torch.Tensor | None = None) -> torch.Tensor:
         """x: (B, T, d). ``cache``: ``None`` for a whole sequence, else a dict (``{}`` to start) holding the
         Canon-B window and the keys / values so far (after RoPE, at their absolute positions); updated in place,
-        so the next call continues the sequence (prefill, then one token at a time)."""
-        qkv = apply_cached(self.canon_b, self.qkv(x), cache, 'canon_b')    # (B, T, 3d)
+        so the next call continues the sequence (prefill, then one token at a time). ``mask``: optional (B,
+        past + T) attention mask, 1 = token, 0 = padding: padded keys are not attended to and RoPE counts
+        positions over real tokens (so left padding does not shift them)."""
+        qkv = apply_cached(self.canon_b, self.qkv(x), cache, 'canon_b', mask)  # (B, T, 3d)
         q, k, v = rearrange(qkv, 'b t (three h e) -> three b h t e', three=3, h=self.num_heads)
         past = cache['k'].shape[2] if cache is not None and 'k' in cache else 0
-        q, k = self.rope(torch.stack([q, k]), past)                        # one set of angles for both
+        t = q.shape[2]
+        if mask is not None and tuple(mask.shape) != (x.shape[0], past + t):
+            raise ValueError(f'attention mask must be (B, past + T) = ({x.shape[0]}, {past + t}) (1 = token, '
+                             f'0 = padding), got shape {tuple(mask.shape)}')
+        positions = None if mask is None else (mask.long().cumsum(-1) - 1).clamp_min(0)[:, past:]  # (B, T)
+        q, k = self.rope(torch.stack([q, k]), past, positions)             # one set of angles for both
         if cache is not None:
             if past:
                 k, v = torch.cat([cache['k'], k], 2), torch.cat([cache['v'], v], 2)   # (B, H, past + T, hd)
             cache['k'], cache['v'] = k, v
-        if past:  # query i sits at absolute position past + i and sees keys 0..past + i
-            mask = torch.ones(q.shape[2], k.shape[2], dtype=torch.bool, device=x.device).tril(past)
-            y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+        if mask is not None:  # causal and key padding; every query also sees itself, so no row is empty (NaN)
+            causal = torch.ones(t, past + t, dtype=torch.bool, device=x.device).tril(past)       # (T, past + T)
+            own = F.pad(torch.eye(t, dtype=torch.bool, device=x.device), (past, 0))                # (T, past + T)
+            allowed = (causal & mask.bool()[:, None, None, :]) | own                             # (B, 1, T, past + T)
+            y = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed)
+        elif past:  # query i sits at absolute position past + i and sees keys 0..past + i
+            causal = torch.ones(t, k.shape[2], dtype=torch.bool, device=x.device).tril(past)
+            y = F.scaled_dot_product_attention(q, k, v, attn_mask=causal)
         else:
             y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
         return self.proj(rearrange(y, 'b h t e -> b t (h e)'))
 
-    def rope(self, x: torch.Tensor, offset: int = 0) -> torch.Tensor:
-        """RoPE on (..., H, T, hd) at absolute positions offset.. offset + T - 1: the first ``rope_dim`` dims of
-        the first ``rope_heads`` heads rotate, the other heads are NoPE."""
+    def rope(self, x: torch.Tensor, offset: int = 0, positions: torch.Tensor | None = None) -> torch.Tensor:
+        """RoPE on (..., H, T, hd) at absolute positions offset.. offset + T - 1 (or per-sequence ``positions``
+        (B, T)): the first ``rope_dim`` dims of the first ``rope_heads`` heads rotate, the other heads are NoPE."""
         if self.rope_heads == self.num_heads:
-            return apply_rope(x, self.rope_dim, self.rope_theta, offset)
+            return apply_rope(x, self.rope_dim, self.rope_theta, offset, positions)
         n = self.rope_heads
-        return torch.cat([apply_rope(x[..., :n, :, :], self.rope_dim, self.rope_theta, offset), x[..., n:, :, :]], dim=-3)
+        return torch.cat([apply_rope(x[..., :n, :, :], self.rope_dim, self.rope_theta, offset, positions),
+                          x[..., n:, :, :]], dim=-3)
 
     def extra_repr(self) -> str:
         return (f'num_heads={self.num_heads}, head_dim={self.head_dim}, rope_dim={self.rope_dim}, '
@@ -192,7 +215,8 @@ class GatedLinearAttention(nn.Module):
 
     def __init__(self, dim: int, num_heads: int = 4, expand_k: float = 0.5, expand_v: float = 1.0,
                  gate_low_rank_dim: int = 16, gate_logit_normalizer: float = 16.0, short_conv: bool = True,
-                 conv_kernel: int = 4, canon_b: bool = False, canon_kernel: int = 4, chunk_size: int = 32):
+                 conv_kernel: int = 4, canon_b: bool = False, canon_kernel: int = 4, chunk_size: int = 32,
+                 canon_activation: bool = False):
         super().__init__()
         self.key_dim, self.value_dim = int(dim * expand_k), int(dim * expand_v)
         if self.key_dim % num_heads or self.value_dim % num_heads:
@@ -200,20 +224,23 @@ class GatedLinearAttention(nn.Module):
         self.num_heads, self.normalizer, self.chunk_size = num_heads, gate_logit_normalizer, chunk_size
         qkv_dim = 2 * self.key_dim + self.value_dim
         self.qkv = nn.Linear(dim, qkv_dim, bias=False)
-        self.canon_b = Canon(qkv_dim, canon_kernel) if canon_b else None
+        self.canon_b = Canon(qkv_dim, canon_kernel, activation=canon_activation) if canon_b else None
         self.short_conv = ShortConv(qkv_dim, conv_kernel) if short_conv else None
         self.gk = nn.Sequential(nn.Linear(dim, gate_low_rank_dim, bias=False), nn.Linear(gate_low_rank_dim, self.key_dim))
         self.g = nn.Linear(dim, self.value_dim, bias=False)
         self.norm = nn.RMSNorm(self.value_dim // num_heads, eps=1e-5)
         self.proj = nn.Linear(self.value_dim, dim, bias=False)
 
-    def forward(self, x: torch.Tensor, cache: dict | None = None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, cache: dict | None = None, mask: torch.Tensor | None = None) -> torch.Tensor:
         """x: (B, T, d). ``cache``: ``None`` for a whole sequence, else a dict (``{}`` to start) holding the
-        Canon-B and short-conv windows and the (B, H, dk, dv) state; updated in place (prefill, then decoding)."""
-        qkv = apply_cached(self.canon_b, self.qkv(x), cache, 'canon_b')    # (B, T, 2dk + dv)
-        qkv = apply_cached(self.short_conv, qkv, cache, 'conv')
+        Canon-B and short-conv windows and the (B, H, dk, dv) state; updated in place (prefill, then decoding).
+        ``mask``: optional (B, L >= T) attention mask (1 = token, 0 = padding); a padded step adds nothing to the
+        state and does not decay it."""
+        qkv = apply_cached(self.canon_b, self.qkv(x), cache, 'canon_b', mask)  # (B, T, 2dk + dv)
+        qkv = apply_cached(self.short_conv, qkv, cache, 'conv', mask)
         q, k, v = qkv.split([self.key_dim, self.key_dim, self.value_dim], dim=-1)
         log_a = F.logsigmoid(self.gk(x)) / self.normalizer
+        k, log_a = zero_padding(k, mask), zero_padding(log_a, mask)         # padded steps: S_t = S_{t-1}
         h = self.num_heads
         q, k, log_a = (rearrange(z, 'b t (h e) -> b h t e', h=h) for z in (q, k, log_a))
         v = rearrange(v, 'b t (h e) -> b h t e', h=h)
@@ -293,7 +320,7 @@ class Mamba2Mixer(nn.Module):
 
     def __init__(self, dim: int, expand: int = 2, head_dim: int = 64, d_state: int = 64, short_conv: bool = True,
                  conv_kernel: int = 4, canon_b: bool = False, canon_kernel: int = 4, chunk_size: int = 64,
-                 dt_min: float = 1e-3, dt_max: float = 0.1):
+                 dt_min: float = 1e-3, dt_max: float = 0.1, canon_activation: bool = False):
         super().__init__()
         self.d_inner, self.d_state = expand * dim, d_state
         if self.d_inner % head_dim:
@@ -302,7 +329,7 @@ class Mamba2Mixer(nn.Module):
         self.dt_min, self.dt_max = dt_min, dt_max
         in_dim = 2 * self.d_inner + 2 * d_state + self.num_heads
         self.in_proj = nn.Linear(dim, in_dim, bias=False)
-        self.canon_b = Canon(in_dim, canon_kernel) if canon_b else None
+        self.canon_b = Canon(in_dim, canon_kernel, activation=canon_activation) if canon_b else None
         self.short_conv = ShortConv(self.d_inner + 2 * d_state, conv_kernel) if short_conv else None
         self.dt_bias = nn.Parameter(torch.empty(self.num_heads))
         self.A_log = nn.Parameter(torch.empty(self.num_heads))
@@ -320,15 +347,17 @@ class Mamba2Mixer(nn.Module):
             self.A_log.copy_(torch.empty_like(self.A_log).uniform_(1, 16).log())
             self.D.fill_(1.0)
 
-    def forward(self, u: torch.Tensor, cache: dict | None = None) -> torch.Tensor:
+    def forward(self, u: torch.Tensor, cache: dict | None = None, mask: torch.Tensor | None = None) -> torch.Tensor:
         """u: (B, T, d). ``cache``: ``None`` for a whole sequence, else a dict (``{}`` to start) holding the
-        Canon-B and conv1d windows and the (B, H, P, N) SSM state; updated in place (prefill, then decoding)."""
-        zxbcdt = apply_cached(self.canon_b, self.in_proj(u), cache, 'canon_b')  # (B, T, 2 d_inner + 2 N + H)
+        Canon-B and conv1d windows and the (B, H, P, N) SSM state; updated in place (prefill, then decoding).
+        ``mask``: optional (B, L >= T) attention mask (1 = token, 0 = padding); a padded step has dt = 0, so it
+        neither decays nor feeds the state."""
+        zxbcdt = apply_cached(self.canon_b, self.in_proj(u), cache, 'canon_b', mask)  # (B, T, 2 d_inner + 2 N + H)
         z, xbc, dt = zxbcdt.split([self.d_inner, self.d_inner + 2 * self.d_state, self.num_heads], dim=-1)
-        xbc = apply_cached(self.short_conv, xbc, cache, 'conv')
+        xbc = apply_cached(self.short_conv, xbc, cache, 'conv', mask)
         x, bm, cm = xbc.split([self.d_inner, self.d_state, self.d_state], dim=-1)
         x = rearrange(x, 'b t (h p) -> b t h p', p=self.head_dim)
-        dt = F.softplus(dt + self.dt_bias)                                  # (B, T, H)
+        dt = zero_padding(F.softplus(dt + self.dt_bias), mask)              # (B, T, H)
         state = None if cache is None else cache.get('state')
         if cache is not None and u.shape[1] == 1:    # one decoding step: the recurrence itself
             y, state = ssd_recurrent(x, dt, -self.A_log.exp(), bm, cm, state)

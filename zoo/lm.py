@@ -19,6 +19,10 @@ non-Canon weights whatever ``canon`` is, and ``canon=''`` is exactly the baselin
 The linear families keep their own short SiLU convolution ("Canon-b", ``short_conv=True``).
 ``forward(tokens, cache)`` with ``cache = model.init_cache()`` decodes incrementally (KV cache for attention,
 recurrent state for GLA / Mamba2, rolling windows for every short conv and Canon layer); ``generate`` uses it.
+``forward(tokens, attention_mask=...)`` takes HF's 2-d padding mask (1 = token, 0 = padding, covering the cached
+prefix too): padded positions are no-ops for every Canon layer (zeroed before the convolution, as the official
+``apply_canon``), attention (masked keys, RoPE positions counted over real tokens) and the recurrent mixers, so a
+left- or right-padded batch gives each sequence's unpadded logits at its real positions.
 
 Differences from the paper's code: q/k/v (and gate/up) are fused into one Linear each (identical
 function and parameter count: the fused output *is* the concatenation Canon-B/D act on); Mamba2's conv1d
@@ -41,15 +45,16 @@ __all__ = ['CausalLMNet', 'DecoderBlock', 'GatedMLP']
 class GatedMLP(nn.Module):
     """Llama's gated MLP ``down(silu(gate(x)) * up(x))`` with an optional Canon-D on concat[gate, up]."""
 
-    def __init__(self, dim: int, hidden: int, canon_d: bool = False, canon_kernel: int = 4, canon_residual: bool = True):
+    def __init__(self, dim: int, hidden: int, canon_d: bool = False, canon_kernel: int = 4, canon_residual: bool = True,
+                 canon_activation: bool = False):
         super().__init__()
         self.hidden = hidden
         self.gate_up = nn.Linear(dim, 2 * hidden, bias=False)              # = concat[gate_proj, up_proj]
-        self.canon_d = Canon(2 * hidden, canon_kernel, canon_residual) if canon_d else None
+        self.canon_d = Canon(2 * hidden, canon_kernel, canon_residual, canon_activation) if canon_d else None
         self.down = nn.Linear(hidden, dim, bias=False)
 
-    def forward(self, x: torch.Tensor, cache: dict | None = None) -> torch.Tensor:
-        gu = apply_cached(self.canon_d, self.gate_up(x), cache, 'canon_d')  # (B, T, 2 hidden)
+    def forward(self, x: torch.Tensor, cache: dict | None = None, mask: torch.Tensor | None = None) -> torch.Tensor:
+        gu = apply_cached(self.canon_d, self.gate_up(x), cache, 'canon_d', mask)  # (B, T, 2 hidden)
         g, u = gu.chunk(2, dim=-1)
         return self.down(nn.functional.silu(g) * u)
 
@@ -58,26 +63,30 @@ class DecoderBlock(nn.Module):
     """``h = x + mixer(CanonA(norm1(x)))``, ``y = h + mlp(CanonC(norm2(h)))`` (the residual stream is never convolved)."""
 
     def __init__(self, dim: int, mixer, mlp_hidden: int, canon: str = '', canon_kernel: int = 4,
-                 canon_residual: bool = True, norm_eps: float = 1e-6):
+                 canon_residual: bool = True, norm_eps: float = 1e-6, canon_activation: bool = False):
         super().__init__()
         canon = parse_canon_set(canon)
         mk = dict(canon_b=True, canon_kernel=canon_kernel) if 'B' in canon else {}
+        if 'B' in canon and canon_activation:
+            mk['canon_activation'] = True
         if 'B' in canon and not canon_residual:
             raise ValueError('canon_residual=False is supported at points A, C and D only')
         self.norm1 = nn.RMSNorm(dim, eps=norm_eps)
-        self.canon_a = Canon(dim, canon_kernel, canon_residual) if 'A' in canon else None
+        self.canon_a = Canon(dim, canon_kernel, canon_residual, canon_activation) if 'A' in canon else None
         self.mixer = mixer(dim, **mk)
         self.norm2 = nn.RMSNorm(dim, eps=norm_eps)
-        self.canon_c = Canon(dim, canon_kernel, canon_residual) if 'C' in canon else None
-        self.mlp = GatedMLP(dim, mlp_hidden, 'D' in canon, canon_kernel, canon_residual)
+        self.canon_c = Canon(dim, canon_kernel, canon_residual, canon_activation) if 'C' in canon else None
+        self.mlp = GatedMLP(dim, mlp_hidden, 'D' in canon, canon_kernel, canon_residual, canon_activation)
 
-    def forward(self, x: torch.Tensor, cache: dict | None = None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, cache: dict | None = None, mask: torch.Tensor | None = None) -> torch.Tensor:
         """x: (B, T, d). ``cache``: ``None`` for a whole sequence, else this block's dict of decoding caches
-        (Canon-A/C windows, the mixer's and the MLP's sub-dicts), updated in place."""
-        h = apply_cached(self.canon_a, self.norm1(x), cache, 'canon_a')
-        x = x + (self.mixer(h) if cache is None else self.mixer(h, cache=cache.setdefault('mixer', {})))
-        h = apply_cached(self.canon_c, self.norm2(x), cache, 'canon_c')
-        return x + self.mlp(h, None if cache is None else cache.setdefault('mlp', {}))
+        (Canon-A/C windows, the mixer's and the MLP's sub-dicts), updated in place. ``mask``: optional (B, L)
+        attention mask (1 = token, 0 = padding) over the cached prefix and these T tokens."""
+        h = apply_cached(self.canon_a, self.norm1(x), cache, 'canon_a', mask)
+        mixer_cache = None if cache is None else cache.setdefault('mixer', {})
+        x = x + (self.mixer(h, mixer_cache) if mask is None else self.mixer(h, mixer_cache, mask=mask))
+        h = apply_cached(self.canon_c, self.norm2(x), cache, 'canon_c', mask)
+        return x + self.mlp(h, None if cache is None else cache.setdefault('mlp', {}), mask)
 
 
 class CausalLMNet(nn.Module):
@@ -89,7 +98,8 @@ class CausalLMNet(nn.Module):
         num_heads: heads of attention / GLA. rope_dim: attention only; ``None`` = full RoPE, 0 = NoPE, else partial.
         rope_heads: attention only; the fraction of heads with RoPE, the rest NoPE (``rope_heads=0.5,
             rope_dim=head_dim // 2`` = the paper's "half the heads at half dims").
-        canon: Canon points, any subset of ``'ABCD'``. canon_kernel: 2..6. canon_residual: ``False`` = NoRes ablation.
+        canon: Canon points, any subset of ``'ABCD'``. canon_kernel: taps, 2..6 (the official ``canon_kernel``).
+        canon_residual: ``False`` = NoRes ablation. canon_activation: SiLU on every Canon output (the "Act" ablation).
         mlp_hidden: gated-MLP width (default ``int(8 d / 3)``). mixer_kwargs: extra mixer arguments.
         tie_embeddings: share the embedding with the LM head (HF Llama's default is untied).
     """
@@ -98,7 +108,7 @@ class CausalLMNet(nn.Module):
                  num_heads: int | None = 8, rope_dim: int | None = None, canon: str = '', canon_kernel: int = 4,
                  canon_residual: bool = True, mlp_hidden: int | None = None, mixer_kwargs: dict | None = None,
                  tie_embeddings: bool = False, norm_eps: float = 1e-6, init_std: float = 0.02,
-                 rope_heads: float | None = None):
+                 rope_heads: float | None = None, canon_activation: bool = False):
         super().__init__()
         rng_state = torch.get_rng_state()  # re-initialise from here: Canon layers' own draws must not shift the rest
         self.canon = parse_canon_set(canon)
@@ -117,7 +127,7 @@ class CausalLMNet(nn.Module):
         hidden = mlp_hidden or int(8 * dim / 3)
         self.embed = nn.Embedding(vocab_size, dim)
         self.blocks = nn.ModuleList(DecoderBlock(dim, mixer_fn, hidden, self.canon, canon_kernel, canon_residual,
-                                                 norm_eps) for _ in range(depth))
+                                                 norm_eps, canon_activation) for _ in range(depth))
         self.norm = nn.RMSNorm(dim, eps=norm_eps)
         self.head = nn.Linear(dim, vocab_size, bias=False)
         if tie_embeddings:
@@ -143,19 +153,29 @@ class CausalLMNet(nn.Module):
             elif isinstance(m, layers.sequence_mixers.Mamba2Mixer):
                 m.reset_ssm_parameters()
 
-    def forward(self, tokens: torch.Tensor, cache: list[dict] | None = None) -> torch.Tensor:
+    def forward(self, tokens: torch.Tensor, cache: list[dict] | None = None,
+                attention_mask: torch.Tensor | None = None) -> torch.Tensor:
         """(B, T) token ids -> (B, T, vocab) logits. ``cache``: ``None`` for whole sequences, else the list from
         ``init_cache()``, updated in place: the call continues the cached sequence (a prompt, then one token at a
-        time), attending to / carrying state from everything before instead of re-running it."""
+        time), attending to / carrying state from everything before instead of re-running it.
+        ``attention_mask``: optional (B, past + T) padding mask, 1 = token, 0 = padding (HF's 2-d form; with a
+        cache it covers the cached prefix too). Logits at padded positions are meaningless."""
         if not isinstance(tokens, torch.Tensor) or tokens.ndim != 2 or tokens.is_floating_point():
             shape = tuple(tokens.shape) if isinstance(tokens, torch.Tensor) else type(tokens).__name__
             raise ValueError(f'{type(self).__name__} expects integer token ids of shape (B, T), got {shape}')
         if cache is not None and len(cache) != len(self.blocks):
             raise ValueError(f'cache must be the list from init_cache() (one dict per block, {len(self.blocks)}), '
                              f'got {len(cache)} entries')
+        if attention_mask is not None:
+            if (not isinstance(attention_mask, torch.Tensor) or attention_mask.ndim != 2
+                    or attention_mask.shape[0] != tokens.shape[0] or attention_mask.shape[1] < tokens.shape[1]
+                    or not ((attention_mask == 0) | (attention_mask == 1)).all()):
+                shape = tuple(attention_mask.shape) if isinstance(attention_mask, torch.Tensor) else attention_mask
+                raise ValueError(f'attention_mask must be a (B, past + T) tensor of 0/1 (1 = token, 0 = padding) '
+                                 f'for tokens of shape {tuple(tokens.shape)}, got {shape}')
         x = self.embed(tokens)                                              # (B, T, d)
         for i, blk in enumerate(self.blocks):
-            x = blk(x, None if cache is None else cache[i])
+            x = blk(x, None if cache is None else cache[i], attention_mask)
         return self.head(self.norm(x))                                      # (B, T, vocab)
 
     def init_cache(self) -> list[dict]:
