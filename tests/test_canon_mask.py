@@ -128,3 +128,14 @@ def test_canon_kernel_and_activation_reach_every_canon_layer(name):
     tokens = torch.randint(0, 64, (1, 8))
     with torch.no_grad():  # same weights, the SiLU changes the function
         assert not torch.allclose(model(tokens), base(tokens), atol=1e-4)
+
+
+def test_generate_left_padded_prompts_equals_one_by_one():
+    torch.manual_seed(0)
+    model = zoo.create('llama_tiny', canon='ABCD').eval()
+    seqs = [torch.randint(0, 64, (n,)) for n in (3, 7)]
+    tokens, mask = _padded(seqs, 'left')
+    for use_cache in (True, False):
+        out = model.generate(tokens, 5, use_cache=use_cache, attention_mask=mask)
+        for i, s in enumerate(seqs):
+            assert torch.equal(out[i, -5:], model.generate(s[None], 5)[0, -5:])

@@ -184,24 +184,31 @@ class CausalLMNet(nn.Module):
         return [{} for _ in self.blocks]
 
     @torch.no_grad()
-    def generate(self, tokens: torch.Tensor, max_new_tokens: int, use_cache: bool = True) -> torch.Tensor:
+    def generate(self, tokens: torch.Tensor, max_new_tokens: int, use_cache: bool = True,
+                 attention_mask: torch.Tensor | None = None) -> torch.Tensor:
         """Greedy continuation (B, T) -> (B, T + max_new_tokens). With ``use_cache`` the prompt is run once and
         each new token is decoded alone against the caches; ``use_cache=False`` re-runs the whole prefix at every
-        step (the reference the cached path is tested and benchmarked against)."""
+        step (the reference the cached path is tested and benchmarked against). ``attention_mask``: (B, T) for a
+        left-padded batch of prompts (1 = token, 0 = padding); it grows by a 1 for every generated token."""
         if max_new_tokens <= 0:
             return tokens
+        mask = attention_mask
+
+        def grow(m):
+            return None if m is None else torch.cat([m, m.new_ones(m.shape[0], 1)], 1)
         if not use_cache:
             for _ in range(max_new_tokens):
-                nxt = self(tokens)[:, -1].argmax(-1, keepdim=True)
-                tokens = torch.cat([tokens, nxt], 1)
+                nxt = self(tokens, attention_mask=mask)[:, -1].argmax(-1, keepdim=True)
+                tokens, mask = torch.cat([tokens, nxt], 1), grow(mask)
             return tokens
         cache = self.init_cache()
-        logits = self(tokens, cache)                                        # prefill
+        logits = self(tokens, cache, attention_mask=mask)                  # prefill
         new = []
         for i in range(max_new_tokens):
             new.append(logits[:, -1].argmax(-1, keepdim=True))              # (B, 1)
             if i + 1 < max_new_tokens:
-                logits = self(new[-1], cache)
+                mask = grow(mask)
+                logits = self(new[-1], cache, attention_mask=mask)
         return torch.cat([tokens, *new], 1)
 
 
