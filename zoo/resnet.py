@@ -139,7 +139,8 @@ class ResNet(ClassifierBase):
         return x if self.features_only else self.forward_head(x)
 
     def remap_checkpoint(self, state_dict: dict) -> dict:
-        """Map torchvision's ResNet layout onto ours (ours is returned unchanged).
+        """Map torchvision's ResNet layout (timm's ``resnet18/34/50`` use the same keys) onto ours; ours is
+        returned unchanged.
 
         torchvision: ``conv1``/``bn1`` (stem), ``layer{i}.{j}.conv{n}``/``bn{n}``, ``downsample.{0,1}``, ``fc``.
         Ours: ``stem.0.{conv,bn}``, ``layers.{i-1}.{j}.conv{n}.{conv,bn}``, ``downsample.{conv,bn}``, ``fc``.
