@@ -54,7 +54,8 @@ def fork_feat_s12():
 @pytest.mark.parametrize('wrap', ['backbone', 'detector'])
 def test_official_dense_checkpoint_gives_official_maps(fork_feat_s12, tmp_path, wrap):
     sd = fork_feat_s12.state_dict()
-    assert sorted(k for k in sd if k.startswith('norm')) == [f'norm{i}.{p}' for i in (0, 2, 4, 6) for p in ('bias', 'weight')]
+    expected = [f'norm{i}.{p}' for i in (0, 2, 4, 6) for p in ('bias', 'weight')]
+    assert sorted(k for k in sd if k.startswith('norm')) == expected
     if wrap == 'detector':  # mmdet's layout: the backbone under backbone.*, beside the neck and heads
         sd = {'state_dict': {**{f'backbone.{k}': v for k, v in sd.items()}, 'neck.fpn.0.weight': torch.zeros(2)}}
     torch.save(sd, tmp_path / 'official.pth')
