@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import torch
 from lightning.pytorch import LightningDataModule
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import DataLoader, Dataset, Sampler
 
 
 class DatasetNotFoundError(FileNotFoundError):
@@ -22,6 +22,28 @@ def split_indices(n: int, fractions: tuple[float, ...], seed: int) -> list[torch
         start += size
     parts.append(perm[start:])
     return parts[-1:] + parts[:-1]  # (rest = train, then the held-out parts in order)
+
+
+class EpochShuffle(Sampler[int]):
+    """A permutation of ``range(n)`` that depends only on ``(seed, epoch)``.
+
+    Lightning calls ``set_epoch`` before every training epoch, so a run resumed from an end-of-epoch
+    checkpoint sees the same batch order as an uninterrupted one (a generator that is only seeded once
+    would restart its sequence on resume and replay epoch 0's order).
+    """
+
+    def __init__(self, n: int, seed: int):
+        self.n, self.seed, self.epoch = n, seed, 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __iter__(self):
+        g = torch.Generator().manual_seed(self.seed * 1_000_003 + self.epoch)
+        return iter(torch.randperm(self.n, generator=g).tolist())
 
 
 class TransformTensorDataset(Dataset):
@@ -43,7 +65,8 @@ class TransformTensorDataset(Dataset):
 class ImageDataModule(LightningDataModule):
     """Loaders over ``self.train_set``/``val_set``/``test_set`` (built by subclasses in ``setup``).
 
-    Shuffling uses a generator seeded by ``seed``, so a run's batch order is reproducible.
+    Shuffling is a permutation of ``(seed, epoch)`` (:class:`EpochShuffle`), so a run's batch order is
+    reproducible, also across a resume.
     """
 
     num_classes: int
@@ -73,9 +96,10 @@ class ImageDataModule(LightningDataModule):
     def _loader(self, ds, shuffle: bool) -> DataLoader:
         if ds is None:
             raise RuntimeError(f'{type(self).__name__}: call setup() before asking for a data loader')
-        return DataLoader(ds, batch_size=self.batch_size, shuffle=shuffle, num_workers=self.num_workers,
-                          persistent_workers=self.num_workers > 0, pin_memory=self.pin_memory,
-                          generator=torch.Generator().manual_seed(self.seed) if shuffle else None)
+        # The loader's own generator seeds its workers, so iterating it never draws from the global RNG.
+        return DataLoader(ds, batch_size=self.batch_size, sampler=EpochShuffle(len(ds), self.seed) if shuffle else None,
+                          num_workers=self.num_workers, persistent_workers=self.num_workers > 0,
+                          pin_memory=self.pin_memory, generator=torch.Generator().manual_seed(self.seed))
 
     def train_dataloader(self) -> DataLoader:
         return self._loader(self.train_set, shuffle=True)

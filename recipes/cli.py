@@ -4,13 +4,13 @@
     zoo fit -c ... --model.name metaformer_tiny --model.model_args '{token_mixer: attention}' --trainer.max_epochs 3
     zoo fit -c ... --ckpt_path last          # resume the latest run of this config
     zoo test -c ... --ckpt_path best         # evaluate the best checkpoint of the latest run
-    zoo predict -c ... --ckpt_path best      # class probabilities of the test split -> <run>/predictions.pt
+    zoo predict -c ... --ckpt_path best      # the test split -> <run>/predictions.csv (id, label, score) and .pt
     zoo fit -c ... --print_config            # the resolved config
 
 Model and data use LightningCLI's subclass form (``class_path`` + ``init_args``). Every run writes
 a new folder ``<run_root>/<config stem>/<timestamp>/`` holding the resolved ``config.yaml``,
-``checkpoints/`` (``last.ckpt`` and the best on the system's ``monitor``) and ``metrics.csv``; an
-existing folder is never reused. ``num_classes``/``in_chans`` of the model default to the
+``checkpoints/`` (see ``checkpointing.py``) and ``metrics.csv``; an existing folder is never reused, and
+``<stem>/latest`` points at the newest fit that wrote a checkpoint. ``num_classes``/``in_chans`` of the model default to the
 DataModule's.
 """
 from __future__ import annotations
@@ -26,28 +26,14 @@ from pathlib import Path
 from lightning.pytorch import Callback, LightningDataModule, LightningModule
 from lightning.pytorch.cli import LightningCLI
 
+from .checkpointing import KEYWORDS, check_checkpoint_fits, checkpoint_callbacks, find_checkpoint, has_checkpoints
+
 _RUN_DIR_ENV = 'ZOO_RUN_DIR'  # rank 0's run folder, inherited by the processes DDP launches
 
 
-def _checkpoint_class():
-    from lightning.pytorch.callbacks import ModelCheckpoint
-
-    class Checkpoint(ModelCheckpoint):
-        """ModelCheckpoint with its ``state_key`` computed once: Lightning names every hook call by it,
-        and ModelCheckpoint rebuilds it from its settings each time (about 0.3 ms per training step)."""
-
-        @property
-        def state_key(self) -> str:
-            if '_zoo_state_key' not in self.__dict__:
-                self.__dict__['_zoo_state_key'] = super().state_key
-            return self.__dict__['_zoo_state_key']
-
-    return Checkpoint
-
-
 def default_callbacks(run_dir: str | Path | None = None, monitor: str = 'val/acc1', mode: str = 'max') -> list[Callback]:
-    """The callbacks every run gets: progress bar, last + best checkpoints, learning-rate monitor, and the
-    results-database recorder (off with ``zoo fit --db none`` or ``ZOO_DB=none``)."""
+    """The callbacks every run gets: progress bar, checkpoints (``checkpointing.py``), learning-rate monitor,
+    and the results-database recorder (off with ``zoo fit --db none`` or ``ZOO_DB=none``)."""
     from lightning.pytorch.callbacks import LearningRateMonitor, TQDMProgressBar
 
     from .callbacks import results_callbacks
@@ -55,8 +41,7 @@ def default_callbacks(run_dir: str | Path | None = None, monitor: str = 'val/acc
     ckpt_dir = str(Path(run_dir) / 'checkpoints') if run_dir is not None else None
     return [
         TQDMProgressBar(refresh_rate=10),
-        _checkpoint_class()(dirpath=ckpt_dir, filename='best-epoch{epoch}-step{step}', auto_insert_metric_name=False,
-                            monitor=monitor, mode=mode, save_top_k=1, save_last=True),
+        *checkpoint_callbacks(ckpt_dir, monitor, mode),
         LearningRateMonitor(logging_interval='step'),
         *results_callbacks(),
     ]
@@ -86,21 +71,9 @@ def new_run_dir(root: str | Path, stem: str) -> Path:
     raise RuntimeError(f'could not create a new run folder under {base}')
 
 
-def find_checkpoint(root: str | Path, stem: str, which: str) -> Path:
-    """``last.ckpt`` (or the best checkpoint) of the latest run of ``stem`` that has one."""
-    base = Path(root) / stem
-    runs = sorted((p for p in base.glob('*') if p.is_dir() and not p.is_symlink()), reverse=True) if base.is_dir() else []
-    for run in runs:
-        ckpts = [run / 'checkpoints' / 'last.ckpt'] if which == 'last' else sorted(run.glob('checkpoints/best-*.ckpt'))
-        ckpts = [c for c in ckpts if c.is_file()]
-        if ckpts:
-            return ckpts[-1]
-    raise FileNotFoundError(f"--ckpt_path {which}: no run of {stem!r} with a {which} checkpoint under {base} "
-                            f"(runs are written by `zoo fit -c <config>`; pass a checkpoint file instead)")
-
-
 def _point_latest(run_dir: Path) -> None:
-    """Keep ``<run_root>/<stem>/latest`` pointing at the newest run (configs can name its checkpoints)."""
+    """Point ``<run_root>/<stem>/latest`` at ``run_dir``: called for fits that wrote checkpoints only, so
+    ``latest/checkpoints/last.ckpt`` (which configs name) survives evaluation runs and failed fits."""
     link = run_dir.parent / 'latest'
     try:
         if link.is_symlink():
@@ -118,11 +91,31 @@ class ZooCLI(LightningCLI):
         parser.add_argument('--run_root', default=os.environ.get('ZOO_RUNS', 'runs'),
                             help='runs are written to <run_root>/<config stem>/<timestamp>/ (env ZOO_RUNS)')
 
+    @staticmethod
+    def _stem(cfg) -> str:
+        configs = [c for c in (cfg.get('config') or []) if c]
+        return Path(str(configs[-1])).stem if configs else str(_init_args(cfg.get('model')).get('name') or 'run')
+
+    def _parse_ckpt_path(self) -> None:
+        """Resolve ``--ckpt_path last|best|interrupted`` and refuse a checkpoint of another model before
+        Lightning merges the checkpoint's hyper-parameters into the config (which would switch models)."""
+        sub = self.config.get('subcommand')
+        cfg = self.config[sub] if sub else None
+        ckpt = cfg.get('ckpt_path') if cfg is not None else None
+        if ckpt:
+            if ckpt in KEYWORDS and not Path(ckpt).is_file():
+                cfg.ckpt_path = ckpt = str(find_checkpoint(cfg.run_root, self._stem(cfg), ckpt))
+            elif not Path(ckpt).is_file():
+                raise FileNotFoundError(f'--ckpt_path {ckpt}: no such file (or one of: {", ".join(KEYWORDS)})')
+            model_cfg = cfg.get('model')
+            check_checkpoint_fits(ckpt, _init_args(model_cfg).get('name'),
+                                  model_cfg.get('class_path') if model_cfg is not None else None)
+        super()._parse_ckpt_path()
+
     def before_instantiate_classes(self) -> None:
         cfg = self.config[self.subcommand]
-        configs = [c for c in (cfg.get('config') or []) if c]
         model_cfg = cfg.get('model')
-        stem = Path(str(configs[-1])).stem if configs else str(_init_args(model_cfg).get('name') or 'run')
+        stem = self._stem(cfg)
         self.run_stem = stem
         self._check_model_name(model_cfg)  # before making a run folder
         # One run folder for all processes of a DDP job: rank 0 makes it, the ranks it launches inherit it.
@@ -132,10 +125,6 @@ class ZooCLI(LightningCLI):
         else:
             self.run_dir = new_run_dir(cfg.run_root, stem)
             os.environ[_RUN_DIR_ENV] = str(self.run_dir)
-            _point_latest(self.run_dir)
-        ckpt = cfg.get('ckpt_path')
-        if ckpt in ('last', 'best') and not Path(ckpt).is_file():
-            cfg.ckpt_path = str(find_checkpoint(cfg.run_root, stem, ckpt))
         self._fill_sizes_from_data(cfg)
 
     @staticmethod
@@ -162,18 +151,33 @@ class ZooCLI(LightningCLI):
             if getattr(data, k, None) is not None:
                 model_cfg.init_args[k] = getattr(data, k)
 
+    def fit(self, **kwargs) -> None:
+        """``zoo fit``; ``latest`` moves to this run once it has a checkpoint, even if training then fails."""
+        try:
+            self.trainer.fit(**kwargs)
+        finally:
+            if self.trainer.is_global_zero and has_checkpoints(self.run_dir):
+                _point_latest(self.run_dir)
+
     def predict(self, **kwargs) -> None:
-        """``zoo predict``: the system's ``predict_step`` outputs, concatenated, saved as ``predictions.pt``."""
+        """``zoo predict``: the system's ``predict_step`` outputs, concatenated, saved as ``predictions.pt``;
+        for class probabilities also ``predictions.csv`` (sample id in the predict split, label, score)."""
         import torch
 
         outputs = self.trainer.predict(**{**kwargs, 'return_predictions': True})
         if outputs and isinstance(outputs[0], list):  # several dataloaders: keep the first
             outputs = outputs[0]
         if outputs and all(isinstance(o, torch.Tensor) for o in outputs):
-            path = self.run_dir / (f'predictions-rank{self.trainer.global_rank}.pt' if self.trainer.world_size > 1
-                                   else 'predictions.pt')
-            torch.save(torch.cat(outputs), path)
-            print(f'zoo predict: {sum(len(o) for o in outputs)} predictions saved to {path}')
+            rank = f'-rank{self.trainer.global_rank}' if self.trainer.world_size > 1 else ''
+            probs = torch.cat(outputs)
+            torch.save(probs, self.run_dir / f'predictions{rank}.pt')
+            written = [self.run_dir / f'predictions{rank}.pt']
+            if probs.ndim == 2:  # (N, classes): a table a person can read
+                score, label = probs.float().max(dim=1)
+                lines = ['id,label,score'] + [f'{i},{int(c)},{float(p):.6f}' for i, (c, p) in enumerate(zip(label, score))]
+                written.append(self.run_dir / f'predictions{rank}.csv')
+                written[-1].write_text('\n'.join(lines) + '\n')
+            print(f'zoo predict: {len(probs)} predictions saved to {", ".join(map(str, written))}')
 
     def instantiate_trainer(self, **kwargs):
         from lightning.pytorch.callbacks import ProgressBar

@@ -1,0 +1,135 @@
+"""Runs that lose nothing: `last.ckpt` is the end of the latest epoch, an interrupted run resumes exactly,
+a checkpoint of another model is refused, and evaluation runs do not move `latest` (issue 15, items 1-4)."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from zoo.cli import main
+
+ROOT = Path(__file__).resolve().parents[1]
+DEMO = ROOT / 'recipes' / 'configs' / 'poolformer' / 'poolformer_tiny_digits_15e.yaml'
+TNT = ROOT / 'recipes' / 'configs' / 'tnt' / 'tnt_tiny_digits_40e.yaml'
+QUIET = ['--trainer.enable_progress_bar', 'false', '--trainer.enable_model_summary', 'false']
+# 3 epochs of 4 steps; dropout-free model, but the augmentation (random shifts) draws from the global RNG.
+SHORT = ['-c', str(DEMO), '--seed_everything', '0', '--trainer.max_epochs', '3',
+         '--trainer.limit_train_batches', '4', '--trainer.limit_val_batches', '1', *QUIET]
+
+
+@pytest.fixture
+def runs(tmp_path, monkeypatch):
+    root = tmp_path / 'runs'
+    monkeypatch.setenv('ZOO_RUNS', str(root))
+    monkeypatch.delenv('ZOO_RUN_DIR', raising=False)
+    return root
+
+
+def run_dirs(root: Path, stem: str = DEMO.stem) -> list[Path]:
+    return sorted(p for p in (root / stem).glob('*') if p.is_dir() and not p.is_symlink())
+
+
+def load(path: Path) -> dict:
+    return torch.load(path, map_location='cpu', weights_only=False)
+
+
+def fit_killed(runs: Path, sig: str, step: int) -> subprocess.CompletedProcess:
+    """`zoo fit` in a subprocess that kills itself with ``sig`` after ``step`` optimizer steps."""
+    env = {**os.environ, 'ZOO_RUNS': str(runs), 'PYTHONPATH': os.pathsep.join([str(ROOT / 'tests'), str(ROOT)])}
+    env.pop('ZOO_RUN_DIR', None)
+    cmd = [sys.executable, '-m', 'zoo.cli', 'fit', *SHORT, '--trainer.callbacks+=interrupt_callback.StopAt',
+           f'--trainer.callbacks.init_args.step={step}', f'--trainer.callbacks.init_args.sig={sig}']
+    return subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+
+
+def test_last_ckpt_is_the_end_of_the_latest_epoch_not_the_best(runs):
+    """Lightning's save_last rewrites last.ckpt only with a new best; with lr 0 the best never improves
+    after epoch 0, so that bug would leave last.ckpt at epoch 0."""
+    assert main(['fit', *SHORT, '--model.lr', '0']) == 0
+    [run] = run_dirs(runs)
+    last = load(run / 'checkpoints' / 'last.ckpt')
+    assert last['epoch'] == 2 and last['global_step'] == 12
+    [best] = run.glob('checkpoints/best-*.ckpt')
+    assert load(best)['global_step'] == 4  # val accuracy never improves with lr 0: the best stays epoch 0
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize('sig', ['SIGKILL', 'SIGINT'])
+def test_a_killed_run_resumes_to_the_weights_of_an_uninterrupted_one(runs, tmp_path, monkeypatch, sig):
+    assert main(['fit', *SHORT]) == 0
+    [reference] = run_dirs(runs)
+    expected = load(reference / 'checkpoints' / 'last.ckpt')
+    assert expected['global_step'] == 12
+
+    monkeypatch.setenv('ZOO_RUNS', str(tmp_path / 'killed'))
+    killed_root = tmp_path / 'killed'
+    proc = fit_killed(killed_root, sig, step=6)  # mid-way through epoch 1 (steps 5-8)
+    assert proc.returncode != 0, proc.stderr[-2000:]
+    [killed] = run_dirs(killed_root)
+    assert load(killed / 'checkpoints' / 'last.ckpt')['global_step'] == 4  # the end of epoch 0
+    if sig == 'SIGINT':  # Ctrl-C also leaves a mid-epoch checkpoint
+        assert load(killed / 'checkpoints' / 'interrupted.ckpt')['global_step'] == 6
+
+    assert main(['fit', *SHORT, '--ckpt_path', 'last']) == 0
+    resumed_run = run_dirs(killed_root)[-1]
+    resumed = load(resumed_run / 'checkpoints' / 'last.ckpt')
+    assert resumed['epoch'] == 2 and resumed['global_step'] == 12
+    for k, v in expected['state_dict'].items():
+        assert torch.equal(v, resumed['state_dict'][k]), k
+
+
+def test_a_checkpoint_of_another_model_is_refused(runs, capsys):
+    tnt = ['-c', str(TNT), '--trainer.max_epochs', '1', '--trainer.limit_train_batches', '1',
+           '--trainer.limit_val_batches', '1', *QUIET]
+    assert main(['fit', *tnt]) == 0
+    [tnt_run] = run_dirs(runs, TNT.stem)
+    ckpt = tnt_run / 'checkpoints' / 'last.ckpt'
+    before = sorted(p.name for p in runs.rglob('*'))
+    capsys.readouterr()
+    assert main(['test', '-c', str(DEMO), '--ckpt_path', str(ckpt), *QUIET]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and 'holds a tnt_tiny model but the config builds poolformer_tiny' in err[0]
+    assert sorted(p.name for p in runs.rglob('*')) == before  # no run folder, nothing moved
+
+
+def test_a_garbage_ckpt_path_is_one_line(runs, tmp_path, capsys):
+    bad = tmp_path / 'bad.ckpt'
+    bad.write_bytes(b'not a checkpoint at all')
+    assert main(['test', '-c', str(DEMO), '--ckpt_path', str(bad), *QUIET]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and 'is not a readable Lightning checkpoint' in err[0]
+    assert main(['test', '-c', str(DEMO), '--ckpt_path', str(tmp_path / 'missing.ckpt'), *QUIET]) == 2
+    assert 'no such file' in capsys.readouterr().err
+
+
+def test_evaluation_runs_and_failed_fits_leave_latest_alone(runs):
+    short = ['-c', str(DEMO), '--trainer.max_epochs', '1', '--trainer.limit_train_batches', '2',
+             '--trainer.limit_val_batches', '1', *QUIET]
+    assert main(['fit', *short]) == 0
+    [fit_run] = run_dirs(runs)
+    latest = runs / DEMO.stem / 'latest'
+    assert latest.resolve() == fit_run.resolve()
+    assert main(['validate', *short, '--ckpt_path', 'last']) == 0
+    assert main(['test', *short, '--ckpt_path', 'best']) == 0
+    assert main(['predict', *short, '--ckpt_path', 'best', '--trainer.limit_predict_batches', '1']) == 0
+    assert main(['fit', *short, '--data.batch_size', '100000']) == 2  # fails before training
+    assert len(run_dirs(runs)) >= 4 and latest.resolve() == fit_run.resolve()
+    assert (latest / 'checkpoints' / 'last.ckpt').is_file()
+
+
+def test_predict_writes_ids_labels_and_scores(runs):
+    short = ['-c', str(DEMO), '--trainer.max_epochs', '1', '--trainer.limit_train_batches', '2',
+             '--trainer.limit_val_batches', '1', *QUIET]
+    assert main(['fit', *short]) == 0
+    assert main(['predict', *short, '--ckpt_path', 'last', '--trainer.limit_predict_batches', '2']) == 0
+    pred_run = run_dirs(runs)[-1]
+    rows = (pred_run / 'predictions.csv').read_text().splitlines()
+    assert rows[0] == 'id,label,score' and len(rows) == 1 + 128
+    probs = torch.load(pred_run / 'predictions.pt')
+    for line in rows[1:4]:
+        i, label, score = line.split(',')
+        assert int(label) == int(probs[int(i)].argmax()) and abs(float(score) - float(probs[int(i)].max())) < 1e-5
