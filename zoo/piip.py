@@ -32,10 +32,12 @@ Choices, stated:
   position embedding, no LayerScale). ``load_branch_weights`` reads timm DeiT / AugReg state dicts into a
   branch, dropping or keeping the class slot and resizing the position grid bicubically (official).
 - Drop path is one rate for every block of a branch (official ``dpr = [rate] * depth``), not timm's ramp.
-- The classification heads read each branch's CLASS token. The official 3-branch classifier splits the class
-  tokens off after the blocks and then reads ``norm(x)[:, 0]``, i.e. the first PATCH token; we read the class
-  token, so that a branch at initialisation is exactly its standalone ViT (the released PIIP classification
-  checkpoints were trained with the official reading).
+- The classification heads read each branch's CLASS token (``head_token='class'``, default). The official
+  3-branch classifier splits the class tokens off after the blocks and then reads ``norm(x)[:, 0]``, i.e. the
+  first PATCH token (``head_token='first_patch'`` reproduces it; the released PIIP classification checkpoints
+  were trained that way). We default to the class token so that a branch at initialisation is exactly its
+  standalone ViT; the price: the patch tokens after the LAST interaction step no longer reach the logits, so
+  that step's units get zero gradients in classification (they serve ``features_only``).
 - AugReg branches add the class slot of the position embedding to the class token (timm, AugReg); the
   official PIIP embedding for its ``augreg`` branches leaves it out.
 - Detection branches of the official code use window attention (14 or 28 tokens) and no class token. Here,
@@ -127,7 +129,7 @@ class PIIP(ClassifierBase):
                  patch_size: int = 16, drop_path_rates: Sequence[float] | None = None,
                  num_interactions: int = 12, interaction_indexes: Sequence[Sequence[Sequence[int]]] | None = None,
                  deform_num_heads: int = 16, n_points: int = 4, deform_ratio: float = 0.5, cffn_ratio: float = 0.25,
-                 interaction_drop_path_rate: float = 0.4, features_only: bool = False,
+                 interaction_drop_path_rate: float = 0.4, head_token: str = 'class', features_only: bool = False,
                  out_indices: Sequence[int] | None = None):
         super().__init__()
         n = len(img_sizes)
@@ -144,6 +146,9 @@ class PIIP(ClassifierBase):
                              f'branch (largest image), got {tuple(img_sizes)}')
         if any(s % patch_size for s in img_sizes):
             raise ValueError(f'PIIP: every img_size must be a multiple of patch_size={patch_size}, got {tuple(img_sizes)}')
+        if head_token not in ('class', 'first_patch'):
+            raise ValueError(f"PIIP: head_token must be 'class' or 'first_patch', got {head_token!r}")
+        self.head_token = head_token
         styles = [branch_style] * n if isinstance(branch_style, str) else list(branch_style)
         drop_path_rates = [0.0] * n if drop_path_rates is None else list(drop_path_rates)
         if interaction_indexes is None:
@@ -225,11 +230,13 @@ class PIIP(ClassifierBase):
         """Blocks and interactions: per branch the patch tokens (B, H_i*W_i, D_i), class token and grid."""
         check_image(x, self.in_chans, self.img_sizes[-1] if self.features_only else 0, type(self).__name__,
                     None if self.features_only else (self.img_sizes[-1],) * 2)
-        if self.features_only and (x.shape[-2] % self.patch_size or x.shape[-1] % self.patch_size):
-            raise ValueError(f'PIIP features_only needs inputs whose sides are multiples of {self.patch_size}, '
-                             f'got {tuple(x.shape[-2:])}')
+        inputs = self.branch_inputs(x)
+        if any(s % self.patch_size for xi in inputs for s in xi.shape[-2:]):
+            raise ValueError(f'PIIP: an input of {tuple(x.shape[-2:])} gives branch images of '
+                             f'{[tuple(xi.shape[-2:]) for xi in inputs]}, which must be multiples of the patch size '
+                             f'{self.patch_size}; pad the input (the official detection pipeline pads to 224)')
         xs, clss, grids = [], [], []
-        for branch, xi in zip(self.branches, self.branch_inputs(x)):
+        for branch, xi in zip(self.branches, inputs):
             t, c, g = self._embed(branch, xi)
             xs.append(t)
             clss.append(c)
@@ -245,10 +252,13 @@ class PIIP(ClassifierBase):
         return xs, clss, grids
 
     def forward_features(self, x: torch.Tensor) -> list[torch.Tensor]:
-        """(B, C, S, S) -> per branch its normed tokens (B, 1 + H_i*W_i, D_i), class token first."""
+        """(B, C, S, S) -> per branch its normed tokens (B, 1 + H_i*W_i, D_i), class token first
+        (``head_token='first_patch'``: the patch tokens alone, (B, H_i*W_i, D_i), as the official head sees them)."""
         if self.features_only:
             raise RuntimeError('PIIP built with features_only=True has no classification path; call forward')
         xs, clss, _ = self.forward_branches(x)
+        if self.head_token == 'first_patch':
+            return [b.norm(t) for b, t in zip(self.branches, xs)]
         return [b.norm(torch.cat([c, t], 1)) for b, c, t in zip(self.branches, clss, xs)]
 
     def forward_head(self, x: list[torch.Tensor], pre_logits: bool = False) -> torch.Tensor:
