@@ -1,7 +1,14 @@
 """PIIP benchmarks (issue 18): the deformable cross-attention core and the PIIP models, on the CPU.
 
     python -m zoo.eval.piip_bench deform            # batched grid_sample core vs one grid_sample per head
-    python -m zoo.eval.piip_bench models            # params, MACs, latency: piip_tsb vs ViT-B and its branches
+    python -m zoo.eval.piip_bench models            # params, MACs, latency: piip_tsb vs ViT-B and its branches,
+                                                    # piip_tiny vs its single-branch baseline
+    python -m zoo.eval.piip_bench models --macs-only
+
+MACs: ``zoo.eval.profile.count_macs`` (torch's FlopCounterMode: linears, convs, attention matmuls) plus the
+bilinear sampling, which the counter does not see: 5 MACs per sampled channel (4 corner products and the
+attention weight), i.e. 5 * Nq * P * int(D * ratio) per deformable attention (the official get_flops.py adds
+5 * N * K * D).
 
 Timings are interleaved (``zoo.eval.profile.benchmark``); run on a quiet machine, the numbers of a shared
 one are noise. No Lightning, no training.
@@ -17,7 +24,7 @@ from torch import nn
 
 from zoo.layers.deform_attn import DeformCrossAttention, deform_attn_core
 
-from .profile import benchmark
+from .profile import benchmark, count_macs, count_params
 
 
 def per_head_core(value, value_grid, locations, weights):
@@ -66,16 +73,77 @@ def bench_deform(repeats: int, threads: int | None) -> None:
               f'(x{p / b:.2f}); max |diff| {diff:.1e}')
 
 
+def deform_sampling_macs(model) -> int:
+    """MACs of the bilinear sampling of every deformable attention in a PIIP model (see the module docstring)."""
+    from zoo.layers.piip import InteractionBlock
+    grids = [(s // model.patch_size,) * 2 for s in model.img_sizes]
+    total = 0
+    for block in model.interactions:
+        assert isinstance(block, InteractionBlock)
+        for i in range(block.num_branches - 1):
+            unit = block.unit(i)
+            for inj, g in ((unit.branch2to1_injector, grids[i]), (unit.branch1to2_injector, grids[i + 1])):
+                a = inj.attn
+                total += 5 * g[0] * g[1] * a.num_points * a.value_dim
+    return total
+
+
+def _macs(model, size) -> int:
+    macs = count_macs(model, (3, size, size))
+    return macs + (deform_sampling_macs(model) if hasattr(model, 'interactions') else 0)
+
+
+def _single_branch_baseline(piip_model, num_classes=1000):
+    """A standalone ViT of the PIIP model's widest branch at the largest resolution (same depth and style)."""
+    from timm.models.vision_transformer import VisionTransformer
+    b = piip_model.branches[0]
+    return VisionTransformer(img_size=piip_model.img_sizes[-1], patch_size=piip_model.patch_size,
+                             num_classes=num_classes, embed_dim=piip_model.embed_dims[0], depth=len(b.blocks),
+                             num_heads=b.blocks[0].attn.num_heads, no_embed_class=b.no_embed_class,
+                             init_values=1.0 if b.no_embed_class else None)
+
+
+def bench_models(repeats: int, threads: int | None, macs_only: bool = False) -> None:
+    import zoo
+    rows = []  # (name, model, input side)
+    tsb = zoo.create('piip_tsb').eval()
+    rows.append(('timm/vit_base_patch16_224 @224', zoo.create('timm/vit_base_patch16_224').eval(), 224))
+    rows.append(('piip_tsb 368/192/128', tsb, 368))
+    for i, (b, s) in enumerate(zip(tsb.branches, tsb.img_sizes)):
+        rows.append((f'  its branch{i + 1} alone @{s}', b, s))
+    tiny = zoo.create('piip_tiny').eval()
+    rows.append(('piip_tiny 64/48/32', tiny, 64))
+    rows.append(('  single-branch baseline (widest @64)', _single_branch_baseline(tiny).eval(), 64))
+    print(f'{"model":42s} {"params":>12s} {"GMACs":>8s}')
+    macs = {}
+    for name, m, s in rows:
+        macs[name] = _macs(m, s)
+        print(f'{name:42s} {count_params(m)["params"]:12,d} {macs[name] / 1e9:8.3f}')
+    if macs_only:
+        return
+    for group in ([r for r in rows if 'tiny' not in r[0] and 'baseline' not in r[0]],
+                  [r for r in rows if 'tiny' in r[0] or 'baseline' in r[0]]):
+        res = {}
+        for name, m, s in group:  # one interleaved timing per input size
+            res.update(benchmark({name: m}, input_size=(3, s, s), repeats=repeats, threads=threads))
+        ref = group[0][0]
+        for name, _, _ in group:
+            r = res[name].median_ms / res[ref].median_ms
+            print(f'{name:42s} median {res[name].median_ms:9.2f} ms  latency x{r:.2f}  MACs x{macs[name] / macs[ref]:.2f}'
+                  f'  (vs {ref.strip()})')
+
+
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument('what', choices=['deform', 'models'])
     ap.add_argument('--repeats', type=int, default=20)
     ap.add_argument('--threads', type=int, default=None)
+    ap.add_argument('--macs-only', action='store_true', help='models: parameters and MACs, no timing')
     args = ap.parse_args(argv)
     if args.what == 'deform':
         bench_deform(args.repeats, args.threads)
     else:
-        bench_models(args.repeats, args.threads)
+        bench_models(args.repeats, args.threads, args.macs_only)
 
 
 if __name__ == '__main__':

@@ -370,14 +370,16 @@ def _create(branches, img_sizes, branch_style, drop_path_rates, kwargs) -> PIIP:
     return build_model(PIIP, cfg, kwargs)
 
 
-@register_model(**_META, input_size=(3, 368, 368), params=144_031_416, top1=82.1)
+@register_model(**_META, input_size=(3, 368, 368), params=144_031_416, macs=17_400_000_000,
+                top1=82.1)
 def piip_tsb(**kwargs):
     """PIIP-TSB 368/192/128 (DeiT v1 B / S / T), ImageNet-1k 82.1 (README: 144M, 17.4G).
     Detection resolutions: ``img_sizes=(448, 896, 1120)`` (or 448/896/1568, 672/1120/1568) with features_only."""
     return _create([_B, _S, _T], (128, 192, 368), 'deit', (0.2, 0.05, 0.05), kwargs)
 
 
-@register_model(**_META, input_size=(3, 384, 384), params=488_925_880, top1=85.9)
+@register_model(**_META, input_size=(3, 384, 384), params=488_925_880, macs=61_200_000_000,
+                top1=85.9)
 def piip_sbl(**kwargs):
     """PIIP-SBL 384/192/128 (AugReg L / B / S), ImageNet-1k 85.9 (README: 489M, 61.2G).
     320/160/96 (85.2): ``img_sizes=(96, 160, 320)``; detection e.g. ``img_sizes=(448, 672, 1120)``."""
