@@ -271,3 +271,42 @@ def test_detection_resolutions_are_an_option():
     assert det.img_sizes == (448, 896, 1120)
     assert det.branch1.pos_embed.shape == (1, 28 * 28, 768) and det.branch3.pos_embed.shape == (1, 70 * 70, 192)
     assert [i.num_chs for i in det.feature_info] == [768] * 4
+
+
+# -- window attention of the detection branches ---------------------------------------------------------------
+def test_windowed_attention_equals_a_loop_over_zero_padded_windows():
+    """Outside CI it also matched the official ``WindowedFlashAttention`` (its non-flash path, same weights) to
+    1.8e-7 on 10x13 / window 4, 8x8 / 4 and 5x7 / 14 grids."""
+    from timm.layers import Attention
+    from zoo.piip import windowed_attention
+    torch.manual_seed(0)
+    attn = Attention(32, num_heads=2, qkv_bias=True).eval()
+    h, w, win = 5, 7, 3
+    x = torch.randn(2, h * w, 32)
+    with torch.no_grad():
+        ours = windowed_attention(attn, x, (h, w), win)
+        grid = torch.zeros(2, 6, 9, 32)  # padded to multiples of 3 with zero tokens
+        grid[:, :h, :w] = x.view(2, h, w, 32)
+        ref = torch.zeros_like(grid)
+        for i in range(0, 6, win):
+            for j in range(0, 9, win):
+                tokens = grid[:, i:i + win, j:j + win].reshape(2, win * win, 32)
+                ref[:, i:i + win, j:j + win] = attn(tokens).view(2, win, win, 32)
+        torch.testing.assert_close(ours, ref[:, :h, :w].reshape(2, h * w, 32))
+        # a window covering the grid exactly is global attention
+        torch.testing.assert_close(windowed_attention(attn, x[:, :9], (3, 3), 3), attn(x[:, :9]))
+
+
+def test_window_attention_in_the_detection_branches():
+    torch.manual_seed(0)
+    model = zoo.create('piip_tiny', features_only=True, window_size=(None, 2, 2)).eval()
+    assert model.window_sizes == [None, 2, 2]
+    x = torch.randn(1, 3, 64, 64)
+    with torch.no_grad():
+        win = model(x)
+        model.window_sizes = [None, None, None]
+        glob = model(x)
+    assert [f.shape for f in win] == [f.shape for f in glob]
+    assert not torch.allclose(win[2], glob[2])  # the 3x3 and 4x4 grids of branches 2 and 3 are split into windows
+    with pytest.raises(ValueError, match='features_only'):
+        zoo.create('piip_tiny', window_size=2)

@@ -41,9 +41,8 @@ Choices, stated:
 - AugReg branches add the class slot of the position embedding to the class token (timm, AugReg); the
   official PIIP embedding for its ``augreg`` branches leaves it out.
 - Detection branches of the official code use window attention (14 or 28 tokens) and no class token. Here,
-  ``features_only`` branches have no class token, no final norm and no head, but use global attention
-  (window attention is not implemented yet), so at the detection resolutions their compute differs from the
-  paper's; the parameter count does not depend on it.
+  ``features_only`` branches have no class token, no final norm and no head; ``window_size`` gives them the
+  official window attention (``windowed_attention``); the default is global attention.
 - No fp32 islands: the official code runs the injector residuals in fp32 under autocast; we leave dtype
   policy to the caller.
 """
@@ -63,7 +62,7 @@ from zoo.layers.piip import InteractionBlock
 from ._builder import ClassifierBase, FeatureInfo, build_model, check_image, select_features
 from ._registry import register_model
 
-__all__ = ['PIIP', 'default_interaction_indexes', 'load_branch_weights']
+__all__ = ['PIIP', 'default_interaction_indexes', 'load_branch_weights', 'windowed_attention']
 
 BRANCH_STYLES = ('deit', 'augreg')
 
@@ -97,6 +96,28 @@ def _make_branch(style: str, img_size: int, patch_size: int, in_chans: int, num_
     return branch
 
 
+def windowed_attention(attn: nn.Module, x: torch.Tensor, grid: tuple[int, int], window: int) -> torch.Tensor:
+    """Run ``attn`` (timm's Attention, (B, N, C) -> (B, N, C)) inside non-overlapping window x window blocks of
+    the token grid. As the official detection branches (``WindowedFlashAttention``): the map is zero-padded to a
+    multiple of the window BEFORE the qkv projection, padded tokens take part unmasked, and are cropped after."""
+    b, _, c = x.shape
+    h, w = grid
+    ph, pw = (-h) % window, (-w) % window
+    x = F.pad(rearrange(x, 'b (h w) c -> b h w c', h=h, w=w), (0, 0, 0, pw, 0, ph))
+    nh, nw = (h + ph) // window, (w + pw) // window
+    x = attn(rearrange(x, 'b (nh s) (nw t) c -> (b nh nw) (s t) c', nh=nh, nw=nw))  # (B*windows, window^2, C)
+    x = rearrange(x, '(b nh nw) (s t) c -> b (nh s) (nw t) c', b=b, nh=nh, nw=nw, s=window)
+    return rearrange(x[:, :h, :w], 'b h w c -> b (h w) c')
+
+
+def _run_block(blk: nn.Module, x: torch.Tensor, grid: tuple[int, int], window: int | None) -> torch.Tensor:
+    """timm's Block.forward, with its attention in windows when ``window`` is set."""
+    if not window:
+        return blk(x)
+    x = x + blk.drop_path1(blk.ls1(windowed_attention(blk.attn, blk.norm1(x), grid, window)))
+    return x + blk.drop_path2(blk.ls2(blk.mlp(blk.norm2(x))))
+
+
 def _resize_grid(pos: torch.Tensor, old: tuple[int, int], new: tuple[int, int]) -> torch.Tensor:
     """(1, Ho*Wo, D) position embedding -> (1, Hn*Wn, D), bicubic, align_corners=False (official)."""
     if tuple(old) == tuple(new):
@@ -120,6 +141,9 @@ class PIIP(ClassifierBase):
             [start, end] block ranges of equal length (default: equal groups).
         deform_num_heads, n_points, deform_ratio, cffn_ratio, interaction_drop_path_rate: the interaction units
             (released: 16, 4, 0.5, 0.25, 0.4).
+        head_token: 'class' (each head reads its class token) or 'first_patch' (the official code's reading).
+        window_size: window attention (tokens per side) in every block, one for all branches or one per branch
+            (None = global); ``features_only`` only. Official detection configs: 14 (TSB), 28 (SBL, TSBL).
         features_only / out_indices: return the 4-level detection pyramid (strides 4/8/16/32, D1 channels).
     """
 
@@ -129,7 +153,8 @@ class PIIP(ClassifierBase):
                  patch_size: int = 16, drop_path_rates: Sequence[float] | None = None,
                  num_interactions: int = 12, interaction_indexes: Sequence[Sequence[Sequence[int]]] | None = None,
                  deform_num_heads: int = 16, n_points: int = 4, deform_ratio: float = 0.5, cffn_ratio: float = 0.25,
-                 interaction_drop_path_rate: float = 0.4, head_token: str = 'class', features_only: bool = False,
+                 interaction_drop_path_rate: float = 0.4, head_token: str = 'class',
+                 window_size: int | Sequence[int | None] | None = None, features_only: bool = False,
                  out_indices: Sequence[int] | None = None):
         super().__init__()
         n = len(img_sizes)
@@ -149,6 +174,13 @@ class PIIP(ClassifierBase):
         if head_token not in ('class', 'first_patch'):
             raise ValueError(f"PIIP: head_token must be 'class' or 'first_patch', got {head_token!r}")
         self.head_token = head_token
+        windows = [window_size] * n if window_size is None or isinstance(window_size, int) else list(window_size)
+        if len(windows) != n:
+            raise ValueError(f'PIIP: window_size needs one entry per branch ({n}), got {window_size!r}')
+        if any(windows) and not features_only:
+            raise ValueError('PIIP: window_size (window attention, the official detection branches) needs '
+                             'features_only=True: the classification branches attend globally with a class token')
+        self.window_sizes = [int(w) if w else None for w in windows]
         styles = [branch_style] * n if isinstance(branch_style, str) else list(branch_style)
         drop_path_rates = [0.0] * n if drop_path_rates is None else list(drop_path_rates)
         if interaction_indexes is None:
@@ -246,7 +278,7 @@ class PIIP(ClassifierBase):
                 start, end = self.interaction_indexes[i][stage]
                 seq = xs[i] if clss[i] is None else torch.cat([clss[i], xs[i]], 1)  # (B, [1+]N, D)
                 for blk in branch.blocks[start:end + 1]:
-                    seq = blk(seq)
+                    seq = _run_block(blk, seq, grids[i], self.window_sizes[i])
                 xs[i], clss[i] = (seq, None) if clss[i] is None else (seq[:, 1:], seq[:, :1])
             xs = interaction(xs, grids)
         return xs, clss, grids
