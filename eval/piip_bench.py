@@ -123,13 +123,15 @@ def bench_models(repeats: int, threads: int | None, macs_only: bool = False) -> 
         return
     for group in ([r for r in rows if 'tiny' not in r[0] and 'baseline' not in r[0]],
                   [r for r in rows if 'tiny' in r[0] or 'baseline' in r[0]]):
-        res = {}
-        for name, m, s in group:  # one interleaved timing per input size
-            res.update(benchmark({name: m}, input_size=(3, s, s), repeats=repeats, threads=threads))
+        # interleaved (A, B, C, A, B, C, ...), each model on its own input size
+        res = benchmark({name: m for name, m, _ in group}, input_size=(3, group[0][2], group[0][2]),
+                        repeats=repeats, threads=threads,
+                        inputs={name: torch.randn(1, 3, s, s) for name, _, s in group})
         ref = group[0][0]
         for name, _, _ in group:
             r = res[name].median_ms / res[ref].median_ms
-            print(f'{name:42s} median {res[name].median_ms:9.2f} ms  latency x{r:.2f}  MACs x{macs[name] / macs[ref]:.2f}'
+            print(f'{name:42s} median {res[name].median_ms:9.2f} ms  latency x{r:.2f}  '
+                  f'MACs x{macs[name] / macs[ref]:.2f}'
                   f'  (vs {ref.strip()})')
 
 

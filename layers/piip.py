@@ -99,7 +99,8 @@ class InteractionUnit(nn.Module):
         self.branch2to1_injector = Injector(dim_a, **injector_kw)
         self.branch1to2_injector = Injector(dim_b, **injector_kw)
 
-    def forward(self, xa: torch.Tensor, grid_a: Grid, xb: torch.Tensor, grid_b: Grid) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(self, xa: torch.Tensor, grid_a: Grid, xb: torch.Tensor,
+                grid_b: Grid) -> tuple[torch.Tensor, torch.Tensor]:
         a_to_b = self.branch1to2_proj(xa)  # (B, Na, dim_b)
         b_to_a = self.branch2to1_proj(xb)  # (B, Nb, dim_a)
         xa = self.branch2to1_injector(xa, grid_a, b_to_a, grid_b)

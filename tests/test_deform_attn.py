@@ -4,7 +4,8 @@ Compared outside the repository (not in CI, which has no network): with the same
 ``DeformCrossAttention`` (official state dict loaded, all keys matched) gave outputs identical to
 OpenGVLab/PIIP's ``MSDeformAttn`` (classification/ops, its CUDA call swapped for the ops' own
 ``ms_deform_attn_core_pytorch``; dim 192, 16 heads, 4 points, ratio 0.5): max abs difference 0.0 in float32
-for 8x8 -> 24x24, 24x24 -> 8x8 and 7x7 -> 12x12 query -> value grids; the initial offset biases are equal. Here the reference is an independent re-statement: a loop over heads and points with explicit
+for 8x8 -> 24x24, 24x24 -> 8x8 and 7x7 -> 12x12 query -> value grids; the initial offset biases are equal.
+Here the reference is an independent re-statement: a loop over heads and points with explicit
 four-corner bilinear interpolation and zero padding.
 """
 from __future__ import annotations

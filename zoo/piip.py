@@ -100,7 +100,7 @@ def windowed_attention(attn: nn.Module, x: torch.Tensor, grid: tuple[int, int], 
     """Run ``attn`` (timm's Attention, (B, N, C) -> (B, N, C)) inside non-overlapping window x window blocks of
     the token grid. As the official detection branches (``WindowedFlashAttention``): the map is zero-padded to a
     multiple of the window BEFORE the qkv projection, padded tokens take part unmasked, and are cropped after."""
-    b, _, c = x.shape
+    b = x.shape[0]
     h, w = grid
     ph, pw = (-h) % window, (-w) % window
     x = F.pad(rearrange(x, 'b (h w) c -> b h w c', h=h, w=w), (0, 0, 0, pw, 0, ph))
@@ -170,7 +170,8 @@ class PIIP(ClassifierBase):
             raise ValueError(f'PIIP: img_sizes must not decrease from branch1 (smallest image) to the last '
                              f'branch (largest image), got {tuple(img_sizes)}')
         if any(s % patch_size for s in img_sizes):
-            raise ValueError(f'PIIP: every img_size must be a multiple of patch_size={patch_size}, got {tuple(img_sizes)}')
+            raise ValueError(f'PIIP: every img_size must be a multiple of patch_size={patch_size}, '
+                             f'got {tuple(img_sizes)}')
         if head_token not in ('class', 'first_patch'):
             raise ValueError(f"PIIP: head_token must be 'class' or 'first_patch', got {head_token!r}")
         self.head_token = head_token
