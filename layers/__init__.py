@@ -17,3 +17,4 @@ __all__ = ['KINDS', 'LayerRecord', 'get', 'list_layers', 'name_of', 'record', 'r
            'DropPath', 'LayerScale', 'drop_path', 'linear_drop_path_rates']
 from . import tnt  # noqa: F401  (TNT blocks, token_mixer/tnt)
 from . import deform_attn, piip  # noqa: F401  (PIIP: pure-PyTorch deformable cross-attention and interaction units, issue 18)
+from . import detect  # noqa: F401  (YOLOv8-style neck and head blocks, issue 16)
