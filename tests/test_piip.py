@@ -333,3 +333,16 @@ def test_detector_takes_piip_tiny_as_backbone():
     yolo = zoo.create('yolo_det', backbone='piip_tiny', num_classes=3).eval()
     with torch.no_grad():
         assert yolo(x)[0].shape == (2, 7, 336)
+
+
+def test_one_branch_is_the_plain_vit_baseline():
+    torch.manual_seed(0)
+    single = PIIP(img_sizes=(64,), embed_dims=(128,), depths=(2,), num_heads=(4,), num_interactions=2,
+                  num_classes=5).eval()
+    assert len(single.interactions) == 0
+    x = torch.randn(2, 3, 64, 64)
+    with torch.no_grad():
+        assert torch.equal(single(x), single.branch1(x))
+    det = zoo.create('piip_tiny', features_only=True, img_sizes=(64,), embed_dims=(128,), depths=(2,),
+                     num_heads=(4,))
+    assert [tuple(f.shape) for f in det(x)] == [(2, 128, 16, 16), (2, 128, 8, 8), (2, 128, 4, 4), (2, 128, 2, 2)]

@@ -128,7 +128,9 @@ def _resize_grid(pos: torch.Tensor, old: tuple[int, int], new: tuple[int, int]) 
 
 
 class PIIP(ClassifierBase):
-    """N ViT branches (N >= 2) on one image at N resolutions, with bidirectional deformable interactions.
+    """N ViT branches on one image at N resolutions, with bidirectional deformable interactions.
+
+    N = 1 is the single-branch baseline: one ViT with the same heads (or detection pyramid) and no interactions.
 
     Args:
         img_sizes: input size of each branch, branch1 (smallest image, widest model) first. The model takes
@@ -161,8 +163,8 @@ class PIIP(ClassifierBase):
         for name, v in (('embed_dims', embed_dims), ('depths', depths), ('num_heads', num_heads)):
             if len(v) != n:
                 raise ValueError(f'PIIP: {name} has {len(v)} entries but img_sizes has {n} (one per branch)')
-        if n < 2:
-            raise ValueError(f'PIIP needs at least 2 branches, got img_sizes={tuple(img_sizes)}')
+        if n < 1:
+            raise ValueError('PIIP needs at least one branch (img_sizes is empty)')
         if any(a < b for a, b in zip(embed_dims, embed_dims[1:])):
             raise ValueError(f'PIIP: embed_dims must not increase from branch1 (widest model, smallest image) '
                              f'to the last branch, got {tuple(embed_dims)}')
@@ -197,10 +199,11 @@ class PIIP(ClassifierBase):
             self.add_module(f'branch{i + 1}', _make_branch(
                 styles[i], img_sizes[i], patch_size, in_chans, 0 if features_only else num_classes, embed_dims[i],
                 depths[i], num_heads[i], drop_path_rates[i], class_token=not features_only))
+        # one branch: no interactions, a plain ViT (with the same heads / pyramid): PIIP's single-branch baseline
         self.interactions = nn.Sequential(*[
             InteractionBlock(embed_dims, num_heads=deform_num_heads, num_points=n_points, deform_ratio=deform_ratio,
                              cffn_ratio=cffn_ratio, drop_path=interaction_drop_path_rate)
-            for _ in range(len(self.interaction_indexes[0]))])
+            for _ in range(len(self.interaction_indexes[0]))] if n > 1 else [])
         self.num_features = sum(embed_dims)  # pre-logits: the branches' pooled class tokens, concatenated
         d1 = embed_dims[0]
         self.feature_info = [FeatureInfo(d1, 4, 'fpn1'), FeatureInfo(d1, 8, 'fpn2'), FeatureInfo(d1, 16, 'fpn3'),
@@ -268,20 +271,22 @@ class PIIP(ClassifierBase):
             raise ValueError(f'PIIP: an input of {tuple(x.shape[-2:])} gives branch images of '
                              f'{[tuple(xi.shape[-2:]) for xi in inputs]}, which must be multiples of the patch size '
                              f'{self.patch_size}; pad the input (the official detection pipeline pads to 224)')
+        n = self.num_branches
         xs, clss, grids = [], [], []
         for branch, xi in zip(self.branches, inputs):
             t, c, g = self._embed(branch, xi)
             xs.append(t)
             clss.append(c)
             grids.append(g)
-        for stage, interaction in enumerate(self.interactions):
+        for stage in range(len(self.interaction_indexes[0])):
             for i, branch in enumerate(self.branches):
                 start, end = self.interaction_indexes[i][stage]
                 seq = xs[i] if clss[i] is None else torch.cat([clss[i], xs[i]], 1)  # (B, [1+]N, D)
                 for blk in branch.blocks[start:end + 1]:
                     seq = _run_block(blk, seq, grids[i], self.window_sizes[i])
                 xs[i], clss[i] = (seq, None) if clss[i] is None else (seq[:, 1:], seq[:, :1])
-            xs = interaction(xs, grids)
+            if n > 1:
+                xs = self.interactions[stage](xs, grids)
         return xs, clss, grids
 
     def forward_features(self, x: torch.Tensor) -> list[torch.Tensor]:
