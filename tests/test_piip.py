@@ -346,3 +346,12 @@ def test_one_branch_is_the_plain_vit_baseline():
     det = zoo.create('piip_tiny', features_only=True, img_sizes=(64,), embed_dims=(128,), depths=(2,),
                      num_heads=(4,))
     assert [tuple(f.shape) for f in det(x)] == [(2, 128, 16, 16), (2, 128, 8, 8), (2, 128, 4, 4), (2, 128, 2, 2)]
+
+
+def test_interaction_indexes_must_cover_every_block_once():
+    with pytest.raises(ValueError, match='cover its 2 blocks'):
+        PIIP(img_sizes=(32, 64), embed_dims=(64, 32), depths=(2, 2), num_heads=(2, 2),
+             interaction_indexes=[[[0, 0], [1, 1]], [[0, 1], [1, 1]]])
+    with pytest.raises(ValueError, match='one entry per branch'):
+        PIIP(img_sizes=(32, 64), embed_dims=(64, 32), depths=(2, 2), num_heads=(2, 2), num_interactions=2,
+             branch_style=['deit'])

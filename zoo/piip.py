@@ -188,9 +188,16 @@ class PIIP(ClassifierBase):
         drop_path_rates = [0.0] * n if drop_path_rates is None else list(drop_path_rates)
         if interaction_indexes is None:
             interaction_indexes = [default_interaction_indexes(d, num_interactions) for d in depths]
+        if len(styles) != n or len(drop_path_rates) != n:
+            raise ValueError(f'PIIP: branch_style and drop_path_rates need one entry per branch ({n}), got '
+                             f'{branch_style!r} and {drop_path_rates!r}')
         if len(interaction_indexes) != n or len({len(ix) for ix in interaction_indexes}) != 1:
             raise ValueError('PIIP: interaction_indexes needs one list of [start, end] ranges per branch, all of '
                              'the same length')
+        for i, (ix, d) in enumerate(zip(interaction_indexes, depths)):
+            if [b for s, e in ix for b in range(s, e + 1)] != list(range(d)):
+                raise ValueError(f'PIIP: the interaction_indexes of branch{i + 1} ({ix}) must cover its {d} blocks '
+                                 f'in order, each once')
         self.img_sizes, self.embed_dims, self.patch_size = tuple(img_sizes), tuple(embed_dims), patch_size
         self.num_branches, self.in_chans, self.num_classes = n, in_chans, num_classes
         self.interaction_indexes = [[list(r) for r in ix] for ix in interaction_indexes]
