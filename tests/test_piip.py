@@ -344,7 +344,7 @@ def test_one_branch_is_the_plain_vit_baseline():
     with torch.no_grad():
         assert torch.equal(single(x), single.branch1(x))
     det = zoo.create('piip_tiny', features_only=True, img_sizes=(64,), embed_dims=(128,), depths=(2,),
-                     num_heads=(4,))
+                     num_heads=(4,), drop_path_rates=(0.0,))
     assert [tuple(f.shape) for f in det(x)] == [(2, 128, 16, 16), (2, 128, 8, 8), (2, 128, 4, 4), (2, 128, 2, 2)]
 
 
