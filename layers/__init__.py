@@ -16,3 +16,5 @@ from . import canon, sequence_mixers  # noqa: F401  (Canon layers and causal seq
 __all__ = ['KINDS', 'LayerRecord', 'get', 'list_layers', 'name_of', 'record', 'records', 'register',
            'DropPath', 'LayerScale', 'drop_path', 'linear_drop_path_rates']
 from . import tnt  # noqa: F401  (TNT blocks, token_mixer/tnt)
+from . import deform_attn, piip  # noqa: F401  (PIIP: pure-PyTorch deformable cross-attention and interaction units, issue 18)
+from . import detect  # noqa: F401  (YOLOv8-style neck and head blocks, issue 16)

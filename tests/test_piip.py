@@ -1,0 +1,357 @@
+"""PIIP (zoo/piip.py, layers/piip.py): identity at initialisation, interaction order, parameter arithmetic,
+weights from timm-layout ViTs, the detection pyramid.
+
+Compared outside the repository (not in CI): built on the meta device from OpenGVLab/PIIP's classification
+code and its released configs (deformable op swapped for its PyTorch core), PIIP-TSB 368/192/128 has
+144,031,416 parameters and PIIP-SBL 384/192/128 488,925,880, exactly our counts (registered, checked by
+tests/test_models.py); the README rounds them to 144M and 489M. The official PIIPThreeBranch (DeiT branches
+128/64/32 wide, depth 2, 16 deformable heads, random weights with every gamma non-zero) loads into our model
+through ``PIIP.remap_checkpoint`` with all keys matched, and with ``head_token='first_patch'`` (its reading)
+the logits agree to 1.5e-8 (float32) at 64/48/32 and at 368/192/128 px; with our default class-token
+heads they differ, as they should.
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import zoo
+from zoo.layers.piip import InteractionBlock, InteractionUnit
+from zoo.piip import PIIP, load_branch_weights
+
+
+def _randomise_gammas(module, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for n, p in module.named_parameters():
+            if n.endswith(('ca_gamma', 'cffn_gamma')):
+                p.copy_(torch.randn(p.shape, generator=g) * 0.5)
+
+
+def _tokens(dims, grids, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randn(2, h * w, d, generator=g) for d, (h, w) in zip(dims, grids)]
+
+
+# -- the interaction unit -------------------------------------------------------------------------------------
+def test_interactions_are_exact_identity_at_init_and_gammas_get_gradients():
+    dims, grids = (64, 32, 32), [(2, 2), (3, 3), (4, 4)]
+    torch.manual_seed(0)
+    block = InteractionBlock(dims, num_heads=4).train()
+    xs = [x.requires_grad_() for x in _tokens(dims, grids)]
+    out = block(xs, grids)
+    for x, o in zip(xs, out):
+        assert torch.equal(x, o)
+    sum(o.square().sum() for o in out).backward()
+    for n, p in block.named_parameters():
+        if n.endswith('gamma'):
+            assert p.grad is not None and p.grad.abs().sum() > 0, f'{n}: no gradient at init'
+
+
+def test_units_run_from_the_high_resolution_pair_inward_from_pre_update_tensors():
+    dims, grids = (64, 32, 32), [(2, 2), (3, 3), (5, 4)]
+    torch.manual_seed(0)
+    block = InteractionBlock(dims, num_heads=4).eval()
+    _randomise_gammas(block)
+    xs = _tokens(dims, grids)
+    with torch.no_grad():
+        out = block(xs, grids)
+        u12, u23 = block.interaction_units_12, block.interaction_units_23
+        x2, x3 = u23(xs[1], grids[1], xs[2], grids[2])  # (2, 3) first
+        x1, x2 = u12(xs[0], grids[0], x2, grids[1])     # then (1, 2), seeing branch 2 after (2, 3)
+        for a, b in zip(out, (x1, x2, x3)):
+            torch.testing.assert_close(a, b, rtol=0, atol=0)
+        assert not torch.allclose(out[0], xs[0])  # the gammas are live: the check above can fail
+        # both directions of a unit read the PRE-update tensors
+        a, b = xs[0], xs[1]
+        ya = u12.branch2to1_injector(a, grids[0], u12.branch2to1_proj(b), grids[1])
+        yb = u12.branch1to2_injector(b, grids[1], u12.branch1to2_proj(a), grids[0])
+        ra, rb = u12(a, grids[0], b, grids[1])
+        assert torch.equal(ra, ya) and torch.equal(rb, yb)
+
+
+def _unit_params(da, db):
+    return sum(p.numel() for p in InteractionUnit(da, db, num_heads=16).parameters())
+
+
+def test_unit_parameter_arithmetic():
+    """unit(Da, Db) = 2 Da Db + Da + Db + inj(Da) + inj(Db); inj(D) = 1.5 D^2 + 192 D + small terms
+    (16 heads, 4 points, ratio 0.5, cffn 0.25): 1.934M, 0.543M and 4.400M for the released pairs."""
+    def inj(d):
+        v, h, m, p = d // 2, d // 4, 16, 4
+        return (3 * 2 * d + 2 * d                      # three LayerNorms, two gammas
+                + (d + 1) * m * p * 2 + (d + 1) * m * p  # sampling offsets, attention weights
+                + (d + 1) * v + (v + 1) * d              # value and output projections
+                + (d + 1) * h + h * 10 + (h + 1) * d)    # ConvFFN: fc1, depthwise 3x3 (+bias), fc2
+    for da, db, published in ((768, 384, 1.934e6), (384, 192, 0.543e6), (1024, 768, 4.400e6)):
+        n = _unit_params(da, db)
+        assert n == 2 * da * db + da + db + inj(da) + inj(db)
+        assert abs(n - published) / published < 5e-4, (da, db, n)
+
+
+@pytest.mark.parametrize('name,published', [('piip_tsb', 144e6), ('piip_sbl', 489e6), ('piip_tsbl', 506e6)])
+def test_full_size_counts_within_half_a_percent_of_the_readme(name, published):
+    with torch.device('meta'):
+        model = zoo.create(name)
+    n = sum(p.numel() for p in model.parameters())
+    assert abs(n - published) / published < 0.005
+    assert model.embed_dims == tuple(sorted(model.embed_dims, reverse=True))  # branch1 = the widest model
+    assert model.img_sizes == tuple(sorted(model.img_sizes))                  # ... on the smallest image
+
+
+def test_interaction_schedule_of_the_released_configs():
+    with torch.device('meta'):
+        sbl = zoo.create('piip_sbl')
+    assert sbl.interaction_indexes[0] == [[2 * i, 2 * i + 1] for i in range(12)]  # ViT-L: every second block
+    assert sbl.interaction_indexes[1] == [[i, i] for i in range(12)]              # ViT-B: every block
+    assert len(sbl.interactions) == 12
+    assert [n for n, _ in sbl.interactions[0].named_children()] == ['interaction_units_12', 'interaction_units_23']
+    with torch.device('meta'):
+        tsbl = zoo.create('piip_tsbl')
+    assert [n for n, _ in tsbl.interactions[0].named_children()] == [
+        'interaction_units_12', 'interaction_units_23', 'interaction_units_34']
+
+
+# -- the whole model ----------------------------------------------------------------------------------------
+def _tiny(**kw):
+    torch.manual_seed(0)
+    model = zoo.create('piip_tiny', num_classes=5, **kw).eval()
+    with torch.no_grad():  # non-trivial branch weights (timm zero-inits the heads) so equality means something
+        for b in model.branches:
+            b.head.weight.normal_(0, 0.2)
+            b.cls_token.normal_(0, 0.5)
+            b.pos_embed.normal_(0, 0.5)
+    return model
+
+
+def test_branch_inputs_are_bilinear_resizes_of_one_image():
+    model = _tiny()
+    x = torch.randn(2, 3, 64, 64)
+    xs = model.branch_inputs(x)
+    assert [tuple(t.shape[-2:]) for t in xs] == [(32, 32), (48, 48), (64, 64)]
+    torch.testing.assert_close(xs[1], F.interpolate(x, size=(48, 48), mode='bilinear', align_corners=False))
+    assert xs[2] is x
+
+
+def test_identity_at_init_every_branch_equals_its_standalone_vit():
+    model = _tiny()
+    x = torch.randn(2, 3, 64, 64)
+    with torch.no_grad():
+        feats = model.forward_features(x)
+        alone = [b(xi) for b, xi in zip(model.branches, model.branch_inputs(x))]
+        for b, f, ref in zip(model.branches, feats, alone):
+            assert torch.equal(b.forward_head(f), ref)
+        assert torch.equal(model(x), torch.stack(alone).mean(0))
+        _randomise_gammas(model)  # with live interactions the branches differ from their standalone selves
+        assert not torch.allclose(model.branches[0].forward_head(model.forward_features(x)[0]), alone[0])
+
+
+def test_identity_at_init_of_piip_tsb_on_the_meta_device_structure():
+    """Full-size TSB: every gamma starts at zero and the heads see the class token of each branch."""
+    with torch.device('meta'):
+        model = zoo.create('piip_tsb')
+    gammas = [n for n, _ in model.named_parameters() if n.endswith(('ca_gamma', 'cffn_gamma'))]
+    assert len(gammas) == 12 * 2 * 2 * 2  # 12 steps x 2 units x 2 injectors x 2 gammas
+
+
+@pytest.mark.parametrize('head_token', ['class', 'first_patch'])
+def test_tiny_backward_reaches_every_parameter_including_the_gammas(head_token):
+    """With class-token heads the patch tokens after the last interaction step do not reach the logits, so only
+    the earlier steps' gammas get gradients; with the official first-patch-token reading every gamma does."""
+    model = _tiny(interaction_drop_path_rate=0.0, head_token=head_token).train()  # DropPath may drop all of B=2
+    model(torch.randn(2, 3, 64, 64)).square().mean().backward()
+    missing = [n for n, p in model.named_parameters() if p.grad is None]
+    assert not missing
+    last = f'interactions.{len(model.interactions) - 1}.'
+    for n, p in model.named_parameters():
+        if n.endswith(('ca_gamma', 'cffn_gamma')):
+            live = head_token == 'first_patch' or not n.startswith(last)
+            assert (p.grad.abs().sum() > 0) == live, n
+
+
+def test_bad_configurations_get_clear_errors():
+    with pytest.raises(ValueError, match='must not increase'):
+        PIIP(img_sizes=(32, 64), embed_dims=(32, 64), depths=(2, 2), num_heads=(2, 2), num_interactions=2)
+    with pytest.raises(ValueError, match='must not decrease'):
+        PIIP(img_sizes=(64, 32), embed_dims=(64, 32), depths=(2, 2), num_heads=(2, 2), num_interactions=2)
+    with pytest.raises(ValueError, match='multiple of num_interactions'):
+        PIIP(img_sizes=(32, 64), embed_dims=(64, 32), depths=(3, 3), num_heads=(2, 2), num_interactions=2)
+    with pytest.raises(ValueError, match='64x64'):
+        zoo.create('piip_tiny')(torch.randn(1, 3, 48, 48))
+
+
+# -- weights from timm-layout ViTs ---------------------------------------------------------------------------
+def _timm_vit(name, **kw):
+    import timm
+    torch.manual_seed(3)
+    vit = timm.create_model(name, pretrained=False, embed_dim=32, depth=2, num_heads=2, num_classes=5, **kw).eval()
+    with torch.no_grad():
+        vit.pos_embed.normal_(0, 0.5)
+        vit.head.weight.normal_(0, 0.2)
+    return vit
+
+
+def _two_branch(style, sizes):
+    torch.manual_seed(0)
+    return PIIP(img_sizes=sizes, embed_dims=(32, 32), depths=(2, 2), num_heads=(2, 2), branch_style=style,
+                num_classes=5, num_interactions=2).eval()
+
+
+def test_deit_checkpoint_loads_with_position_grid_resize(tmp_path):
+    vit = _timm_vit('deit_tiny_patch16_224')  # timm DeiT layout: pos_embed (1, 1 + 196, D), no LayerScale
+    torch.save(vit.state_dict(), tmp_path / 'deit.pth')
+    sd = zoo.read_state_dict(tmp_path / 'deit.pth')
+    model = _two_branch('deit', (64, 224))
+    for i in (0, 1):
+        load_branch_weights(model, i, sd)
+    small, full = model.branches
+    ref_grid = F.interpolate(sd['pos_embed'][:, 1:].reshape(1, 14, 14, 32).permute(0, 3, 1, 2), size=(4, 4),
+                             mode='bicubic', align_corners=False).flatten(2).transpose(1, 2)
+    torch.testing.assert_close(small.pos_embed, ref_grid)
+    assert all(torch.equal(b.ls1.gamma, torch.ones(32)) for b in small.blocks)
+    # at the checkpoint's own size the branch is the DeiT without the class slot of its position embedding
+    with torch.no_grad():
+        vit.pos_embed[:, :1] = 0
+        x = torch.randn(2, 3, 224, 224)
+        torch.testing.assert_close(full(x), vit(x), rtol=1e-5, atol=1e-5)
+
+
+def test_augreg_checkpoint_loads_and_reproduces_timm(tmp_path):
+    vit = _timm_vit('vit_small_patch16_224')  # AugReg layout: class slot kept, no LayerScale
+    torch.save(vit.state_dict(), tmp_path / 'augreg.pth')
+    sd = zoo.read_state_dict(tmp_path / 'augreg.pth')
+    model = _two_branch('augreg', (96, 224))
+    for i in (0, 1):
+        load_branch_weights(model, i, sd)
+    small, full = model.branches
+    assert small.pos_embed.shape == (1, 1 + 36, 32) and torch.equal(small.pos_embed[:, :1], sd['pos_embed'][:, :1])
+    with torch.no_grad():
+        x = torch.randn(2, 3, 224, 224)
+        torch.testing.assert_close(full(x), vit(x), rtol=1e-5, atol=1e-5)
+        # the resized branch equals timm's own ViT built at 96 px with the same (resized) position embedding
+        import timm
+        vit96 = timm.create_model('vit_small_patch16_224', pretrained=False, embed_dim=32, depth=2, num_heads=2,
+                                  num_classes=5, img_size=96).eval()
+        vit96.load_state_dict(small.state_dict())
+        x96 = torch.randn(2, 3, 96, 96)
+        torch.testing.assert_close(small(x96), vit96(x96), rtol=1e-5, atol=1e-5)
+
+
+def test_checkpoint_mismatch_is_reported():
+    model = _two_branch('deit', (64, 224))
+    with pytest.raises(ValueError, match='does not fit'):
+        load_branch_weights(model, 0, {'pos_embed': torch.zeros(1, 197, 32), 'blocks.0.bogus': torch.zeros(1)})
+
+
+# -- the detection pyramid -----------------------------------------------------------------------------------
+def test_features_only_pyramid():
+    torch.manual_seed(0)
+    model = zoo.create('piip_tiny', features_only=True).train()
+    x = torch.randn(2, 3, 64, 64)
+    feats = model(x)
+    assert [tuple(f.shape) for f in feats] == [(2, 128, 16, 16), (2, 128, 8, 8), (2, 128, 4, 4), (2, 128, 2, 2)]
+    assert [i.reduction for i in model.feature_info] == [4, 8, 16, 32]
+    assert all(b.cls_token is None for b in model.branches)
+    sum(f.square().mean() for f in feats).backward()
+    missing = [n for n, p in model.named_parameters() if p.grad is None]
+    assert not missing
+    # other input sizes (multiples of 16, e.g. detection batches) resize each branch's position grid
+    out = model.eval()(torch.randn(1, 3, 128, 192))  # branch images 64x96, 96x144, 128x192
+    assert tuple(out[2].shape[-2:]) == (8, 12)
+    with pytest.raises(ValueError, match='multiples of the patch size'):
+        model(torch.randn(1, 3, 96, 80))
+    sel = zoo.create('piip_tiny', features_only=True, out_indices=(1, 2, 3))
+    assert [i.reduction for i in sel.feature_info] == [8, 16, 32] and len(sel(x)) == 3
+
+
+def test_detection_resolutions_are_an_option():
+    with torch.device('meta'):
+        det = zoo.create('piip_tsb', img_sizes=(448, 896, 1120), features_only=True)
+    assert det.img_sizes == (448, 896, 1120)
+    assert det.branch1.pos_embed.shape == (1, 28 * 28, 768) and det.branch3.pos_embed.shape == (1, 70 * 70, 192)
+    assert [i.num_chs for i in det.feature_info] == [768] * 4
+
+
+# -- window attention of the detection branches ---------------------------------------------------------------
+def test_windowed_attention_equals_a_loop_over_zero_padded_windows():
+    """Outside CI it also matched the official ``WindowedFlashAttention`` (its non-flash path, same weights) to
+    1.8e-7 on 10x13 / window 4, 8x8 / 4 and 5x7 / 14 grids."""
+    from timm.layers import Attention
+    from zoo.piip import windowed_attention
+    torch.manual_seed(0)
+    attn = Attention(32, num_heads=2, qkv_bias=True).eval()
+    h, w, win = 5, 7, 3
+    x = torch.randn(2, h * w, 32)
+    with torch.no_grad():
+        ours = windowed_attention(attn, x, (h, w), win)
+        grid = torch.zeros(2, 6, 9, 32)  # padded to multiples of 3 with zero tokens
+        grid[:, :h, :w] = x.view(2, h, w, 32)
+        ref = torch.zeros_like(grid)
+        for i in range(0, 6, win):
+            for j in range(0, 9, win):
+                tokens = grid[:, i:i + win, j:j + win].reshape(2, win * win, 32)
+                ref[:, i:i + win, j:j + win] = attn(tokens).view(2, win, win, 32)
+        torch.testing.assert_close(ours, ref[:, :h, :w].reshape(2, h * w, 32))
+        # a window covering the grid exactly is global attention
+        torch.testing.assert_close(windowed_attention(attn, x[:, :9], (3, 3), 3), attn(x[:, :9]))
+
+
+def test_window_attention_in_the_detection_branches():
+    torch.manual_seed(0)
+    model = zoo.create('piip_tiny', features_only=True, window_size=(None, 2, 2)).eval()
+    assert model.window_sizes == [None, 2, 2]
+    x = torch.randn(1, 3, 64, 64)
+    with torch.no_grad():
+        win = model(x)
+        model.window_sizes = [None, None, None]
+        glob = model(x)
+    assert [f.shape for f in win] == [f.shape for f in glob]
+    assert not torch.allclose(win[2], glob[2])  # the 3x3 and 4x4 grids of branches 2 and 3 are split into windows
+    with pytest.raises(ValueError, match='features_only'):
+        zoo.create('piip_tiny', window_size=2)
+
+
+# -- as a detection backbone (zoo/detection.py, merged from branch det) ---------------------------------------
+def test_detector_takes_piip_tiny_as_backbone():
+    from zoo.detection import Detector
+    from zoo.layers.detect import PAFPN, DetectHead
+    torch.manual_seed(0)
+    backbone = zoo.create('piip_tiny', features_only=True, window_size=(None, 2, 2))
+    levels = backbone.feature_info[-3:]  # strides 8 / 16 / 32 of the 4-level pyramid
+    neck = PAFPN([i.num_chs for i in levels], out_channels=[32, 64, 128])
+    head = DetectHead(neck.out_channels, num_classes=3, strides=[i.reduction for i in levels])
+    det = Detector(backbone, neck, head).train()
+    x = torch.randn(2, 3, 128, 128)
+    maps = det(x)
+    assert [tuple(m.shape) for m in maps] == [(2, 4 * 16 + 3, 16, 16), (2, 67, 8, 8), (2, 67, 4, 4)]
+    sum(m.square().mean() for m in maps).backward()
+    assert backbone.branch1.patch_embed.proj.weight.grad is not None and backbone.w3.grad is not None
+    y, _ = det.eval()(x)
+    assert y.shape == (2, 4 + 3, 16 * 16 + 8 * 8 + 4 * 4)
+    # and through the generic entrypoint the recipe uses
+    yolo = zoo.create('yolo_det', backbone='piip_tiny', num_classes=3).eval()
+    with torch.no_grad():
+        assert yolo(x)[0].shape == (2, 7, 336)
+
+
+def test_one_branch_is_the_plain_vit_baseline():
+    torch.manual_seed(0)
+    single = PIIP(img_sizes=(64,), embed_dims=(128,), depths=(2,), num_heads=(4,), num_interactions=2,
+                  num_classes=5).eval()
+    assert len(single.interactions) == 0
+    x = torch.randn(2, 3, 64, 64)
+    with torch.no_grad():
+        assert torch.equal(single(x), single.branch1(x))
+    det = zoo.create('piip_tiny', features_only=True, img_sizes=(64,), embed_dims=(128,), depths=(2,),
+                     num_heads=(4,), drop_path_rates=(0.0,))
+    assert [tuple(f.shape) for f in det(x)] == [(2, 128, 16, 16), (2, 128, 8, 8), (2, 128, 4, 4), (2, 128, 2, 2)]
+
+
+def test_interaction_indexes_must_cover_every_block_once():
+    with pytest.raises(ValueError, match='cover its 2 blocks'):
+        PIIP(img_sizes=(32, 64), embed_dims=(64, 32), depths=(2, 2), num_heads=(2, 2),
+             interaction_indexes=[[[0, 0], [1, 1]], [[0, 1], [1, 1]]])
+    with pytest.raises(ValueError, match='one entry per branch'):
+        PIIP(img_sizes=(32, 64), embed_dims=(64, 32), depths=(2, 2), num_heads=(2, 2), num_interactions=2,
+             branch_style=['deit'])
