@@ -149,3 +149,35 @@ def test_compare_notebook_in_a_kernel(tmp_path):
                                                                  'ZOO_DATASET': None, 'ZOO_METRIC': None})
     assert 'classification / digits: 1 models ranked by val/acc1' in text
     assert len(report) >= 2
+
+
+# ------------------------------------------------------------------------------------------ optuna-dashboard
+def test_optuna_dashboard_reads_the_studies_in_our_results_database(tmp_path):
+    """`optuna-dashboard <URL>` on the results database: its WSGI app lists the studies `zoo sweep` keeps there
+    (the zoo_ tables beside Optuna's do not disturb it) and serves their trials."""
+    optuna = pytest.importorskip('optuna')
+    dashboard = pytest.importorskip('optuna_dashboard', reason='the notebooks extra: pip install -e .[notebooks]')
+    from wsgiref.util import setup_testing_defaults
+
+    path = tmp_path / 'results.db'
+    _mixer_db(path)                                   # runs and latency rows first: a real results database
+    url = R.resolve_url(str(path))
+    study = optuna.create_study(study_name='metaformer_digits_latency', storage=url,
+                                directions=['maximize', 'minimize'])
+    study.optimize(lambda t: (t.suggest_float('lr', 1e-4, 1e-2, log=True), 1.0), n_trials=2)
+    app = dashboard.wsgi(url)
+
+    def get(route: str) -> dict:
+        env: dict = {}
+        setup_testing_defaults(env)
+        env.update(PATH_INFO=route, REQUEST_METHOD='GET')
+        status = []
+        body = b''.join(app(env, lambda s, headers, exc_info=None: status.append(s)))
+        assert status == ['200 OK'], (route, status, body[:300])
+        return json.loads(body)
+
+    summaries = get('/api/studies')['study_summaries']
+    assert [(s['study_name'], s['directions']) for s in summaries] == [
+        ('metaformer_digits_latency', ['maximize', 'minimize'])]
+    detail = get(f"/api/studies/{summaries[0]['study_id']}")
+    assert len(detail['trials']) == 2
