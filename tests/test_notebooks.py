@@ -181,3 +181,30 @@ def test_optuna_dashboard_reads_the_studies_in_our_results_database(tmp_path):
         ('metaformer_digits_latency', ['maximize', 'minimize'])]
     detail = get(f"/api/studies/{summaries[0]['study_id']}")
     assert len(detail['trials']) == 2
+
+
+# -------------------------------------------------------------------------------------- the data script
+def test_notebook_data_latency_only_rewrites_the_latency_and_keeps_the_runs(tmp_path, capsys):
+    """What the lead runs on a quiet machine: no training database there, so only the latency CSV and its
+    load record are written; the rows carry the fingerprints the shipped runs are joined by."""
+    import pandas as pd
+
+    from zoo.recipes.experiments import notebook_data
+
+    out = tmp_path / 'data'
+    out.mkdir()
+    (out / 'mixers_runs.csv').write_text('kept\n')
+    assert notebook_data.main(['--latency-only', '--mixers', 'pooling,identity', '--repeats', '2',
+                               '--db', str(tmp_path / 'fresh.db'), '--out', str(out)]) == 0
+    assert (out / 'mixers_runs.csv').read_text() == 'kept\n'
+    lat = pd.read_csv(out / 'mixers_latency.csv')
+    assert sorted(lat.batch_size) == [1, 1, 64, 64] and set(lat.threads) == {1}
+    shipped = pd.read_csv(ROOT / 'notebooks' / 'data' / 'mixers_runs.csv')
+    fps = set(shipped[shipped.token_mixer.isin(['pooling', 'identity'])].arch_fingerprint)
+    assert set(lat.arch_fingerprint) == fps and len(fps) == 2
+    meta = json.loads((out / 'mixers_latency_meta.json').read_text())
+    assert set(meta['loadavg_1m_before_after']) == {'1', '64'} and meta['threads'] == 1
+    assert (out / 'conv_dncnn.csv').exists() and (out / 'conv_convbn.csv').exists()
+    with pytest.raises(SystemExit) as e:
+        notebook_data.main(['--latency-only', '--mixers', 'poolin', '--out', str(out)])
+    assert e.value.code == 2 and "unknown token mixer(s) ['poolin']" in capsys.readouterr().err

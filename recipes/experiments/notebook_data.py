@@ -46,7 +46,7 @@ def mixers(selected: str | None) -> list[str]:
     wanted = [m.strip() for m in selected.split(',') if m.strip()]
     unknown = [m for m in wanted if m not in every]
     if unknown:
-        raise SystemExit(f'notebook_data: error: unknown token mixer(s) {unknown}; registered: {", ".join(every)}')
+        raise ValueError(f'unknown token mixer(s) {unknown}; registered: {", ".join(every)}')
     return wanted
 
 
@@ -54,8 +54,6 @@ def _finished(db: str) -> set[tuple[str, int]]:
     """(mixer, seed) pairs of this recipe already finished in ``db``."""
     from zoo.eval import results
 
-    if not Path(db).exists():
-        return set()
     df = results.runs(db=db, model=MODEL, dataset='digits', status='finished')
     done = set()
     for choices, seed in zip(df.get('block_choices', []), df.get('seed', [])):
@@ -82,7 +80,8 @@ def train(db: str, names: list[str], seeds: list[int], run_root: str) -> None:
             print(f'[fit] {mixer} seed {seed}: exit {rc}, {time.time() - t0:.0f} s', flush=True)
 
 
-def latency(db: str, names: list[str], batch_sizes=(1, 64), threads: int = 1, repeats: int = 50) -> None:
+def latency(db: str, names: list[str], out: Path = DATA, batch_sizes=(1, 64), threads: int = 1,
+            repeats: int = 50) -> None:
     """Every mixer's network, interleaved in one process, so machine noise hits them alike."""
     import torch
 
@@ -109,33 +108,38 @@ def latency(db: str, names: list[str], batch_sizes=(1, 64), threads: int = 1, re
     meta = {'measured_at': time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime()), 'host': platform.node(),
             'cpu_count': os.cpu_count(), 'threads': threads, 'repeats': repeats,
             'loadavg_1m_before_after': loads, 'torch': torch.__version__}
-    DATA.mkdir(parents=True, exist_ok=True)
-    (DATA / 'mixers_latency_meta.json').write_text(json.dumps(meta, indent=1) + '\n')
+    out.mkdir(parents=True, exist_ok=True)
+    (out / 'mixers_latency_meta.json').write_text(json.dumps(meta, indent=1) + '\n')
 
 
-def export(db: str) -> None:
+def export(db: str, out: Path = DATA) -> None:
     """Runs, per-epoch metrics and latency of the mixer study as CSV under notebooks/data/."""
     from zoo.eval import results
 
-    DATA.mkdir(parents=True, exist_ok=True)
+    out.mkdir(parents=True, exist_ok=True)
     runs = results.runs(db=db, model=MODEL, dataset='digits')
+    lat = results.latency(db=db, model=MODEL)
+    keep = ['model', 'arch_fingerprint', 'batch_size', 'threads', 'dtype', 'median_ms', 'iqr_ms', 'min_ms',
+            'throughput', 'repeats', 'params', 'macs', 'torch_version', 'host', 'measured_at']
+    lat[[c for c in keep if c in lat.columns]].to_csv(out / 'mixers_latency.csv', index=False)
+    if runs.empty:
+        # e.g. --latency-only on a machine without the training database: the shipped runs stay as they are
+        # (the latency rows join them by architecture fingerprint)
+        print(f'[export] {len(lat)} latency rows -> {out}; no {MODEL} runs in {db}: the runs CSVs are kept')
+        return
     choices = [json.loads(c) if isinstance(c, str) else (c or {}) for c in runs.block_choices]
     runs['token_mixer'] = [c.get('token_mixer') for c in choices]
     runs['block_choices'] = [json.dumps(c, sort_keys=True) for c in choices]
     runs = runs[[c for c in RUN_COLUMNS if c in runs.columns]]
-    runs.to_csv(DATA / 'mixers_runs.csv', index=False)
+    runs.to_csv(out / 'mixers_runs.csv', index=False)
     per_epoch = results.metrics(db=db)
     per_epoch = per_epoch[per_epoch.run_id.isin(runs.id) & ~per_epoch.final.astype(bool)
                           & per_epoch.name.isin(EPOCH_METRICS)]
-    per_epoch[['run_id', 'name', 'epoch', 'value']].to_csv(DATA / 'mixers_epochs.csv', index=False)
-    lat = results.latency(db=db, model=MODEL)
-    keep = ['model', 'arch_fingerprint', 'batch_size', 'threads', 'dtype', 'median_ms', 'iqr_ms', 'min_ms',
-            'throughput', 'repeats', 'params', 'macs', 'torch_version', 'host', 'measured_at']
-    lat[[c for c in keep if c in lat.columns]].to_csv(DATA / 'mixers_latency.csv', index=False)
-    print(f'[export] {len(runs)} runs, {len(per_epoch)} epoch rows, {len(lat)} latency rows -> {DATA}')
+    per_epoch[['run_id', 'name', 'epoch', 'value']].to_csv(out / 'mixers_epochs.csv', index=False)
+    print(f'[export] {len(runs)} runs, {len(per_epoch)} epoch rows, {len(lat)} latency rows -> {out}')
 
 
-def export_conv() -> None:
+def export_conv(out: Path = DATA) -> None:
     """The convolution-block measurements already under eval/results/ as tidy CSV.
 
     They come from ``python -m zoo.recipes.denoising_compare --seeds 0 1 2 --steps {40,150} --out
@@ -146,6 +150,7 @@ def export_conv() -> None:
     import pandas as pd
 
     res = ROOT / 'eval' / 'results'
+    out.mkdir(parents=True, exist_ok=True)
     rows = []
     for path in sorted(res.glob('dncnn_compare*.md')):
         text = path.read_text()
@@ -153,7 +158,7 @@ def export_conv() -> None:
         for conv, per_seed in re.findall(r'^\| (standard|weighted) \|.*\| ([\d., ]+) \|$', text, re.M):
             for seed, psnr in enumerate(float(v) for v in per_seed.split(',')):
                 rows.append({'source': path.name, 'steps': steps, 'conv': conv, 'seed': seed, 'psnr_db': psnr})
-    pd.DataFrame(rows).to_csv(DATA / 'conv_dncnn.csv', index=False)
+    pd.DataFrame(rows).to_csv(out / 'conv_dncnn.csv', index=False)
     rows = []
     for path, machine in ((res / 'convbn_bench_quiet.txt', 'quiet'), (res / 'convbn_bench.txt', 'under load')):
         header = path.read_text().splitlines()[0]
@@ -168,7 +173,7 @@ def export_conv() -> None:
         rss[mode] = json.loads(rec.replace("'", '"'))
     df = pd.DataFrame(rows)
     df['peak_rss_growth_mib'] = [rss.get(m, {}).get('step_mib') for m in df['mode']]
-    df.to_csv(DATA / 'conv_convbn.csv', index=False)
+    df.to_csv(out / 'conv_convbn.csv', index=False)
     print(f'[export] conv: {len(df)} ConvBN rows, DnCNN from {len(list(res.glob("dncnn_compare*.md")))} files')
 
 
@@ -184,22 +189,26 @@ def main(argv=None) -> int:
     p.add_argument('--export-only', action='store_true', help='only write notebooks/data/ from --db')
     p.add_argument('--conv-only', action='store_true', help='only export the eval/results/ conv measurements')
     p.add_argument('--threads', type=int, default=1)
+    p.add_argument('--repeats', type=int, default=50, help='timed repeats per network and batch size')
+    p.add_argument('--out', type=Path, default=DATA, help='where the CSV snapshot goes (default: notebooks/data)')
     a = p.parse_args(argv)
     try:
         seeds = [int(s) for s in a.seeds.split(',') if s.strip()]
     except ValueError:
         p.error(f'--seeds expects comma-separated integers, e.g. 0,1,2; got {a.seeds!r}')
     if a.conv_only:
-        DATA.mkdir(parents=True, exist_ok=True)
-        export_conv()
+        export_conv(a.out)
         return 0
-    names = mixers(a.mixers)
+    try:
+        names = mixers(a.mixers)
+    except ValueError as e:
+        p.error(str(e))
     if not (a.latency_only or a.export_only):
         train(a.db, names, seeds, a.run_root)
     if not (a.no_latency or a.export_only):
-        latency(a.db, names, threads=a.threads)
-    export(a.db)
-    export_conv()
+        latency(a.db, names, a.out, threads=a.threads, repeats=a.repeats)
+    export(a.db, a.out)
+    export_conv(a.out)
     return 0
 
 
