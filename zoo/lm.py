@@ -173,6 +173,12 @@ class CausalLMNet(nn.Module):
                 shape = tuple(attention_mask.shape) if isinstance(attention_mask, torch.Tensor) else attention_mask
                 raise ValueError(f'attention_mask must be a (B, past + T) tensor of 0/1 (1 = token, 0 = padding) '
                                  f'for tokens of shape {tuple(tokens.shape)}, got {shape}')
+        if tokens.numel() and not tokens.is_meta and not torch.compiler.is_compiling():
+            lo, hi = int(tokens.min()), int(tokens.max())  # one sync; cheaper than a device-side assert
+            if lo < 0 or hi >= self.vocab_size:
+                bad = lo if lo < 0 else hi
+                raise ValueError(f'{type(self).__name__}: token id {bad} is outside the vocabulary of size '
+                                 f'{self.vocab_size} (ids must be in 0..{self.vocab_size - 1})')
         x = self.embed(tokens)                                              # (B, T, d)
         for i, blk in enumerate(self.blocks):
             x = blk(x, None if cache is None else cache[i], attention_mask)
