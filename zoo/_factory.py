@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import warnings
+from collections import OrderedDict
 from pathlib import Path
 
 import torch
@@ -9,6 +10,7 @@ from torch import nn
 
 from ._builder import UnknownArgumentError
 from ._registry import model_info, unknown_model_error, _MODELS
+from ._timm_habits import attach_pretrained_cfg, match_checkpoint_head, no_weights_error
 
 # Wrappers that training code puts around a state dict or its keys.
 _NESTED_KEYS = ('state_dict_ema', 'model_ema', 'state_dict', 'model', 'module')
@@ -27,6 +29,7 @@ def create(name: str, num_classes: int | None = None, in_chans: int | None = Non
     """
     kwargs = {k: v for k, v in dict(num_classes=num_classes, in_chans=in_chans, **overrides).items()
               if v is not None}
+    pretrained = kwargs.pop('pretrained', False)  # timm's habit: passed to timm, an error for zoo models
     if not isinstance(name, str):
         raise TypeError(f'model name must be a string, got {type(name).__name__}')
     if name.startswith('timm/'):
@@ -35,16 +38,21 @@ def create(name: str, num_classes: int | None = None, in_chans: int | None = Non
         if not timm.is_model(timm_name):
             close = timm.list_models(f'*{timm_name[:6]}*')[:5]
             raise KeyError(f'timm has no model {timm_name!r}' + (f'; close: {", ".join(close)}' if close else ''))
-        model = timm.create_model(timm_name, pretrained=False, **kwargs)
+        model = timm.create_model(timm_name, pretrained=pretrained, **kwargs)
     else:
         if name not in _MODELS:
             raise unknown_model_error(name)
+        if pretrained:
+            raise no_weights_error(name)
         try:
             model = model_info(name).fn(**kwargs)
         except UnknownArgumentError as e:
             raise TypeError(f'{name} got unknown argument(s) {", ".join(e.unknown)}. '
                             f'{name} accepts: {", ".join(e.accepted)}') from None
         model.zoo_name = name
+        if checkpoint is not None:  # a family with timm's and the official head: the one the file needs
+            model = match_checkpoint_head(model, name, kwargs, checkpoint, model_info(name).fn)
+        attach_pretrained_cfg(model, name)
     if checkpoint is not None:
         load_checkpoint(model, checkpoint, new_head='num_classes' in kwargs)
     return model
@@ -72,7 +80,11 @@ def read_state_dict(path: str | Path) -> dict[str, torch.Tensor]:
         raise ValueError(f'{path} does not hold a state dict of tensors')
     for prefix in _PREFIXES:
         if sd and all(k.startswith(prefix) for k in sd):
-            sd = {k[len(prefix):]: v for k, v in sd.items()}
+            meta = getattr(sd, '_metadata', None)  # torch's module list, re-keyed too (MetaFormer.checkpoint_head)
+            sd = OrderedDict((k[len(prefix):], v) for k, v in sd.items())
+            if meta is not None:
+                sd._metadata = OrderedDict(('' if m == prefix[:-1] else m[len(prefix):], d) for m, d in meta.items()
+                                           if m == prefix[:-1] or m.startswith(prefix))
     return sd
 
 

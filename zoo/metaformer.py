@@ -143,6 +143,7 @@ class MetaFormer(ClassifierBase):
         self.num_classes = num_classes
         self.in_chans = in_chans
         self.channels_last = channels_last
+        self.timm_head = timm_head
         self.img_size = (img_size, img_size) if isinstance(img_size, int) else tuple(img_size)
         self.num_features = dims[-1]
         act = layers.get('act', act_layer)
@@ -178,6 +179,9 @@ class MetaFormer(ClassifierBase):
             self.to(memory_format=torch.channels_last)
 
     classifier_prefix = 'head.fc'
+    # timm's and the official head have the same keys and shapes: zoo.create picks the one a checkpoint needs
+    checkpoint_head_arg = 'timm_head'
+    data_cfg = dict(crop_pct=0.9)  # the official and timm evaluation crop
 
     @staticmethod
     def _init_weights(m: nn.Module) -> None:
@@ -249,6 +253,23 @@ class MetaFormer(ClassifierBase):
                 state_dict = {**state_dict, **{k: own[k] for k in fresh}}
         return state_dict
 
+    def checkpoint_head(self, state_dict: dict) -> bool | None:
+        """Which head ``state_dict`` was trained with: ``False`` official (its ``network.*`` layout), ``True``
+        timm's, ``None`` when the file cannot tell.
+
+        timm's keys and shapes equal ours, so the tell is the module list that ``torch.save`` keeps with a
+        state dict (``_metadata``): timm's head has a ``head.global_pool`` module, zoo's none. A zoo state dict
+        does not record which head it had; it is taken to match this model (the usual save-and-reload). Files
+        without the list (safetensors, re-keyed dicts) give ``None``."""
+        if any(k.startswith('network.') for k in state_dict):
+            return False
+        modules = getattr(state_dict, '_metadata', None) or {}
+        if any(m == 'head.global_pool' or m.endswith('.head.global_pool') for m in modules):
+            return True
+        if any(m == 'head.norm' or m.endswith('.head.norm') for m in modules):
+            return self.timm_head  # zoo's own layout
+        return None
+
     @staticmethod
     def _remap_official(state_dict: dict) -> dict:
         out = {}
@@ -319,7 +340,8 @@ def poolformer_m48(**kwargs):
 @register_model(**{**_POOLFORMER, 'input_size': (3, 32, 32)})
 def poolformer_tiny(**kwargs):
     """A CPU-sized PoolFormer for tests and built-in data (32x32 inputs, about 0.1 M params)."""
-    return _create(dict(depths=(1, 1, 2, 1), dims=(16, 32, 64, 96), layer_scale_init_value=1e-5), kwargs)
+    return _create(dict(depths=(1, 1, 2, 1), dims=(16, 32, 64, 96), layer_scale_init_value=1e-5, img_size=32),
+                   kwargs)
 
 
 _METAFORMER = dict(family='metaformer', paper=_POOLFORMER['paper'], repo=_POOLFORMER['repo'],

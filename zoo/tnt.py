@@ -211,6 +211,7 @@ class TNT(ClassifierBase):
         self.apply(self._init_weights)
 
     classifier_prefix = 'head'
+    data_cfg = dict(mean=(0.5, 0.5, 0.5), std=(0.5, 0.5, 0.5), crop_pct=0.9)  # official and timm evaluation
 
     @staticmethod
     def _init_weights(m: nn.Module) -> None:
