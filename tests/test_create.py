@@ -108,9 +108,13 @@ def test_timm_weights_reproduce_timm_logits(tmp_path):
     x = torch.randn(2, 3, 64, 64)
     with torch.no_grad():
         assert torch.allclose(ours(x), ref(x), atol=1e-4, rtol=1e-4)
-        # With the official head the same weights give a different function (the documented head order).
-        official_head = zoo.create('poolformer_s12', num_classes=10, checkpoint=path).eval()
+        # With the official head the same weights give a different function (the documented head order), so
+        # forcing it warns; without timm_head=, zoo.create picks timm's head from the file (test_timm_habits.py).
+        with pytest.warns(UserWarning, match='built with timm_head=False'):
+            official_head = zoo.create('poolformer_s12', num_classes=10, checkpoint=path, timm_head=False).eval()
         assert (official_head(x) - ref(x)).abs().max() > 1e-3
+        picked = zoo.create('poolformer_s12', num_classes=10, checkpoint=path).eval()
+        assert torch.allclose(picked(x), ref(x), atol=1e-4, rtol=1e-4)
 
 
 def test_official_weights_reproduce_official_logits(tmp_path):
