@@ -25,7 +25,9 @@ def create(name: str, num_classes: int | None = None, in_chans: int | None = Non
     ``checkpoint`` loads a state dict (``.pth``/``.pt``/``.bin`` via ``torch.load(weights_only=True)``,
     or ``.safetensors``) after the family's key remapping (official and timm layouts). When
     ``num_classes`` is given and differs from the checkpoint's classifier, the classifier is left
-    freshly initialised (fine-tuning); every other mismatch is an error.
+    freshly initialised (fine-tuning); every other mismatch is an error. ``pretrained=True`` is passed to
+    timm for ``'timm/'`` models and is an error for zoo's (no weights ship; use ``checkpoint``). Every zoo
+    model gets a timm-style ``pretrained_cfg`` for the input it was built for (``zoo/_timm_habits.py``).
     """
     kwargs = {k: v for k, v in dict(num_classes=num_classes, in_chans=in_chans, **overrides).items()
               if v is not None}
