@@ -308,7 +308,7 @@ class PIIP(ClassifierBase):
 
     def forward_head(self, x: list[torch.Tensor], pre_logits: bool = False) -> torch.Tensor:
         """Mean of the branches' logits; ``pre_logits``: their pooled class tokens, concatenated (B, sum D_i)."""
-        if pre_logits:
+        if pre_logits or self.num_classes == 0:  # no head (timm's num_classes=0): the pooled features
             return torch.cat([b.forward_head(f, pre_logits=True) for b, f in zip(self.branches, x)], -1)
         return torch.stack([b.forward_head(f) for b, f in zip(self.branches, x)]).mean(0)
 
