@@ -31,7 +31,8 @@ import torch
 from einops import rearrange
 from torch import nn
 
-__all__ = ['ConvBNAct', 'Bottleneck', 'C2f', 'SPPF', 'PAFPN', 'DFL', 'DetectHead', 'make_anchors', 'dist2bbox', 'bbox2dist']
+__all__ = ['ConvBNAct', 'Bottleneck', 'C2f', 'SPPF', 'PAFPN', 'DFL', 'DetectHead', 'make_anchors', 'dist2bbox',
+           'bbox2dist']
 
 BN_EPS, BN_MOMENTUM = 1e-3, 0.03  # YOLOv8's BatchNorm settings (its initialize_weights)
 
@@ -52,7 +53,7 @@ class ConvBNAct(nn.Module):
 
 
 class Bottleneck(nn.Module):
-    """3x3 -> 3x3 ConvBNAct (hidden width ``out_chs * expansion``), plus the input when ``shortcut`` and widths match."""
+    """3x3 -> 3x3 ConvBNAct (hidden ``out_chs * expansion``), plus the input when ``shortcut`` and widths match."""
 
     def __init__(self, in_chs: int, out_chs: int, shortcut: bool = True, expansion: float = 0.5):
         super().__init__()
