@@ -53,7 +53,8 @@ def test_conv_bn_settings():
     assert (bn.eps, bn.momentum) == (1e-3, 0.03)
 
 
-@pytest.mark.parametrize('backbone,kw', [('poolformer_tiny', {}), ('resnet_tiny', {'stem': 'imagenet'})])
+@pytest.mark.parametrize('backbone,kw', [('poolformer_tiny', {}), ('resnet_tiny', {'stem': 'imagenet'}),
+                                         ('timm/resnet10t', {})])  # five timm levels: the last three
 def test_output_shapes_train_and_eval_non_square(backbone, kw):
     torch.manual_seed(0)
     nc = 5
