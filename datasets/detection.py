@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -446,7 +445,8 @@ def draw_shapes_det(size: int, rng: np.random.Generator, num_classes: int = len(
 
 def generate_shapes_det(num_samples: int, size: int = 256, num_classes: int = len(SHAPES), seed: int = 0,
                         max_objects: int = 6, min_px: int = 12, max_px: int = 80):
-    """``(images (N, 3, S, S) uint8, [boxes (n_i, 4)], [labels (n_i,)])``; sample ``i`` from ``default_rng([seed, i])``."""
+    """``(images (N, 3, S, S) uint8, [boxes (n_i, 4)], [labels (n_i,)])``; image ``i`` from
+    ``default_rng([seed, i])``."""
     if not 1 <= num_classes <= len(SHAPES):
         raise ValueError(f'num_classes must be between 1 and {len(SHAPES)} ({", ".join(SHAPES)}), got {num_classes}')
     out = [draw_shapes_det(size, np.random.default_rng([seed, i]), num_classes, max_objects, min_px, max_px)

@@ -25,13 +25,14 @@ Helpers: :func:`make_anchors` (cell centres, offset 0.5, and the stride per anch
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 from einops import rearrange
 from torch import nn
 
-__all__ = ['ConvBNAct', 'Bottleneck', 'C2f', 'SPPF', 'PAFPN', 'DFL', 'DetectHead', 'make_anchors', 'dist2bbox', 'bbox2dist']
+__all__ = ['ConvBNAct', 'Bottleneck', 'C2f', 'SPPF', 'PAFPN', 'DFL', 'DetectHead', 'make_anchors', 'dist2bbox',
+           'bbox2dist']
 
 BN_EPS, BN_MOMENTUM = 1e-3, 0.03  # YOLOv8's BatchNorm settings (its initialize_weights)
 
@@ -52,7 +53,7 @@ class ConvBNAct(nn.Module):
 
 
 class Bottleneck(nn.Module):
-    """3x3 -> 3x3 ConvBNAct (hidden width ``out_chs * expansion``), plus the input when ``shortcut`` and widths match."""
+    """3x3 -> 3x3 ConvBNAct (hidden ``out_chs * expansion``), plus the input when ``shortcut`` and widths match."""
 
     def __init__(self, in_chs: int, out_chs: int, shortcut: bool = True, expansion: float = 0.5):
         super().__init__()
@@ -112,11 +113,13 @@ class PAFPN(nn.Module):
     with C5' = SPPF(C5) when ``sppf`` (YOLOv8 puts SPPF at the end of its backbone; zoo backbones lack it).
     ``in_channels=out_channels=(64, 128, 256)``, ``depth=1``, ``sppf=False`` is YOLOv8-n's neck exactly.
 
-    Any module with this interface (a list of three maps in, a list out, ``out_channels``) can replace it.
+    ``block(c_in, c_out, depth)`` builds the four fusion blocks (default :class:`C2f`): Mamba-YOLO's neck is
+    this PAFPN with its XSSBlock there (and SPPF inside its backbone). Any module with this interface (a list
+    of three maps in, a list out, ``out_channels``) can replace the whole neck.
     """
 
     def __init__(self, in_channels: Sequence[int], out_channels: Sequence[int] | None = None, depth: int = 1,
-                 sppf: bool = False):
+                 sppf: bool = False, block: Callable[[int, int, int], nn.Module] | None = None):
         super().__init__()
         if len(in_channels) != 3:
             raise ValueError(f'PAFPN takes three levels (strides 8, 16, 32), got in_channels={tuple(in_channels)}')
@@ -125,12 +128,13 @@ class PAFPN(nn.Module):
         self.in_channels, self.out_channels = tuple(in_channels), out_channels
         self.sppf = SPPF(c5, c5) if sppf else nn.Identity()
         self.up = nn.Upsample(scale_factor=2, mode='nearest')
-        self.td4 = C2f(c5 + c4, o4, depth)
-        self.td3 = C2f(o4 + c3, o3, depth)
+        block = block or C2f
+        self.td4 = block(c5 + c4, o4, depth)
+        self.td3 = block(o4 + c3, o3, depth)
         self.down3 = ConvBNAct(o3, o3, 3, 2)
-        self.bu4 = C2f(o3 + o4, o4, depth)
+        self.bu4 = block(o3 + o4, o4, depth)
         self.down4 = ConvBNAct(o4, o4, 3, 2)
-        self.bu5 = C2f(o4 + c5, o5, depth)
+        self.bu5 = block(o4 + c5, o5, depth)
 
     def forward(self, feats: Sequence[torch.Tensor]) -> list[torch.Tensor]:
         x3, x4, x5 = feats

@@ -90,9 +90,12 @@ class Detection(LightningModule):
                              f'({", ".join(zoo.list_models(task="detection"))})')
         self.save_hyperparameters()
         self.model_name = name
-        self.block_choices = block_choices(model_args)
         args = dict(model_args or {})
         self.model = zoo.create(name, num_classes=num_classes, in_chans=in_chans, checkpoint=checkpoint, **args)
+        # the backbone is the block a detection comparison varies: record it (and its own block choices)
+        self.block_choices = {**block_choices(args.get('backbone_kwargs')), **block_choices(args)}
+        if getattr(self.model, 'backbone_name', None):
+            self.block_choices['backbone'] = self.model.backbone_name
         self.num_classes = self.model.num_classes
         self.criterion = DetectionLoss(self.model.head, box=box_gain, cls=cls_gain, dfl=dfl_gain)
         self.ema = None

@@ -188,7 +188,8 @@ def write_yolo(root, lines=None, names=('a', 'b', 'c')):
         (root / 'labels' / split).mkdir(parents=True, exist_ok=True)
         for name, (h, w) in files.items():
             write_png(torch.randint(0, 255, (3, h, w), dtype=torch.uint8), str(root / 'images' / split / f'{name}.png'))
-    (root / 'labels' / 'train' / 'x0.txt').write_text(lines if lines is not None else '0 0.25 0.5 0.25 0.5\n2 0.75 0.5 0.5 1.0\n')
+    default = '0 0.25 0.5 0.25 0.5\n2 0.75 0.5 0.5 1.0\n'
+    (root / 'labels' / 'train' / 'x0.txt').write_text(lines if lines is not None else default)
     (root / 'labels' / 'val' / 'v0.txt').write_text('1 0.5 0.5 0.5 0.5\n')
     (root / 'data.yaml').write_text(f'path: {root}\ntrain: images/train\nval: images/val\nnames: {list(names)}\n')
     return root / 'data.yaml'

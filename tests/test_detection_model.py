@@ -34,12 +34,27 @@ def test_neck_blocks_match_yolov8n_summary():
     assert n_params(C2f(32, 32, 1, shortcut=True)) == 7_360  # YOLOv8-n layer 2
 
 
+def test_neck_takes_another_fusion_block():
+    calls = []
+
+    def block(c_in, c_out, n):  # e.g. Mamba-YOLO's XSSBlock(c_in, c_out, n)
+        calls.append((c_in, c_out, n))
+        return ConvBNAct(c_in, c_out, 1)
+
+    neck = PAFPN((64, 128, 256), depth=2, block=block)
+    # Mamba-YOLO-T's neck: XSS(384 -> 128), XSS(192 -> 64), XSS(192 -> 128), XSS(384 -> 256)
+    assert calls == [(384, 128, 2), (192, 64, 2), (192, 128, 2), (384, 256, 2)]
+    outs = neck([torch.randn(1, 64, 8, 8), torch.randn(1, 128, 4, 4), torch.randn(1, 256, 2, 2)])
+    assert [tuple(o.shape[1:]) for o in outs] == [(64, 8, 8), (128, 4, 4), (256, 2, 2)]
+
+
 def test_conv_bn_settings():
     bn = ConvBNAct(3, 8, 3).bn
     assert (bn.eps, bn.momentum) == (1e-3, 0.03)
 
 
-@pytest.mark.parametrize('backbone,kw', [('poolformer_tiny', {}), ('resnet_tiny', {'stem': 'imagenet'})])
+@pytest.mark.parametrize('backbone,kw', [('poolformer_tiny', {}), ('resnet_tiny', {'stem': 'imagenet'}),
+                                         ('timm/resnet10t', {})])  # five timm levels: the last three
 def test_output_shapes_train_and_eval_non_square(backbone, kw):
     torch.manual_seed(0)
     nc = 5
