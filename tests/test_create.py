@@ -189,7 +189,7 @@ _TINY = zoo.list_models(tiny=True)
 
 
 def _takes_num_classes(name: str) -> bool:
-    return zoo.model_info(name).task == 'classification'
+    return zoo.model_info(name).task in ('classification', 'detection')
 
 
 @pytest.mark.parametrize('name', _TINY)
@@ -204,6 +204,10 @@ def test_num_classes_is_checked_in_one_place_for_every_family(name):
     for bad in ('10', 2.0, True):
         with pytest.raises(TypeError, match='num_classes must be an int >= 0'):
             zoo.create(name, num_classes=bad)
+    if zoo.model_info(name).task == 'detection':  # a detector without classes detects nothing
+        with pytest.raises(ValueError, match='num_classes'):
+            zoo.create(name, num_classes=0)
+        return
     m = zoo.create(name, num_classes=0).eval()
     x = torch.randn(2, *zoo.model_info(name).input_size)
     with torch.no_grad():
