@@ -15,6 +15,11 @@ is not divisible by its patch size resizes it bicubically up to the next multipl
 resizes its tokens bicubically to the trained grid for the two raft mixings and back before the
 channel MLP. So one model built for 224 also serves 256. Unlike the official levels, which store the
 current grid in their modules at every forward, the grid is read from the input here.
+
+Official checkpoints (``shortcut=False``, the published S/M/L) load with ``zoo.create(name, checkpoint=path)``
+through ``RaftMLP.remap_checkpoint`` (which also permutes the raft LayerNorms' weights: the official ones
+see channels in (co, r) order); ``to_official`` is the inverse. Same weights, same logits to float rounding
+(tests/test_fidelity.py, docs/fidelity.md).
 """
 from __future__ import annotations
 
@@ -248,7 +253,7 @@ def _create(cfg: dict, kwargs: dict) -> RaftMLP:
 
 _RAFT = dict(family='raftmlp', paper='RaftMLP: How Much Can Be Done Without Attention and with Less Spatial '
              'Locality? (arXiv 2108.04384)', repo='https://github.com/okojoalg/raft-mlp', input_size=(3, 224, 224),
-             capabilities=('features', 'any_resolution'), tiny='raftmlp_tiny')
+             capabilities=('features', 'any_resolution', 'official_weights'), tiny='raftmlp_tiny')
 _COMMON = dict(depths=(2, 2, 6, 2), patch_sizes=(4, 2, 2, 2), kernels=((4, 8), (2, 4), (2, 4), (2,)), raft_size=2,
                token_expansion=2.0, channel_expansion=4.0, drop_path_rate=0.1)
 

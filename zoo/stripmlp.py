@@ -22,6 +22,11 @@ Official quirks, all kept because the published numbers depend on them:
 - PyTorch default init, relative-position tables trunc_normal(.02), GRN gamma = beta = 0.
 The weights depend on the input size (strip weights are W x W): the model is built for ``img_size`` and
 any other input raises an error naming the size it was built for. Inputs must be square.
+
+Official checkpoints (``StripMLPNet`` state dicts, optionally under ``'model'``) load with
+``zoo.create(name, checkpoint=path)`` through ``StripMLP.remap_checkpoint``; ``StripMLP.to_official`` writes
+our weights in that layout. With the same weights the logits equal the official model's to float rounding
+(tests/test_fidelity.py, docs/fidelity.md).
 """
 from __future__ import annotations
 
@@ -242,7 +247,7 @@ def _create(cfg: dict, kwargs: dict) -> StripMLP:
 
 _STRIP = dict(family='stripmlp', paper='Strip-MLP: Efficient Token Interaction for Vision MLP (ICCV 2023, '
               'arXiv 2307.11458)', repo='https://github.com/Med-Process/Strip_MLP', input_size=(3, 224, 224),
-              capabilities=('features', 'fixed_size'), tiny='stripmlp_tiny')
+              capabilities=('features', 'fixed_size', 'official_weights'), tiny='stripmlp_tiny')
 
 
 # params: counted on the official code at 224 (exact); macs: fvcore total on the official code.
