@@ -81,8 +81,9 @@ class CascadeGroupStripMixing(nn.Module):
     """CGSMM on (N, C', s, s): row step, fuse, BN-GELU; column step, fuse (official ``strip_mlp``).
 
     ``rows = GELU(BN(fuse_h([proj_h(x + pos_h), x]))) + pos_w``; output ``fuse_w([x, proj_w(rows)])``.
-    Both fuses take the module's input x (without any bias) as their second operand: the cascade
-    is row -> column, but each step is fused with the original map, not with the previous step.
+    Both fuses take the module's input x (without any bias): the row fuse as its second operand, the
+    column fuse as its first. The cascade is row -> column, but each step is fused with the original
+    map, not with the previous step.
 
     ``dim`` is the full block width (it sets p and g); the module sees C' = dim / 2 channels.
     """
