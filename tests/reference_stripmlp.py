@@ -167,7 +167,8 @@ class OfficialStripMLP(nn.Module):
         c, s = embed_dim, img_size // 4
         self.patch_embed = nn.Conv2d(3, c, 4, 4, bias=False)
         for i in range(4):
-            setattr(self, f'blocks{i + 1}', nn.ModuleList(BasicBlock(c * 2 ** i, s // 2 ** i) for _ in range(layers[i])))
+            blocks = nn.ModuleList(BasicBlock(c * 2 ** i, s // 2 ** i) for _ in range(layers[i]))
+            setattr(self, f'blocks{i + 1}', blocks)
         for i in range(3):
             setattr(self, f'merging{i + 1}', nn.Conv2d(c * 2 ** i, c * 2 ** (i + 1), 2, 2, bias=False))
         self.conv_s1_28 = nn.Conv2d(2 * c, 4 * c, 2, 2, groups=2 * c, bias=False)

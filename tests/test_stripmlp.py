@@ -171,7 +171,8 @@ def test_metaformer_s12_with_strip_needs_the_input_size():
         default(torch.zeros(1, 3, 32, 32, device='meta'))
 
 
-@pytest.mark.parametrize('name,embed_dim,depths', [('stripmlp_t_star', 80, (2, 2, 6, 2)), ('stripmlp_s', 96, (2, 2, 18, 2))])
+@pytest.mark.parametrize('name,embed_dim,depths', [('stripmlp_t_star', 80, (2, 2, 6, 2)),
+                                                    ('stripmlp_s', 96, (2, 2, 18, 2))])
 def test_official_layout_of_full_size_models_maps_key_for_key(name, embed_dim, depths):
     """Every key and shape of a full-size official state dict (p = 2 for T*, 4 for S) maps onto ours and back;
     built on the meta device from the re-statement in tests/reference_stripmlp.py (outputs: test_fidelity)."""
