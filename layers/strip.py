@@ -80,6 +80,11 @@ class StripMLPLayer(nn.Module):
 class CascadeGroupStripMixing(nn.Module):
     """CGSMM on (N, C', s, s): row step, fuse, BN-GELU; column step, fuse (official ``strip_mlp``).
 
+    ``rows = GELU(BN(fuse_h([proj_h(x + pos_h), x]))) + pos_w``; output ``fuse_w([x, proj_w(rows)])``.
+    Both fuses take the module's input x (without any bias): the row fuse as its second operand, the
+    column fuse as its first. The cascade is row -> column, but each step is fused with the original
+    map, not with the previous step.
+
     ``dim`` is the full block width (it sets p and g); the module sees C' = dim / 2 channels.
     """
 
@@ -100,10 +105,11 @@ class CascadeGroupStripMixing(nn.Module):
         self.act = nn.GELU()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = x + self.pos_h()
-        x = self.fuse_h(torch.cat([self.proj_h(x), x], dim=1))
-        x = self.act(self.norm(x)) + self.pos_w()
-        return self.fuse_w(torch.cat([x, self.proj_w(x)], dim=1))
+        # Both fuses read the module's *input* x, as the official code does (it never reassigns x): the row
+        # fuse sees x without the position bias, and the column fuse sees x, not the row-mixed map.
+        rows = self.fuse_h(torch.cat([self.proj_h(x + self.pos_h()), x], dim=1))  # (N, C', s, s)
+        rows = self.act(self.norm(rows)) + self.pos_w()
+        return self.fuse_w(torch.cat([x, self.proj_w(rows)], dim=1))
 
 
 class LocalStripMixing(nn.Module):

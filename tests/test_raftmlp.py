@@ -147,3 +147,18 @@ def test_metaformer_s12_with_raft_builds_with_the_s12_grids():
         model = zoo.create('metaformer_s12', token_mixer='raft')
         assert model(torch.zeros(1, 3, 224, 224)).shape == (1, 1000)
     assert [s.blocks[0].token_mixer.grid for s in model.stages] == [(56, 56), (28, 28), (14, 14), (7, 7)]
+
+
+@pytest.mark.parametrize('name,dims', [('raftmlp_s', (64, 128, 256, 512)), ('raftmlp_l', (128, 192, 512, 1024))])
+def test_official_layout_of_full_size_models_maps_key_for_key(name, dims):
+    """Every key and shape of a full-size official state dict maps onto ours and back; built on the meta device
+    from the re-statement in tests/reference_raftmlp.py (outputs: test_fidelity)."""
+    from reference_raftmlp import OfficialRaftMLP
+    with torch.device('meta'):
+        official = OfficialRaftMLP(dims=dims, depths=(2, 2, 6, 2), img_size=224, num_classes=1000).state_dict()
+        model = zoo.create(name)
+    ours = model.state_dict()
+    mapped = model.remap_checkpoint(official)
+    assert mapped.keys() == ours.keys()
+    assert all(mapped[k].shape == ours[k].shape for k in ours)
+    assert model.to_official(ours).keys() == official.keys()

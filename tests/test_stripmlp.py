@@ -169,3 +169,19 @@ def test_metaformer_s12_with_strip_needs_the_input_size():
         default = zoo.create('metaformer_s12', token_mixer='strip')  # built for 224: grids 56/28/14/7
     with pytest.raises(ValueError, match='built for a 56x56 token grid'):
         default(torch.zeros(1, 3, 32, 32, device='meta'))
+
+
+@pytest.mark.parametrize('name,embed_dim,depths', [('stripmlp_t_star', 80, (2, 2, 6, 2)),
+                                                    ('stripmlp_s', 96, (2, 2, 18, 2))])
+def test_official_layout_of_full_size_models_maps_key_for_key(name, embed_dim, depths):
+    """Every key and shape of a full-size official state dict (p = 2 for T*, 4 for S) maps onto ours and back;
+    built on the meta device from the re-statement in tests/reference_stripmlp.py (outputs: test_fidelity)."""
+    from reference_stripmlp import OfficialStripMLP
+    from zoo.stripmlp import StripMLP
+    with torch.device('meta'):
+        official = OfficialStripMLP(embed_dim, depths, img_size=224, num_classes=1000).state_dict()
+        ours = zoo.create(name).state_dict()
+    mapped = StripMLP.remap_checkpoint(official)
+    assert mapped.keys() == ours.keys()
+    assert all(mapped[k].shape == ours[k].shape for k in ours)
+    assert StripMLP.to_official(ours).keys() == official.keys()

@@ -15,10 +15,16 @@ is not divisible by its patch size resizes it bicubically up to the next multipl
 resizes its tokens bicubically to the trained grid for the two raft mixings and back before the
 channel MLP. So one model built for 224 also serves 256. Unlike the official levels, which store the
 current grid in their modules at every forward, the grid is read from the input here.
+
+Official checkpoints (``shortcut=False``, the published S/M/L) load with ``zoo.create(name, checkpoint=path)``
+through ``RaftMLP.remap_checkpoint`` (which also permutes the raft LayerNorms' weights: the official ones
+see channels in (co, r) order); ``to_official`` is the inverse. Same weights, same logits to float rounding
+(tests/test_fidelity.py, docs/fidelity.md).
 """
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Sequence
 
 import torch
@@ -135,6 +141,7 @@ class RaftMLP(ClassifierBase):
             if ks[0] != p:
                 raise ValueError(f'each level\'s first kernel must be its patch size; got kernels {ks} for patch {p}')
         self.num_classes, self.in_chans, self.num_features = num_classes, in_chans, dims[-1]
+        self.raft_size = raft_size
         self.img_size = (img_size, img_size) if isinstance(img_size, int) else tuple(img_size)
         levels, info, prev, stride = [], [], in_chans, 1
         grid = self.img_size
@@ -176,6 +183,68 @@ class RaftMLP(ClassifierBase):
         x = self.norm(rearrange(x, 'b c h w -> b h w c')).mean((1, 2))  # LN per token, then mean over tokens
         return x if pre_logits else self.head(x)
 
+    # ---- checkpoint key mapping -------------------------------------------------------------------
+
+    def remap_checkpoint(self, state_dict: dict) -> dict:
+        """Map an official RaftMLP state dict (okojoalg/raft-mlp, ``shortcut=False``, cross-scale MLP
+        embedding: the published S/M/L) onto ours.
+
+        Official: ``levels.i.fn.0.fc`` (embedding), ``levels.i.fn.{2+j}.{1,3,5}`` (block j: vertical,
+        horizontal and channel sub-blocks, each ``norm`` + ``fn.{0,3}``), ``heads.0.1`` (final LN),
+        ``classifier``. The official vertical/horizontal LayerNorms see a token's channels in (co, r)
+        order (raft-major) while ours see them in the natural (r co) order, so their weights are permuted.
+        Our own layout passes through.
+        """
+        if any(k.startswith('levels.0.embed.') for k in state_dict):
+            return dict(state_dict)
+        if not any(re.match(r'^levels\.\d+\.fn\.', k) for k in state_dict):
+            raise KeyError('not a RaftMLP state dict: expected levels.*.embed (zoo) or levels.*.fn.* (official) '
+                           f'keys; got {list(state_dict)[:6]}...')
+        if any(k.startswith('heads.1.') for k in state_dict):
+            raise KeyError('this official RaftMLP was trained with shortcut=True (per-level heads), a different '
+                           'model that zoo RaftMLP does not implement')
+        out = {}
+        for k, v in state_dict.items():
+            for pattern, repl in _RAFT_FROM_OFFICIAL:
+                k, n = re.subn(pattern, repl, k)
+                if n:
+                    break
+            if re.search(r'\.norm[12]\.', k):  # official (co r) channel order -> ours (r co)
+                v = rearrange(v, '(co r) -> (r co)', r=self.raft_size)
+            out[k] = v
+        return out
+
+    def to_official(self, state_dict: dict) -> dict:
+        """Our state dict in the official layout (the inverse of ``remap_checkpoint``)."""
+        out = {}
+        for k, v in state_dict.items():
+            if re.search(r'\.norm[12]\.', k):
+                v = rearrange(v, '(r co) -> (co r)', r=self.raft_size)
+            for pattern, repl in _RAFT_TO_OFFICIAL:
+                k, n = re.subn(pattern, repl, k)
+                if n:
+                    break
+            out[k] = v
+        return out
+
+
+# (official, ours) module paths inside block j (official ``levels.i.fn.{2+j}``), and at the top level.
+_RAFT_BLOCK_KEYS = [('1.norm.1', 'norm1'), ('1.fn.0', 'vertical.fc1'), ('1.fn.3', 'vertical.fc2'),
+                    ('3.norm.1', 'norm2'), ('3.fn.0', 'horizontal.fc1'), ('3.fn.3', 'horizontal.fc2'),
+                    ('5.norm', 'norm3'), ('5.fn.0', 'mlp.0'), ('5.fn.3', 'mlp.3')]
+_RAFT_TOP_KEYS = [('heads.0.1', 'norm'), ('classifier', 'head')]
+# (regex, replacement) pairs, first match wins.
+_RAFT_FROM_OFFICIAL = (
+    [(r'^levels\.(\d+)\.fn\.0\.fc\.', r'levels.\1.embed.proj.')]
+    + [(rf'^levels\.(\d+)\.fn\.(\d+)\.{re.escape(a)}\.', lambda m, b=b: f'levels.{m[1]}.blocks.{int(m[2]) - 2}.{b}.')
+       for a, b in _RAFT_BLOCK_KEYS]
+    + [(rf'^{re.escape(a)}\.', f'{b}.') for a, b in _RAFT_TOP_KEYS])
+_RAFT_TO_OFFICIAL = (
+    [(r'^levels\.(\d+)\.embed\.proj\.', r'levels.\1.fn.0.fc.')]
+    + [(rf'^levels\.(\d+)\.blocks\.(\d+)\.{re.escape(b)}\.', lambda m, a=a: f'levels.{m[1]}.fn.{int(m[2]) + 2}.{a}.')
+       for a, b in _RAFT_BLOCK_KEYS]
+    + [(rf'^{re.escape(b)}\.', f'{a}.') for a, b in _RAFT_TOP_KEYS])
+
 
 
 def _create(cfg: dict, kwargs: dict) -> RaftMLP:
@@ -184,7 +253,7 @@ def _create(cfg: dict, kwargs: dict) -> RaftMLP:
 
 _RAFT = dict(family='raftmlp', paper='RaftMLP: How Much Can Be Done Without Attention and with Less Spatial '
              'Locality? (arXiv 2108.04384)', repo='https://github.com/okojoalg/raft-mlp', input_size=(3, 224, 224),
-             capabilities=('features', 'any_resolution'), tiny='raftmlp_tiny')
+             capabilities=('features', 'any_resolution', 'official_weights'), tiny='raftmlp_tiny')
 _COMMON = dict(depths=(2, 2, 6, 2), patch_sizes=(4, 2, 2, 2), kernels=((4, 8), (2, 4), (2, 4), (2,)), raft_size=2,
                token_expansion=2.0, channel_expansion=4.0, drop_path_rate=0.1)
 

@@ -22,9 +22,15 @@ Official quirks, all kept because the published numbers depend on them:
 - PyTorch default init, relative-position tables trunc_normal(.02), GRN gamma = beta = 0.
 The weights depend on the input size (strip weights are W x W): the model is built for ``img_size`` and
 any other input raises an error naming the size it was built for. Inputs must be square.
+
+Official checkpoints (``StripMLPNet`` state dicts, optionally under ``'model'``) load with
+``zoo.create(name, checkpoint=path)`` through ``StripMLP.remap_checkpoint``; ``StripMLP.to_official`` writes
+our weights in that layout. With the same weights the logits equal the official model's to float rounding
+(tests/test_fidelity.py, docs/fidelity.md).
 """
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 
 import torch
@@ -158,6 +164,81 @@ class StripMLP(ClassifierBase):
         x = self.norm(x).mean((2, 3))  # BN, then global average pool
         return x if pre_logits else self.head(x)
 
+    # ---- checkpoint key mapping -------------------------------------------------------------------
+
+    @staticmethod
+    def remap_checkpoint(state_dict: dict) -> dict:
+        """Map an official ``StripMLPNet`` state dict (Med-Process/Strip_MLP) onto ours.
+
+        Official: ``blocks{1..4}.j.token_mixing.{dwsc.conv_merge.{BN,Conv}, smlp_block.*}``,
+        ``blocks{k}.j.channel_mixing.{conv_77, layer_norm, fc1, grn, fc2}``, ``merging{1..3}``, ``norm``,
+        ``head`` (the checkpoints wrap it in ``{'model': ...}``, which ``zoo.create(checkpoint=...)``
+        unwraps). GRN's gamma/beta are stored as (1, 1, 1, C), ours as (C,). Our own layout passes through.
+        """
+        if 'stages.0.0.token_mixing.dwsc.0.weight' in state_dict:
+            return dict(state_dict)
+        if not any(k.startswith('blocks1.') for k in state_dict):
+            raise KeyError('not a Strip-MLP state dict: expected stages.* (zoo) or blocks1.* (official '
+                           f'StripMLPNet) keys; got {list(state_dict)[:6]}...')
+        out = {}
+        for k, v in state_dict.items():
+            for pattern, repl in _FROM_OFFICIAL:
+                k, n = re.subn(pattern, repl, k)
+                if n:
+                    break
+            if k.endswith(('grn.gamma', 'grn.beta')):
+                v = v.reshape(-1)  # (1, 1, 1, C) -> (C,)
+            out[k] = v
+        return out
+
+    @staticmethod
+    def to_official(state_dict: dict) -> dict:
+        """Our state dict in the official ``StripMLPNet`` layout (the inverse of ``remap_checkpoint``)."""
+        out = {}
+        for k, v in state_dict.items():
+            for pattern, repl in _TO_OFFICIAL:
+                k, n = re.subn(pattern, repl, k)
+                if n:
+                    break
+            if k.endswith(('grn.gamma', 'grn.beta')):
+                v = v.reshape(1, 1, 1, -1)
+            out[k] = v
+        return out
+
+
+# (official, ours) module paths inside one block, and at the top level.
+_BLOCK_KEYS = [
+    ('token_mixing.dwsc.conv_merge.BN', 'token_mixing.dwsc.0'),
+    ('token_mixing.dwsc.conv_merge.Conv', 'token_mixing.dwsc.2'),
+    ('token_mixing.smlp_block.mlp.0', 'token_mixing.strip.proj'),
+    ('token_mixing.smlp_block.mlp.1', 'token_mixing.strip.norm'),
+    ('token_mixing.smlp_block.BN', 'token_mixing.strip.cgsmm.norm'),
+    ('token_mixing.smlp_block.proj_h', 'token_mixing.strip.cgsmm.proj_h.proj'),
+    ('token_mixing.smlp_block.proj_w', 'token_mixing.strip.cgsmm.proj_w.proj'),
+    ('token_mixing.smlp_block.fuse_h', 'token_mixing.strip.cgsmm.fuse_h'),
+    ('token_mixing.smlp_block.fuse_w', 'token_mixing.strip.cgsmm.fuse_w'),
+    ('token_mixing.smlp_block.relate_pos_h.embeddings_table', 'token_mixing.strip.cgsmm.pos_h.table'),
+    ('token_mixing.smlp_block.relate_pos_w.embeddings_table', 'token_mixing.strip.cgsmm.pos_w.table'),
+    ('token_mixing.smlp_block.fc_h', 'token_mixing.strip.lsmm.strip_w'),  # the 3x7 strip
+    ('token_mixing.smlp_block.fc_w', 'token_mixing.strip.lsmm.strip_h'),  # the 7x3 strip
+    ('token_mixing.smlp_block.reweight.fc1', 'token_mixing.strip.lsmm.reweight.0'),
+    ('token_mixing.smlp_block.reweight.fc2', 'token_mixing.strip.lsmm.reweight.2'),
+    ('token_mixing.smlp_block.fuse', 'token_mixing.strip.fuse'),
+    ('channel_mixing.conv_77', 'channel_mixing.dwconv'),
+    ('channel_mixing.layer_norm', 'channel_mixing.norm'),
+]
+# (regex, replacement) pairs, first match wins; every module path is anchored at a dot or the end, so
+# that 'fuse' never hits 'fuse_h'.
+_FROM_OFFICIAL = (
+    [(rf'^blocks([1-4])\.(\d+)\.{re.escape(a)}(\.|$)', lambda m, b=b: f'stages.{int(m[1]) - 1}.{m[2]}.{b}{m[3]}')
+     for a, b in _BLOCK_KEYS]
+    + [(r'^blocks([1-4])\.', lambda m: f'stages.{int(m[1]) - 1}.'),
+       (r'^merging([1-3])\.', lambda m: f'merging.{int(m[1]) - 1}.')])
+_TO_OFFICIAL = (
+    [(rf'^stages\.([0-3])\.(\d+)\.{re.escape(b)}(\.|$)', lambda m, a=a: f'blocks{int(m[1]) + 1}.{m[2]}.{a}{m[3]}')
+     for a, b in _BLOCK_KEYS]
+    + [(r'^stages\.([0-3])\.', lambda m: f'blocks{int(m[1]) + 1}.'),
+       (r'^merging\.([0-2])\.', lambda m: f'merging{int(m[1]) + 1}.')])
 
 
 def _create(cfg: dict, kwargs: dict) -> StripMLP:
@@ -166,7 +247,7 @@ def _create(cfg: dict, kwargs: dict) -> StripMLP:
 
 _STRIP = dict(family='stripmlp', paper='Strip-MLP: Efficient Token Interaction for Vision MLP (ICCV 2023, '
               'arXiv 2307.11458)', repo='https://github.com/Med-Process/Strip_MLP', input_size=(3, 224, 224),
-              capabilities=('features', 'fixed_size'), tiny='stripmlp_tiny')
+              capabilities=('features', 'fixed_size', 'official_weights'), tiny='stripmlp_tiny')
 
 
 # params: counted on the official code at 224 (exact); macs: fvcore total on the official code.
