@@ -20,8 +20,10 @@ import inspect
 import os
 import sys
 import warnings
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import Optional
 
 from lightning.pytorch import Callback, LightningDataModule, LightningModule
 from lightning.pytorch.cli import LightningCLI
@@ -45,9 +47,11 @@ def _checkpoint_class():
     return Checkpoint
 
 
-def default_callbacks(run_dir: str | Path | None = None, monitor: str = 'val/acc1', mode: str = 'max') -> list[Callback]:
+def default_callbacks(run_dir: str | Path | None = None, monitor: str = 'val/acc1', mode: str = 'max',
+                      db: str | None = None, trial=None) -> list[Callback]:
     """The callbacks every run gets: progress bar, last + best checkpoints, learning-rate monitor, and the
-    results-database recorder (off with ``zoo fit --db none`` or ``ZOO_DB=none``)."""
+    results-database recorder (off with ``zoo fit --db none`` or ``ZOO_DB=none``); ``trial`` is the
+    ``TrialContext`` of a sweep trial (its pruning callback joins the run)."""
     from lightning.pytorch.callbacks import LearningRateMonitor, TQDMProgressBar
 
     from .callbacks import results_callbacks
@@ -58,7 +62,7 @@ def default_callbacks(run_dir: str | Path | None = None, monitor: str = 'val/acc
         _checkpoint_class()(dirpath=ckpt_dir, filename='best-epoch{epoch}-step{step}', auto_insert_metric_name=False,
                             monitor=monitor, mode=mode, save_top_k=1, save_last=True),
         LearningRateMonitor(logging_interval='step'),
-        *results_callbacks(),
+        *results_callbacks(db, trial),
     ]
 
 
@@ -111,12 +115,32 @@ def _point_latest(run_dir: Path) -> None:
         pass
 
 
+@dataclass
+class CLIRun:
+    """What one ``zoo fit|validate|test|predict`` returns: its exit code and its run folder."""
+    code: int
+    run_dir: Path | None = None
+
+
 class ZooCLI(LightningCLI):
-    """LightningCLI with run folders, the default callbacks and data-derived model sizes."""
+    """LightningCLI with run folders, the default callbacks and data-derived model sizes.
+
+    ``trial``: the sweep trial this run belongs to (``recipes.callbacks.TrialContext``), passed in by
+    ``zoo sweep``; ``--db`` is a parsed argument (the results database of this run)."""
+
+    def __init__(self, *args, trial=None, result: CLIRun | None = None, **kwargs):
+        self.trial, self.result, self.run_dir = trial, result or CLIRun(0), None
+        super().__init__(*args, **kwargs)
 
     def add_arguments_to_parser(self, parser) -> None:
         parser.add_argument('--run_root', default=os.environ.get('ZOO_RUNS', 'runs'),
                             help='runs are written to <run_root>/<config stem>/<timestamp>/ (env ZOO_RUNS)')
+        parser.add_argument('--db', type=Optional[str], default=None,
+                            help="results database of this run: a path, a SQLAlchemy URL or 'none' "
+                                 "(default $ZOO_DB or ./zoo-results.db)")
+        parser.add_argument('--seeds', type=Optional[str], default=None,
+                            help="'0,1,2': one run per seed, recorded as repeats of one configuration "
+                                 '(handled by `zoo`, before this parser)')
 
     def before_instantiate_classes(self) -> None:
         cfg = self.config[self.subcommand]
@@ -131,8 +155,9 @@ class ZooCLI(LightningCLI):
             self.run_dir = Path(inherited)
         else:
             self.run_dir = new_run_dir(cfg.run_root, stem)
-            os.environ[_RUN_DIR_ENV] = str(self.run_dir)
+            os.environ[_RUN_DIR_ENV] = str(self.run_dir)  # for the processes DDP launches only
             _point_latest(self.run_dir)
+        self.result.run_dir = self.run_dir
         ckpt = cfg.get('ckpt_path')
         if ckpt in ('last', 'best') and not Path(ckpt).is_file():
             cfg.ckpt_path = str(find_checkpoint(cfg.run_root, stem, ckpt))
@@ -186,8 +211,9 @@ class ZooCLI(LightningCLI):
             trainer_cfg['default_root_dir'] = str(self.run_dir)
         model = self._get(self.config_init, 'model')
         extra = [self._get(self.config_init, c) for c in self._parser(self.subcommand).callback_keys]
+        db = self.config[self.subcommand].get('db')
         extra += [cb for cb in default_callbacks(self.run_dir, monitor=getattr(model, 'monitor', 'val/acc1'),
-                                                 mode=getattr(model, 'monitor_mode', 'max'))
+                                                 mode=getattr(model, 'monitor_mode', 'max'), db=db, trial=self.trial)
                   if not (trainer_cfg.get('enable_progress_bar') is False and isinstance(cb, ProgressBar))]
         return self._instantiate_trainer(trainer_cfg, extra)
 
@@ -211,29 +237,35 @@ def _check_config_paths(argv: list[str]) -> str | None:
 
 
 def run_lightning_cli(argv: list[str], raise_errors: bool = False) -> int:
-    """Run ``zoo <fit|validate|test|predict> ...``; return a process exit code (2 for bad input).
+    """Run ``zoo <fit|validate|test|predict> ...``; return a process exit code (2 for bad input)."""
+    return run_cli(argv, raise_errors=raise_errors).code
+
+
+def run_cli(argv: list[str], raise_errors: bool = False, trial=None) -> CLIRun:
+    """Run ``zoo <fit|validate|test|predict> ...``: the exit code (2 for bad input) and the run folder.
     ``raise_errors``: raise a rejected configuration's error instead of printing it (``zoo sweep``
-    stores it in the trial's run row)."""
+    stores it in the trial's run row). ``trial``: the sweep trial the run records itself under."""
     argv = list(argv)
     command = argv[0] if argv else 'fit'
     problem = _check_config_paths(argv)
     if problem:
         print(f'zoo {command}: error: {problem}', file=sys.stderr)
-        return 2
+        return CLIRun(2)
+    result = CLIRun(0)
     try:
-        with warnings.catch_warnings():  # `python -m zoo.cli fit ...` passes sys.argv on purpose
+        with warnings.catch_warnings():  # `python -m zoo.recipes.main fit ...` passes sys.argv on purpose
             warnings.filterwarnings('ignore', message=".*args parameter is intended")
             warnings.filterwarnings('ignore', message=".*litlogger")
             ZooCLI(model_class=LightningModule, datamodule_class=LightningDataModule, subclass_mode_model=True,
                    subclass_mode_data=True, args=argv, auto_configure_optimizers=False,
-                   save_config_kwargs={'overwrite': False},
+                   save_config_kwargs={'overwrite': False}, trial=trial, result=result,
                    parser_kwargs={'prog': 'zoo', **({'exit_on_error': False} if raise_errors else {})})
     except SystemExit as e:  # argparse/jsonargparse: --help, --print_config, or a parse error already printed
-        return e.code if isinstance(e.code, int) else (0 if e.code is None else 2)
+        result.code = e.code if isinstance(e.code, int) else (0 if e.code is None else 2)
     except _usage_errors() as e:
         if raise_errors:
             raise
         msg = e.args[0] if isinstance(e, KeyError) and e.args else e
         print(f'zoo {command}: error: {msg}', file=sys.stderr)
-        return 2
-    return 0
+        result.code = 2
+    return result
