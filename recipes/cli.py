@@ -15,6 +15,7 @@ DataModule's.
 """
 from __future__ import annotations
 
+import argparse
 import importlib
 import inspect
 import os
@@ -225,10 +226,11 @@ def _usage_errors() -> tuple[type[Exception], ...]:
 
 
 def _check_config_paths(argv: list[str]) -> str | None:
-    for i, arg in enumerate(argv):
-        path = argv[i + 1] if arg in ('-c', '--config') and i + 1 < len(argv) else (
-            arg.split('=', 1)[1] if arg.startswith('--config=') else None)
-        if path is not None and not path.lstrip().startswith(('{', '[')) and not Path(path).is_file():
+    """A missing ``-c FILE`` named before LightningCLI runs, with the recipes that exist."""
+    parser = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
+    parser.add_argument('-c', '--config', action='append', default=[])
+    for path in parser.parse_known_args(argv[1:])[0].config:
+        if not path.lstrip().startswith(('{', '[')) and not Path(path).is_file():
             here = Path(__file__).parent / 'configs'
             found = sorted(str(p.relative_to(here.parent.parent)) for p in here.glob('**/*.yaml'))
             return (f'config file not found: {path}. Recipes live in recipes/configs/<family>/; available: '

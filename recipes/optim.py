@@ -47,8 +47,8 @@ def param_groups(model: nn.Module, weight_decay: float, lr: float | None = None,
     from timm.optim import param_groups_weight_decay  # lazily: timm's import is heavy
 
     groups = param_groups_weight_decay(model, weight_decay, no_weight_decay_list=no_weight_decay_names(model))
-    if layer_decay is None:
-        return [g for g in groups if g['params']]
+    if layer_decay is None:  # decayed group first, as the recipes had it (gradient clipping sums in this order)
+        return sorted((g for g in groups if g['params']), key=lambda g: g['weight_decay'] == 0)
     if lr is None:
         raise ValueError('param_groups: layer_decay needs the base lr')
     decays = {id(p): g['weight_decay'] for g in groups for p in g['params']}

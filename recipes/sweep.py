@@ -33,6 +33,7 @@ loses no trial with two processes on one file; for many machines use a PostgreSQ
 """
 from __future__ import annotations
 
+import argparse
 import contextlib
 import functools
 import importlib.util
@@ -254,10 +255,10 @@ def _start_trial_run(sweep: Sweep, params: dict, extra_args: list[str], ctx: Tri
 
     from zoo.eval.results import open_db
 
-    name = params.get('model.init_args.name')
-    for a in [*getattr(sweep.module, 'ARGS', []), *extra_args]:
-        if a.startswith('--model.init_args.name='):
-            name = name or a.split('=', 1)[1]
+    p = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
+    p.add_argument('--model.init_args.name', dest='name')
+    name = params.get('model.init_args.name') or p.parse_known_args(
+        [*getattr(sweep.module, 'ARGS', []), *extra_args])[0].name
     if name is None:
         cfg = yaml.safe_load(sweep.base.read_text()) or {}
         name = ((cfg.get('model') or {}).get('init_args') or {}).get('name', 'unknown')

@@ -60,6 +60,16 @@ class FeatureInfo:
         return getattr(self, key)
 
 
+def collect_features(x: torch.Tensor, stages, keep) -> list[torch.Tensor]:
+    """Run ``stages`` in order on ``x`` and return the outputs of the stages whose index is in ``keep``."""
+    feats = []
+    for i, stage in enumerate(stages):
+        x = stage(x)
+        if i in keep:
+            feats.append(x)
+    return feats
+
+
 def select_features(feature_info: list[FeatureInfo], out_indices) -> tuple[tuple[int, ...], list[FeatureInfo]]:
     n = len(feature_info)
     idx = tuple(i % n for i in out_indices) if out_indices is not None else tuple(range(n))

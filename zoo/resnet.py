@@ -19,7 +19,7 @@ from torch import nn
 from zoo.layers.convbn import ConvBN
 from zoo.layers.weighted_conv import conv_factory
 
-from ._builder import ClassifierBase, FeatureInfo, build_model, check_image, select_features
+from ._builder import ClassifierBase, FeatureInfo, build_model, check_image, collect_features, select_features
 from ._registry import register_model
 
 __all__ = ['ResNet', 'BasicBlock', 'Bottleneck']
@@ -131,13 +131,7 @@ class ResNet(ClassifierBase):
     def forward_intermediates(self, x: torch.Tensor) -> list[torch.Tensor]:
         """The maps after each stage in ``out_indices`` (channels and strides in ``feature_info``)."""
         check_image(x, self.in_chans, 1, type(self).__name__)
-        x = self.stem(x)
-        feats = []
-        for i, stage in enumerate(self.layers):
-            x = stage(x)
-            if i in self.out_indices:
-                feats.append(x)
-        return feats
+        return collect_features(self.stem(x), self.layers, self.out_indices)
 
     def forward_head(self, x: torch.Tensor, pre_logits: bool = False) -> torch.Tensor:
         x = self.drop(x.mean((2, 3)))  # (B, C, H, W) -> (B, C)

@@ -17,7 +17,7 @@ from torch import nn
 from zoo.layers.convbn import ConvBN
 from zoo.layers.weighted_conv import conv_factory
 
-from ._builder import ClassifierBase, FeatureInfo, build_model, check_image, select_features
+from ._builder import ClassifierBase, FeatureInfo, build_model, check_image, collect_features, select_features
 from ._registry import register_model
 
 __all__ = ['VGG', 'CFGS']
@@ -99,12 +99,7 @@ class VGG(ClassifierBase):
     def forward_intermediates(self, x: torch.Tensor) -> list[torch.Tensor]:
         """The maps after the max-pools of ``out_indices``: (B, C_i, H/2^(i+1), W/2^(i+1))."""
         check_image(x, self.in_chans, self.min_size, type(self).__name__)
-        feats = []
-        for i, layer in enumerate(self.features):
-            x = layer(x)
-            if i in self._taps:
-                feats.append(x)
-        return feats
+        return collect_features(x, self.features, self._taps)
 
     def forward_head(self, x: torch.Tensor, pre_logits: bool = False) -> torch.Tensor:
         x = self.pre_logits(self.pool(x).flatten(1))  # (B, C, h, w) -> (B, C * h * w) -> (B, num_features)
