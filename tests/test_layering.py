@@ -4,6 +4,7 @@ every module, including the ones inside functions) and by what a fresh interpret
 from __future__ import annotations
 
 import ast
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -104,3 +105,16 @@ def test_the_block_registry_writes_nothing_onto_classes():
     import zoo.layers  # noqa: F401  (registers nn.GELU, nn.Identity, ... among others)
     assert not hasattr(nn.GELU, 'layout') and zoo.layers.layout_of('act', 'gelu') == 'any'
     assert zoo.layers.layout_of('token_mixer', 'pooling') == 'nchw'
+
+
+def test_a_checkout_resolves_its_own_folders_and_only_those():
+    """zoo.layers/recipes/datasets/eval come from this checkout (not another checkout's editable install);
+    the rest of the root (tests/, docs/) is not part of the package."""
+    code = ('import importlib, json, zoo, zoo.layers, zoo.eval, zoo.recipes, zoo.datasets\n'
+            'print(json.dumps([m.__file__ for m in (zoo.layers, zoo.eval, zoo.recipes, zoo.datasets)]))\n'
+            'try:\n    importlib.import_module("zoo.tests")\nexcept ModuleNotFoundError:\n    print("no zoo.tests")')
+    res = subprocess.run([sys.executable, '-c', code], capture_output=True, text=True, cwd=ROOT)
+    assert res.returncode == 0, res.stderr[-2000:]
+    files, last = res.stdout.splitlines()
+    assert all(f.startswith(str(ROOT / d)) for f, d in zip(json.loads(files), ('layers', 'eval', 'recipes', 'datasets')))
+    assert last == 'no zoo.tests'

@@ -20,12 +20,26 @@ import os as _os
 
 # In a source checkout, layers/, recipes/, datasets/ and eval/ sit beside zoo/ and are installed as
 # zoo.layers, zoo.recipes, ... (pyproject's package-dir). An editable install resolves those names to
-# the checkout it was installed from; searching this checkout first makes a second work tree (and plain
-# `pytest` from any checkout) use its own folders. Only those four names resolve from the root: the
-# registry below imports family modules from zoo/ by name, and nothing imports zoo.tests.
+# the checkout it was installed from; this finder, searched first, resolves exactly those four names
+# from this checkout, so a second work tree (and plain `pytest` from any checkout) uses its own folders.
+# Nothing else under the root (tests/, docs/, notebooks/) becomes part of the package.
 _root = _os.path.dirname(_os.path.dirname(_os.path.abspath(__file__)))
 if _os.path.isfile(_os.path.join(_root, 'pyproject.toml')) and _os.path.isdir(_os.path.join(_root, 'layers')):
-    __path__.append(_root)
+    import importlib.abc as _abc
+    import importlib.util as _util
+    import sys as _sys
+
+    class _CheckoutFolders(_abc.MetaPathFinder):
+        folders = {f'{__name__}.{d}': _os.path.join(_root, d) for d in ('layers', 'recipes', 'datasets', 'eval')}
+
+        def find_spec(self, name, path=None, target=None):
+            folder = self.folders.get(name)
+            if folder is None:
+                return None
+            return _util.spec_from_file_location(name, _os.path.join(folder, '__init__.py'),
+                                                 submodule_search_locations=[folder])
+
+    _sys.meta_path.insert(0, _CheckoutFolders())
 
 from ._registry import FAMILY_MODULES, ModelInfo, families, list_models, model_info, register_model  # noqa: E402
 
