@@ -16,7 +16,7 @@ $(STAMP): pyproject.toml
 install: $(STAMP)
 
 demo: $(STAMP)
-	$(BIN)/python -m zoo.demo
+	$(BIN)/python -m zoo.recipes.demo
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q

@@ -34,11 +34,9 @@ def input_size_of(name: str, img_size: int | None) -> tuple:
 
 def max_logit_diff(model, reference, input_size) -> float | None:
     """Copy the reference's weights into ``model`` (through its key mapping) and compare outputs."""
-    sd = reference.state_dict()
-    remap = getattr(model, 'remap_checkpoint', None)
     try:
-        model.load_state_dict(remap(sd) if remap else sd)
-    except (RuntimeError, KeyError):
+        zoo.load_checkpoint(model, reference.state_dict())
+    except ValueError:  # not the same network
         return None
     x = torch.randn(2, *input_size, generator=torch.Generator().manual_seed(0))
     with torch.inference_mode():

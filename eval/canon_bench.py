@@ -6,7 +6,7 @@
    (KV cache / recurrent state + Canon windows, one token per step) and uncached (re-runs the prefix at
    every step), interleaved).
 
-    python -m zoo.eval.canon_bench --out eval/results/canon_bench.json
+    python -m zoo.eval.canon_bench --out docs/measurements/canon_bench.json
 """
 from __future__ import annotations
 
@@ -14,29 +14,19 @@ import argparse
 import json
 import os
 import statistics
-import time
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
 import zoo
-from zoo.eval.profile import benchmark
+from zoo.eval.profile import benchmark, interleave
 from zoo.layers.sequence_mixers import gla_chunked, gla_recurrent, ssd_chunked, ssd_recurrent
 
 
 def interleaved(fns: dict, repeats: int, warmup: int = 1) -> dict[str, float]:
-    """Median seconds per call, calls interleaved A, B, A, B so machine noise hits all alike."""
-    times = {k: [] for k in fns}
-    for _ in range(warmup):
-        for f in fns.values():
-            f()
-    for _ in range(repeats):
-        for k, f in fns.items():
-            t0 = time.perf_counter()
-            f()
-            times[k].append(time.perf_counter() - t0)
-    return {k: statistics.median(v) for k, v in times.items()}
+    """Median seconds per call (``zoo.eval.profile.interleave``)."""
+    return {k: statistics.median(v) / 1e3 for k, v in interleave(fns, repeats, warmup).items()}
 
 
 @torch.no_grad()

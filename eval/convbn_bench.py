@@ -16,10 +16,11 @@ import json
 import statistics
 import subprocess
 import sys
-import time
 
 import torch
 from torch import nn
+
+from .profile import interleave
 
 MODES = ('eval', 'tune', 'mmengine', 'deploy')
 
@@ -126,16 +127,8 @@ def main(argv=None) -> dict:
         for m in MODES:
             res[m]['max_diff_vs_eval'] = (models[m](x) - ref).abs().max().item()
     steps = {m: make_step(models[m], x, y) for m in MODES}
-    times = {m: [] for m in MODES}
-    for m in MODES:  # warm-up
-        steps[m]()
-    for _ in range(args.repeats):  # interleaved
-        for m in MODES:
-            t = time.perf_counter()
-            steps[m]()
-            times[m].append(time.perf_counter() - t)
-    for m in MODES:
-        res[m]['step_s'] = statistics.median(times[m])
+    for m, times in interleave(steps, args.repeats, warmup=1).items():
+        res[m]['step_s'] = statistics.median(times) / 1e3
     if not args.no_rss:
         for m in MODES:
             res[m].update(rss_of(m, args.batch, args.size))

@@ -140,6 +140,21 @@ def _step_fn(model: nn.Module, x: torch.Tensor, mode: str) -> Callable[[], None]
     return step
 
 
+def interleave(fns: dict[str, Callable[[], object]], repeats: int = 10, warmup: int = 3) -> dict[str, list[float]]:
+    """The one timer of every benchmark: call each function ``warmup`` times, then ``repeats`` rounds of
+    A, B, A, B, ... (interleaved, so machine noise hits all of them alike). Returns every call's ms."""
+    times: dict[str, list[float]] = {name: [] for name in fns}
+    for _ in range(warmup):
+        for fn in fns.values():
+            fn()
+    for _ in range(repeats):
+        for name, fn in fns.items():
+            t0 = time.perf_counter()
+            fn()
+            times[name].append((time.perf_counter() - t0) * 1000.0)
+    return times
+
+
 def benchmark(models: dict[str, nn.Module], input_size=(3, 224, 224), batch_size: int = 1, warmup: int = 3,
               repeats: int = 10, threads: int | None = None, dtype: str = 'float32', channels_last: bool = False,
               mode: str = 'inference', inputs: dict[str, torch.Tensor] | None = None) -> dict[str, Latency]:
@@ -161,14 +176,8 @@ def benchmark(models: dict[str, nn.Module], input_size=(3, 224, 224), batch_size
         steps[name] = _step_fn(model, x, mode)
         results[name] = Latency(name, batch_size, tuple(input_size), 'cpu', threads, str(tdtype).replace('torch.', ''),
                                 channels_last, False, mode)
-    for _ in range(warmup):
-        for step in steps.values():
-            step()
-    for _ in range(repeats):
-        for name, step in steps.items():
-            t0 = time.perf_counter()
-            step()
-            results[name].times_ms.append((time.perf_counter() - t0) * 1000.0)
+    for name, times in interleave(steps, repeats, warmup).items():
+        results[name].times_ms.extend(times)
     return results
 
 

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import time
 from collections.abc import Callable
 
 import torch
@@ -30,7 +29,7 @@ from einops import rearrange
 
 import zoo
 
-from .profile import benchmark
+from .profile import benchmark, interleave
 
 
 def floor_ops(model, batch_size: int = 1) -> dict[str, tuple[str, Callable[[], None]]]:
@@ -99,14 +98,8 @@ def _class_token_only(blk, sentences: torch.Tensor, b: int, heads: int) -> None:
 
 def time_ops(ops: dict, repeats: int = 20, warmup: int = 3) -> dict[str, float]:
     """Median ms of each op (all blocks), the ops interleaved in every repeat."""
-    times = {name: [] for name in ops}
     with torch.inference_mode():
-        for i in range(warmup + repeats):
-            for name, (_, fn) in ops.items():
-                t0 = time.perf_counter()
-                fn()
-                if i >= warmup:
-                    times[name].append((time.perf_counter() - t0) * 1e3)
+        times = interleave({name: fn for name, (_, fn) in ops.items()}, repeats, warmup)
     return {name: statistics.median(t) for name, t in times.items()}
 
 

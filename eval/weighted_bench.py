@@ -10,11 +10,12 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import time
 
 import torch
 
 import zoo
+
+from .profile import interleave
 
 
 def main(argv=None) -> dict:
@@ -38,16 +39,8 @@ def main(argv=None) -> dict:
         def step(m):
             m.zero_grad(set_to_none=True)
             m(x).square().mean().backward()
-        times = {'standard': [], 'weighted': []}
-        models = {'standard': std, 'weighted': wtd}
-        for m in models.values():
-            step(m)
-        for _ in range(args.repeats):
-            for k, m in models.items():
-                t = time.perf_counter()
-                step(m)
-                times[k].append(time.perf_counter() - t)
-        s, w = statistics.median(times['standard']), statistics.median(times['weighted'])
+        times = interleave({'standard': lambda: step(std), 'weighted': lambda: step(wtd)}, args.repeats, warmup=1)
+        s, w = statistics.median(times['standard']) / 1e3, statistics.median(times['weighted']) / 1e3
         out[size] = (s, w)
         print(f'ResNet-18 {stem} stem {size}x{size} batch {batch}: standard {s * 1e3:.1f} ms, weighted {w * 1e3:.1f} ms, '
               f'ratio {w / s:.3f} (median of {args.repeats}, {args.threads} thread)', flush=True)

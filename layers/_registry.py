@@ -67,8 +67,7 @@ def register(kind: str, name: str | None = None, *, layout: str = 'nchw', fixed_
         doc = (cls.__doc__ or '').strip().splitlines()
         _REGISTRY[kind][key] = LayerRecord(kind, key, cls, layout, fixed_size, dict(example or {}),
                                            tuple(example_input), doc[0] if doc else '')
-        cls.layout = layout
-        return cls
+        return cls  # unchanged: the record holds the metadata (torch's own classes are registered too)
     return deco
 
 
@@ -110,6 +109,17 @@ def name_of(kind: str, spec: Any) -> str | None:
         if rec.cls is cls:
             return rec.name
     return getattr(cls, '__name__', repr(cls))
+
+
+def layout_of(kind: str, spec: Any, default: str = 'nchw') -> str:
+    """The declared layout of a block spec: its record's, else a ``layout`` attribute of an unregistered
+    class (user blocks may declare one), else ``default``."""
+    cls = get(kind, spec)
+    cls = cls.func if isinstance(cls, functools.partial) else cls
+    for rec in _REGISTRY[kind].values():
+        if rec.cls is cls:
+            return rec.layout
+    return getattr(cls, 'layout', default)
 
 
 def list_layers(kind: str | None = None, pattern: str = '*') -> list[str]:

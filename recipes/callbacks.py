@@ -14,6 +14,7 @@ from __future__ import annotations
 import copy
 import os
 import traceback
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -23,6 +24,22 @@ from zoo.eval import results as _results
 
 # Environment switch for the end-of-training latency measurement ("0" turns it off).
 LATENCY_ENV = 'ZOO_RECORD_LATENCY'
+
+
+@dataclass
+class TrialContext:
+    """What a sweep trial shares with the recording callback of the run it starts (``zoo sweep`` passes it
+    to ``run_cli(trial=...)``; the callback fills in the outcome, the sweep reads it back)."""
+    study_name: str
+    trial_number: int
+    db: str | None = None                             # the sweep's database URL (runs are recorded there)
+    callbacks: list = field(default_factory=list)   # extra Lightning callbacks (the pruner)
+    run_id: int | None = None                         # written by the sweep, filled in by ResultsCallback
+    claimed: bool = False                             # a ResultsCallback has taken over run_id
+    status: str | None = None
+    error: str | None = None
+    metrics: dict = field(default_factory=dict)
+    latency_ms: float | None = None
 
 
 def _scalars(metrics: dict) -> dict[str, float]:
@@ -52,13 +69,14 @@ class ResultsCallback(Callback):
         latency: measure the trained model's latency at batch 1 when fit ends.
         latency_repeats / latency_warmup: timing iterations (medians are recorded).
         study_name / trial_number: link the run to an Optuna trial (set by ``zoo sweep``).
+        trial: the ``TrialContext`` of the sweep trial this run belongs to.
         recipe / config: the config file and the resolved config; when not given they are taken from
             LightningCLI's ``SaveConfigCallback`` if the trainer has one, else the system's hparams.
     """
 
     def __init__(self, db: str | None = None, latency: bool | None = None, latency_repeats: int = 10,
                  latency_warmup: int = 3, study_name: str | None = None, trial_number: int | None = None,
-                 recipe: str | None = None, config: dict | None = None):
+                 recipe: str | None = None, config: dict | None = None, trial: TrialContext | None = None):
         self.db = db
         self.latency = os.environ.get(LATENCY_ENV, '1') != '0' if latency is None else latency
         self.latency_repeats, self.latency_warmup = latency_repeats, latency_warmup
@@ -66,7 +84,7 @@ class ResultsCallback(Callback):
         self.recipe, self.config = recipe, config
         self.run_id: int | None = None
         self.latency_ms: float | None = None
-        self._trial = None
+        self._trial = trial
         self._store = None
         self._stage: str | None = None
         self._closed = False
@@ -77,8 +95,6 @@ class ResultsCallback(Callback):
     def setup(self, trainer, pl_module, stage: str) -> None:
         if not trainer.is_global_zero:
             return
-        from .sweep import CURRENT_TRIAL
-        self._trial = CURRENT_TRIAL.get()
         if self._trial is not None and self.study_name is None:
             self.study_name, self.trial_number = self._trial.study_name, self._trial.trial_number
         self._store = _results.open_db(self.db or (self._trial.db if self._trial is not None else None))
@@ -261,12 +277,10 @@ class ResultsCallback(Callback):
             self._trial.latency_ms = lat.median_ms
 
 
-def results_callbacks() -> list[Callback]:
+def results_callbacks(db: str | None = None, trial: TrialContext | None = None) -> list[Callback]:
     """The recording callbacks of a ``zoo fit/validate/test`` run, for ``default_callbacks()``: a
-    ``ResultsCallback`` unless ``ZOO_DB=none`` (``zoo fit --db none``), plus the callbacks of the sweep
-    trial this run belongs to (Optuna's pruning callback), if any."""
-    from .sweep import CURRENT_TRIAL
-
-    trial = CURRENT_TRIAL.get()
-    cbs: list[Callback] = [] if _results.resolve_url() is None and trial is None else [ResultsCallback()]
+    ``ResultsCallback`` unless the database is ``none`` (``zoo fit --db none`` or ``ZOO_DB=none``), plus
+    the callbacks of the sweep trial this run belongs to (Optuna's pruning callback), if any."""
+    recording = trial is not None or _results.resolve_url(db) is not None
+    cbs: list[Callback] = [ResultsCallback(db=db, trial=trial)] if recording else []
     return cbs + (list(trial.callbacks) if trial is not None else [])

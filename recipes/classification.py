@@ -8,7 +8,6 @@ Trainer's (``trainer.gradient_clip_val``). The system never defines architecture
 """
 from __future__ import annotations
 
-import math
 from typing import Literal
 
 import torch
@@ -17,6 +16,8 @@ from lightning.pytorch import LightningModule
 from torch import nn
 
 import zoo
+
+from . import optim
 
 # model_args keys that choose a block: recorded as ``block_choices`` by the results database.
 _BLOCK_KEYS = ('token_mixer', 'canon', 'mixer')
@@ -29,14 +30,6 @@ def block_choices(model_args: dict | None) -> dict:
         if k in _BLOCK_KEYS or k.endswith(('_layer', '_mixer', '_mode')):
             out[k] = v if isinstance(v, str) else str(list(v) if isinstance(v, tuple) else v)
     return out
-
-
-def cosine_with_warmup(step: int, total_steps: int, warmup_steps: int, min_ratio: float) -> float:
-    """lr multiplier: linear warm-up from 1/(warmup+1) to 1, then cosine down to ``min_ratio`` at ``total_steps``."""
-    if step < warmup_steps:
-        return (step + 1) / (warmup_steps + 1)
-    progress = min(1.0, (step - warmup_steps) / max(1, total_steps - warmup_steps))
-    return min_ratio + (1 - min_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
 
 
 class ImageClassifier(LightningModule):
@@ -153,14 +146,8 @@ class ImageClassifier(LightningModule):
 
     # -- optimisation ------------------------------------------------------------------------------
     def param_groups(self) -> list[dict]:
-        """Trainable parameters, with weight decay on weights of dimension >= 2 only."""
-        decay, no_decay = [], []
-        for p in self.model.parameters():
-            if p.requires_grad:
-                (decay if p.ndim > 1 else no_decay).append(p)
-        wd = self.hparams.weight_decay
-        return [g for g in ({'params': decay, 'weight_decay': wd}, {'params': no_decay, 'weight_decay': 0.0})
-                if g['params']]
+        """Trainable parameters; no weight decay on norms, biases and the model's ``no_weight_decay()``."""
+        return optim.param_groups(self.model, self.hparams.weight_decay)
 
     def configure_optimizers(self):
         hp = self.hparams
@@ -175,6 +162,5 @@ class ImageClassifier(LightningModule):
         epochs = self.trainer.max_epochs if self.trainer.max_epochs and self.trainer.max_epochs > 0 else 1
         warmup = min(total - 1, round(hp.warmup_epochs * total / epochs))
         min_ratio = hp.min_lr / hp.lr if hp.lr > 0 else 0.0
-        sched = torch.optim.lr_scheduler.LambdaLR(
-            opt, lambda step: cosine_with_warmup(step, total, warmup, min_ratio))
+        sched = optim.scheduler(opt, total, warmup, min_ratio)
         return {'optimizer': opt, 'lr_scheduler': {'scheduler': sched, 'interval': 'step'}}

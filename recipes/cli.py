@@ -15,13 +15,16 @@ DataModule's.
 """
 from __future__ import annotations
 
+import argparse
 import importlib
 import inspect
 import os
 import sys
 import warnings
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import Optional
 
 from lightning.pytorch import Callback, LightningDataModule, LightningModule
 from lightning.pytorch.cli import LightningCLI
@@ -31,9 +34,11 @@ from .checkpointing import KEYWORDS, check_checkpoint_fits, checkpoint_callbacks
 _RUN_DIR_ENV = 'ZOO_RUN_DIR'  # rank 0's run folder, inherited by the processes DDP launches
 
 
-def default_callbacks(run_dir: str | Path | None = None, monitor: str = 'val/acc1', mode: str = 'max') -> list[Callback]:
+def default_callbacks(run_dir: str | Path | None = None, monitor: str = 'val/acc1', mode: str = 'max',
+                      db: str | None = None, trial=None) -> list[Callback]:
     """The callbacks every run gets: progress bar, checkpoints (``checkpointing.py``), learning-rate monitor,
-    and the results-database recorder (off with ``zoo fit --db none`` or ``ZOO_DB=none``)."""
+    and the results-database recorder (off with ``zoo fit --db none`` or ``ZOO_DB=none``); ``trial`` is the
+    ``TrialContext`` of a sweep trial (its pruning callback joins the run)."""
     from lightning.pytorch.callbacks import LearningRateMonitor, TQDMProgressBar
 
     from .callbacks import results_callbacks
@@ -43,7 +48,7 @@ def default_callbacks(run_dir: str | Path | None = None, monitor: str = 'val/acc
         TQDMProgressBar(refresh_rate=10),
         *checkpoint_callbacks(ckpt_dir, monitor, mode),
         LearningRateMonitor(logging_interval='step'),
-        *results_callbacks(),
+        *results_callbacks(db, trial),
     ]
 
 
@@ -84,12 +89,32 @@ def _point_latest(run_dir: Path) -> None:
         pass
 
 
+@dataclass
+class CLIRun:
+    """What one ``zoo fit|validate|test|predict`` returns: its exit code and its run folder."""
+    code: int
+    run_dir: Path | None = None
+
+
 class ZooCLI(LightningCLI):
-    """LightningCLI with run folders, the default callbacks and data-derived model sizes."""
+    """LightningCLI with run folders, the default callbacks and data-derived model sizes.
+
+    ``trial``: the sweep trial this run belongs to (``recipes.callbacks.TrialContext``), passed in by
+    ``zoo sweep``; ``--db`` is a parsed argument (the results database of this run)."""
+
+    def __init__(self, *args, trial=None, result: CLIRun | None = None, **kwargs):
+        self.trial, self.result, self.run_dir = trial, result or CLIRun(0), None
+        super().__init__(*args, **kwargs)
 
     def add_arguments_to_parser(self, parser) -> None:
         parser.add_argument('--run_root', default=os.environ.get('ZOO_RUNS', 'runs'),
                             help='runs are written to <run_root>/<config stem>/<timestamp>/ (env ZOO_RUNS)')
+        parser.add_argument('--db', type=Optional[str], default=None,
+                            help="results database of this run: a path, a SQLAlchemy URL or 'none' "
+                                 "(default $ZOO_DB or ./zoo-results.db)")
+        parser.add_argument('--seeds', type=Optional[str], default=None,
+                            help="'0,1,2': one run per seed, recorded as repeats of one configuration "
+                                 '(handled by `zoo`, before this parser)')
 
     @staticmethod
     def _stem(cfg) -> str:
@@ -124,7 +149,8 @@ class ZooCLI(LightningCLI):
             self.run_dir = Path(inherited)
         else:
             self.run_dir = new_run_dir(cfg.run_root, stem)
-            os.environ[_RUN_DIR_ENV] = str(self.run_dir)
+            os.environ[_RUN_DIR_ENV] = str(self.run_dir)  # for the processes DDP launches only
+        self.result.run_dir = self.run_dir
         self._fill_sizes_from_data(cfg)
 
     @staticmethod
@@ -194,8 +220,9 @@ class ZooCLI(LightningCLI):
             trainer_cfg['default_root_dir'] = str(self.run_dir)
         model = self._get(self.config_init, 'model')
         extra = [self._get(self.config_init, c) for c in self._parser(self.subcommand).callback_keys]
+        db = self.config[self.subcommand].get('db')
         extra += [cb for cb in default_callbacks(self.run_dir, monitor=getattr(model, 'monitor', 'val/acc1'),
-                                                 mode=getattr(model, 'monitor_mode', 'max'))
+                                                 mode=getattr(model, 'monitor_mode', 'max'), db=db, trial=self.trial)
                   if not (trainer_cfg.get('enable_progress_bar') is False and isinstance(cb, ProgressBar))]
         return self._instantiate_trainer(trainer_cfg, extra)
 
@@ -207,10 +234,11 @@ def _usage_errors() -> tuple[type[Exception], ...]:
 
 
 def _check_config_paths(argv: list[str]) -> str | None:
-    for i, arg in enumerate(argv):
-        path = argv[i + 1] if arg in ('-c', '--config') and i + 1 < len(argv) else (
-            arg.split('=', 1)[1] if arg.startswith('--config=') else None)
-        if path is not None and not path.lstrip().startswith(('{', '[')) and not Path(path).is_file():
+    """A missing ``-c FILE`` named before LightningCLI runs, with the recipes that exist."""
+    parser = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
+    parser.add_argument('-c', '--config', action='append', default=[])
+    for path in parser.parse_known_args(argv[1:])[0].config:
+        if not path.lstrip().startswith(('{', '[')) and not Path(path).is_file():
             here = Path(__file__).parent / 'configs'
             found = sorted(str(p.relative_to(here.parent.parent)) for p in here.glob('**/*.yaml'))
             return (f'config file not found: {path}. Recipes live in recipes/configs/<family>/; available: '
@@ -219,29 +247,35 @@ def _check_config_paths(argv: list[str]) -> str | None:
 
 
 def run_lightning_cli(argv: list[str], raise_errors: bool = False) -> int:
-    """Run ``zoo <fit|validate|test|predict> ...``; return a process exit code (2 for bad input).
+    """Run ``zoo <fit|validate|test|predict> ...``; return a process exit code (2 for bad input)."""
+    return run_cli(argv, raise_errors=raise_errors).code
+
+
+def run_cli(argv: list[str], raise_errors: bool = False, trial=None) -> CLIRun:
+    """Run ``zoo <fit|validate|test|predict> ...``: the exit code (2 for bad input) and the run folder.
     ``raise_errors``: raise a rejected configuration's error instead of printing it (``zoo sweep``
-    stores it in the trial's run row)."""
+    stores it in the trial's run row). ``trial``: the sweep trial the run records itself under."""
     argv = list(argv)
     command = argv[0] if argv else 'fit'
     problem = _check_config_paths(argv)
     if problem:
         print(f'zoo {command}: error: {problem}', file=sys.stderr)
-        return 2
+        return CLIRun(2)
+    result = CLIRun(0)
     try:
-        with warnings.catch_warnings():  # `python -m zoo.cli fit ...` passes sys.argv on purpose
+        with warnings.catch_warnings():  # `python -m zoo.recipes.main fit ...` passes sys.argv on purpose
             warnings.filterwarnings('ignore', message=".*args parameter is intended")
             warnings.filterwarnings('ignore', message=".*litlogger")
             ZooCLI(model_class=LightningModule, datamodule_class=LightningDataModule, subclass_mode_model=True,
                    subclass_mode_data=True, args=argv, auto_configure_optimizers=False,
-                   save_config_kwargs={'overwrite': False},
+                   save_config_kwargs={'overwrite': False}, trial=trial, result=result,
                    parser_kwargs={'prog': 'zoo', **({'exit_on_error': False} if raise_errors else {})})
     except SystemExit as e:  # argparse/jsonargparse: --help, --print_config, or a parse error already printed
-        return e.code if isinstance(e.code, int) else (0 if e.code is None else 2)
+        result.code = e.code if isinstance(e.code, int) else (0 if e.code is None else 2)
     except _usage_errors() as e:
         if raise_errors:
             raise
         msg = e.args[0] if isinstance(e, KeyError) and e.args else e
         print(f'zoo {command}: error: {msg}', file=sys.stderr)
-        return 2
-    return 0
+        result.code = 2
+    return result

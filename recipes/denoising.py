@@ -8,8 +8,6 @@ the same noisy inputs and the numbers compare.
 """
 from __future__ import annotations
 
-import math
-
 import torch
 import torch.nn.functional as F
 from lightning.pytorch import LightningModule
@@ -17,6 +15,7 @@ from torchmetrics.image import PeakSignalNoiseRatio, StructuralSimilarityIndexMe
 
 import zoo
 
+from . import optim
 from .classification import block_choices
 
 __all__ = ['Denoiser', 'add_noise']
@@ -98,9 +97,7 @@ class Denoiser(LightningModule):
 
     def configure_optimizers(self):
         hp = self.hparams
-        opt = torch.optim.Adam(self.model.parameters(), lr=hp.lr, weight_decay=hp.weight_decay)
+        opt = torch.optim.Adam(optim.param_groups(self.model, hp.weight_decay), lr=hp.lr)
         total = max(1, int(self.trainer.estimated_stepping_batches))
-        ratio = hp.min_lr / hp.lr
-        sched = torch.optim.lr_scheduler.LambdaLR(
-            opt, lambda s: ratio + (1 - ratio) * 0.5 * (1 + math.cos(math.pi * min(s, total) / total)))
+        sched = optim.scheduler(opt, total, floor=hp.min_lr / hp.lr)
         return {'optimizer': opt, 'lr_scheduler': {'scheduler': sched, 'interval': 'step'}}

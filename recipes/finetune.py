@@ -6,81 +6,12 @@ remapped by the family) or a Lightning ``.ckpt`` written by ``zoo fit`` (the ``m
 """
 from __future__ import annotations
 
-import re
-from pathlib import Path
-
-import torch
 from torch import nn
 
 import zoo
 
+from . import optim
 from .classification import ImageClassifier
-
-# The first block index in a parameter name: ``stages.2.blocks.3``, ``stages.1`` (downsampling),
-# ``blocks.5``, ``layers.0.blocks.1``. Parameters before the first block are the stem (layer 0);
-# unmatched ones after it are the head (the last layer).
-_BLOCK = re.compile(r'^((?:.*?\.)?(?:stages|layers|levels|blocks)\.\d+(?:\.(?:blocks|layers)\.\d+)?)(?:\.|$)')
-
-
-def layer_ids(model: nn.Module) -> dict[str, int]:
-    """Parameter name -> depth index: 0 for the stem, one index per block (in order), last for the head."""
-    order: dict[str, int] = {}
-    ids: dict[str, int | None] = {}
-    for name, _ in model.named_parameters():
-        m = _BLOCK.match(name)
-        if m:
-            ids[name] = order.setdefault(m.group(1), len(order) + 1)
-        else:
-            ids[name] = 0 if not order else None  # stem before any block, head after
-    last = len(order) + 1
-    return {k: last if v is None else v for k, v in ids.items()}
-
-
-def head_prefix(model: nn.Module) -> str:
-    """The module path of the classifier (``head.fc`` for zoo models; timm's ``pretrained_cfg['classifier']``)."""
-    prefix = getattr(model, 'classifier_prefix', None) or getattr(model, 'pretrained_cfg', {}).get('classifier')
-    if not prefix:
-        raise ValueError(f'{type(model).__name__} does not name its classifier (classifier_prefix); cannot fine-tune')
-    return prefix
-
-
-def read_weights(path: str | Path) -> dict[str, torch.Tensor]:
-    """A state dict from a zoo/timm checkpoint or the network weights of a Lightning ``.ckpt``."""
-    path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f'checkpoint not found: {path} (a .pth/.safetensors state dict or a zoo fit .ckpt)')
-    if path.suffix == '.ckpt':
-        ckpt = torch.load(path, map_location='cpu', weights_only=False)  # Lightning checkpoints hold hparams too
-        sd = ckpt.get('state_dict') if isinstance(ckpt, dict) else None
-        if not isinstance(sd, dict):
-            raise ValueError(f'{path} is not a Lightning checkpoint (no state_dict)')
-        weights = {k[len('model.'):]: v for k, v in sd.items() if k.startswith('model.')}
-        if not weights:
-            raise ValueError(f'{path} holds no model.* weights (was it written by a zoo recipe?)')
-        return weights
-    return zoo.read_state_dict(path)
-
-
-def load_backbone(model: nn.Module, state_dict: dict, path) -> list[str]:
-    """Load everything but the classifier; return the head keys left newly initialised.
-
-    A checkpoint of another architecture is rejected, naming its first missing/unexpected/mis-shaped keys.
-    """
-    remap = getattr(model, 'remap_checkpoint', None)
-    sd = remap(state_dict) if remap is not None else dict(state_dict)
-    head = head_prefix(model) + '.'
-    own = model.state_dict()
-    sd = {k: v for k, v in sd.items() if not k.startswith(head)}
-    missing = [k for k in own if k not in sd and not k.startswith(head)]
-    unexpected = [k for k in sd if k not in own]
-    shapes = [f'{k} {tuple(sd[k].shape)} vs {tuple(own[k].shape)}' for k in sd if k in own and sd[k].shape != own[k].shape]
-    if missing or unexpected or shapes:
-        name = getattr(model, 'zoo_name', type(model).__name__)
-        detail = '; '.join(f'{len(v)} {t}: {", ".join(v[:4])}' for t, v in
-                           (('missing', missing), ('unexpected', unexpected), ('mis-shaped', shapes)) if v)
-        raise ValueError(f'checkpoint {path} is not a {name} backbone ({detail})')
-    model.load_state_dict(sd, strict=False)
-    return [k for k in own if k.startswith(head)]
 
 
 class FineTuner(ImageClassifier):
@@ -111,7 +42,7 @@ class FineTuner(ImageClassifier):
         self.save_hyperparameters()
         if convbn_mode is not None:
             self.block_choices['convbn_mode'] = convbn_mode
-        self.head = self.model.get_submodule(head_prefix(self.model))
+        self.head = self.model.get_submodule(zoo.classifier_prefix(self.model))
         if freeze_backbone:
             head_params = {id(p) for p in self.head.parameters()}
             for p in self.model.parameters():
@@ -120,7 +51,9 @@ class FineTuner(ImageClassifier):
     def build_model(self) -> nn.Module:
         hp = self.hparams
         model = zoo.create(hp.name, num_classes=hp.num_classes, in_chans=hp.in_chans, **(hp.model_args or {}))
-        self.new_head_keys = load_backbone(model, read_weights(hp.checkpoint), hp.checkpoint)
+        zoo.load_checkpoint(model, hp.checkpoint, new_head='always')
+        head = zoo.classifier_prefix(model) + '.'
+        self.new_head_keys = [k for k in model.state_dict() if k.startswith(head)]
         if hp.convbn_mode is not None:
             from zoo.layers.convbn import set_mode  # written with the ConvBN issue; imported only when asked for
             set_mode(model, hp.convbn_mode)
@@ -132,20 +65,5 @@ class FineTuner(ImageClassifier):
             self.head.train()
 
     def param_groups(self) -> list[dict]:
-        decay = self.hparams.layer_decay
-        if decay is None:
-            return super().param_groups()
-        ids = layer_ids(self.model)
-        last = max(ids.values())
-        groups: dict[tuple[int, bool], dict] = {}
-        for name, p in self.model.named_parameters():
-            if not p.requires_grad:
-                continue
-            layer, wd = ids[name], p.ndim > 1
-            g = groups.setdefault((layer, wd), {'params': [], 'weight_decay': self.hparams.weight_decay if wd else 0.0,
-                                                'lr_scale': decay ** (last - layer), 'layer': layer})
-            g['params'].append(p)
-        out = sorted(groups.values(), key=lambda g: (g['layer'], g['weight_decay']))
-        for g in out:
-            g['lr'] = self.hparams.lr * g['lr_scale']
-        return out
+        hp = self.hparams
+        return optim.param_groups(self.model, hp.weight_decay, lr=hp.lr, layer_decay=hp.layer_decay)

@@ -8,23 +8,15 @@ data module when ``vocab_size`` is not given. It never defines architecture.
 """
 from __future__ import annotations
 
-import math
-
 import lightning as L
 import torch
 import torch.nn.functional as F
 
 import zoo
 
-__all__ = ['CausalLM', 'answer_accuracy', 'warmup_cosine']
+from . import optim
 
-
-def warmup_cosine(step: int, warmup: int, total: int, floor: float = 0.1) -> float:
-    """LR multiplier: linear warm-up over ``warmup`` steps, then cosine from 1 to ``floor`` at ``total``."""
-    if step < warmup:
-        return (step + 1) / warmup
-    progress = min(1.0, (step - warmup) / max(1, total - warmup))
-    return floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * progress))
+__all__ = ['CausalLM', 'answer_accuracy']
 
 
 def answer_accuracy(logits: torch.Tensor, batch: dict) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -160,13 +152,9 @@ class CausalLM(L.LightningModule):
         self._eval_end('test')
 
     def configure_optimizers(self):
-        decay = [p for p in self.model.parameters() if p.ndim >= 2]
-        no_decay = [p for p in self.model.parameters() if p.ndim < 2]
-        opt = torch.optim.AdamW([{'params': decay, 'weight_decay': self.hparams.weight_decay},
-                                 {'params': no_decay, 'weight_decay': 0.0}],
+        opt = torch.optim.AdamW(optim.param_groups(self.model, self.hparams.weight_decay),
                                 lr=self.hparams.lr, betas=tuple(self.hparams.betas), eps=self.hparams.eps)
         total = self.trainer.max_steps if self.trainer.max_steps > 0 else int(self.trainer.estimated_stepping_batches)
         warmup = max(1, min(self.hparams.warmup_steps, total))
-        sched = torch.optim.lr_scheduler.LambdaLR(
-            opt, lambda s: warmup_cosine(s, warmup, total, self.hparams.min_lr_ratio))
+        sched = optim.scheduler(opt, total, warmup, self.hparams.min_lr_ratio)
         return {'optimizer': opt, 'lr_scheduler': {'scheduler': sched, 'interval': 'step'}}

@@ -33,17 +33,19 @@ loses no trial with two processes on one file; for many machines use a PostgreSQ
 """
 from __future__ import annotations
 
+import argparse
 import contextlib
-import contextvars
 import functools
 import importlib.util
 import json
 import os
 import sys
-import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .callbacks import TrialContext
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -52,22 +54,6 @@ class SweepError(ValueError):
     """A sweep file or a sweep run is not usable as given."""
 
 
-@dataclass
-class TrialContext:
-    """What a sweep trial shares with the recording callback of the run it starts."""
-    study_name: str
-    trial_number: int
-    db: str | None = None                             # the sweep's database URL (runs are recorded there)
-    callbacks: list = field(default_factory=list)   # extra Lightning callbacks (the pruner)
-    run_id: int | None = None                         # written by the sweep, filled in by ResultsCallback
-    claimed: bool = False                             # a ResultsCallback has taken over run_id
-    status: str | None = None
-    error: str | None = None
-    metrics: dict = field(default_factory=dict)
-    latency_ms: float | None = None
-
-
-CURRENT_TRIAL: contextvars.ContextVar[TrialContext | None] = contextvars.ContextVar('zoo_sweep_trial', default=None)
 
 
 @dataclass
@@ -146,7 +132,7 @@ def _capped_storage_class():
             target = self.cap.get(name)
             if target is None:
                 return super()._create_new_trial(study_id, template_trial)
-            with _trial_lock(self.url, self.engine, study_id):
+            with _lock(self.url, self.engine, 'trial-lock', _TRIAL_LOCK + int(study_id)):
                 crashed = self.fail_crashed_trials(study_id, name)
                 if counted_trials(self.get_all_trials(study_id, deepcopy=False), crashed) >= target:
                     raise StudyFull(f'study {name!r} holds its {target} trials')
@@ -163,7 +149,8 @@ def _capped_storage_class():
             crashed = {int(n) for n in rows.trial_number.dropna()}
             for t in self.get_all_trials(study_id, deepcopy=False, states=(TrialState.RUNNING,)):
                 if t.number in crashed:
-                    self.set_trial_state_values(t._trial_id, TrialState.FAIL)
+                    self.set_trial_state_values(self.get_trial_id_from_study_id_trial_number(study_id, t.number),
+                                                TrialState.FAIL)
             return crashed
 
     return CappedRDBStorage
@@ -179,46 +166,28 @@ def storage(db: str | None = None):
         raise SweepError('a sweep needs a database (ZOO_DB=none disables it); pass --db PATH')
     open_db(url)            # our tables and migrations first; a bad file is reported by the results store
     kw = {'connect_args': {'timeout': 120}} if url.startswith('sqlite') else {'pool_pre_ping': True}
-    import sqlalchemy.exc
+    # Workers started together on a fresh database race to create Optuna's tables and stamp its schema
+    # version: they take turns under one lock, so the later ones open what the first made.
+    with _lock(url, open_db(url).engine, 'optuna-lock', _STORAGE_LOCK):
+        return _capped_storage_class()(url, engine_kwargs=kw, heartbeat_interval=30, grace_period=120)
 
-    # Workers started together on a fresh database race to create Optuna's tables and stamp its
-    # schema version; on a SQLite file they take turns under a file lock, elsewhere the loser retries
-    # and opens what the winner made.
-    with _file_lock(url):
-        for attempt in range(5):
-            try:
-                return _capped_storage_class()(url, engine_kwargs=kw, heartbeat_interval=30, grace_period=120)
-            except sqlalchemy.exc.DBAPIError as e:
-                msg = str(e).lower()
-                if attempt == 4 or not any(k in msg for k in ('already exists', 'unique', 'duplicate')):
-                    raise
-                time.sleep(0.2 * (attempt + 1))
+
+_STORAGE_LOCK = 0x7A6F6F4F50          # PostgreSQL advisory lock key of Optuna's table creation ('zooOP')
+_TRIAL_LOCK = 0x7A6F6F0000            # + the study id: one lock per study
 
 
 @contextlib.contextmanager
-def _file_lock(url: str, suffix: str = 'optuna-lock'):
-    """An exclusive lock beside a SQLite database file (nothing for other URLs)."""
-    path = url.split(':///', 1)[1] if url.startswith('sqlite:///') else ''
-    if not path or path == ':memory:':
-        yield
-        return
-    import fcntl
-
-    with open(f'{path}.{suffix}', 'w') as f:
-        fcntl.flock(f, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(f, fcntl.LOCK_UN)
-
-
-@contextlib.contextmanager
-def _trial_lock(url: str, engine, study_id: int):
-    """One worker at a time counts a study's trials and creates the next: a file lock beside a SQLite
-    file, a session advisory lock on PostgreSQL. Other servers get no lock (the cap is then checked but
-    two workers may still both pass it)."""
+def _lock(url: str, engine, name: str, key: int):
+    """An exclusive lock shared by every worker on one database: a file lock (``filelock``) beside a SQLite
+    file, a session advisory lock on PostgreSQL. Other servers get no lock."""
     if url.startswith('sqlite'):
-        with _file_lock(url, 'trial-lock'):
+        path = url.split(':///', 1)[1] if url.startswith('sqlite:///') else ''
+        if not path or path == ':memory:':
+            yield
+            return
+        from filelock import FileLock
+
+        with FileLock(f'{path}.{name}'):
             yield
         return
     if engine.dialect.name != 'postgresql':
@@ -226,7 +195,6 @@ def _trial_lock(url: str, engine, study_id: int):
         return
     import sqlalchemy as sa
 
-    key = 0x7A6F6F0000 + int(study_id)            # 'zoo' + the study: one lock per study
     with engine.connect() as conn:
         conn.execute(sa.text('SELECT pg_advisory_lock(:k)'), {'k': key})
         conn.commit()
@@ -267,10 +235,10 @@ def _argv(sweep: Sweep, params: dict, extra_args: list[str]) -> list[str]:
 def _run_cli(argv: list[str], ctx: TrialContext | None = None) -> None:
     """Run one trial's ``zoo fit``. A configuration rejected before training (a bad value, an unknown
     model) is raised, not just printed, so the trial's run row keeps the real error."""
-    from zoo.recipes.cli import run_lightning_cli
+    from .cli import run_cli
 
     try:
-        rc = run_lightning_cli(argv, raise_errors=True)
+        rc = run_cli(argv, raise_errors=True, trial=ctx).code
     except Exception as e:
         msg = f'{type(e).__name__}: {e.args[0] if isinstance(e, KeyError) and e.args else e}'
         if ctx is not None and ctx.status is None:
@@ -287,10 +255,10 @@ def _start_trial_run(sweep: Sweep, params: dict, extra_args: list[str], ctx: Tri
 
     from zoo.eval.results import open_db
 
-    name = params.get('model.init_args.name')
-    for a in [*getattr(sweep.module, 'ARGS', []), *extra_args]:
-        if a.startswith('--model.init_args.name='):
-            name = name or a.split('=', 1)[1]
+    p = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
+    p.add_argument('--model.init_args.name', dest='name')
+    name = params.get('model.init_args.name') or p.parse_known_args(
+        [*getattr(sweep.module, 'ARGS', []), *extra_args])[0].name
     if name is None:
         cfg = yaml.safe_load(sweep.base.read_text()) or {}
         name = ((cfg.get('model') or {}).get('init_args') or {}).get('name', 'unknown')
@@ -313,15 +281,16 @@ def make_objective(sweep: Sweep, study_name: str, extra_args: list[str], db_url:
     def objective(trial: optuna.Trial):
         from optuna_integration import PyTorchLightningPruningCallback
 
+        from .callbacks import TrialContext
+
         params = sweep.module.space(trial)
         if not isinstance(params, dict):
             raise SweepError(f'{sweep.path}: space(trial) must return a dict of CLI keys to values')
-        ctx = TrialContext(study_name, trial.number, db=db_url)
+        ctx = TrialContext(study_name, trial.number, db=db_url)  # the recording callback fills in the outcome
         if not sweep.multi_objective:
             ctx.callbacks.append(PyTorchLightningPruningCallback(trial, monitor=sweep.metric))
         ctx.run_id = _start_trial_run(sweep, params, extra_args, ctx)
         trial.set_user_attr('zoo_run_id', ctx.run_id)
-        token = CURRENT_TRIAL.set(ctx)
         try:
             _run_cli(_argv(sweep, params, extra_args), ctx)
         except optuna.TrialPruned:
@@ -331,7 +300,6 @@ def make_objective(sweep: Sweep, study_name: str, extra_args: list[str], db_url:
                 raise optuna.TrialPruned(str(e)) from e
             raise
         finally:
-            CURRENT_TRIAL.reset(token)
             if ctx.status is None:
                 _fail_unstarted(ctx)
         if ctx.status == 'pruned':
@@ -406,7 +374,7 @@ def _spawn_worker(path, n_trials: int, study_name: str, url: str, timeout, extra
     import shlex
     import subprocess
 
-    cmd = [sys.executable, '-m', 'zoo.cli', 'sweep', str(Path(path).resolve()), '--n-trials', str(n_trials),
+    cmd = [sys.executable, '-m', 'zoo.recipes.main', 'sweep', str(Path(path).resolve()), '--n-trials', str(n_trials),
            '--study-name', study_name, '--db', url, '--trial-args', shlex.join(extra_args or [])]
     if timeout is not None:
         cmd += ['--timeout', str(timeout)]

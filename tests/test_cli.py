@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import json
 
-from zoo.cli import main
+from zoo.recipes.main import main
 
 
 def test_list_and_info(capsys):

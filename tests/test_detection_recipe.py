@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from zoo.cli import main
+from zoo.recipes.main import main
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ROOT / 'recipes' / 'configs' / 'detection' / 'yolo_det_tiny_shapes_det_128.yaml'

@@ -110,3 +110,19 @@ def test_tiny_rejects_wrong_channels(name):
     bad = torch.randn(2, x.shape[1] + 1, *x.shape[2:])
     with pytest.raises(ValueError, match='channels'):
         model(bad)
+
+
+@pytest.mark.parametrize('name', TINY_CLS)
+def test_tiny_declares_the_classifier_contract(name):
+    """Declared once on ClassifierBase with defaults, fulfilled by every family (ResNet and VGG included):
+    no_weight_decay() names real parameters, remap_checkpoint keeps our own layout, classifier_prefix names
+    the final linear layer, features_only works (every classifier has the 'features' capability)."""
+    model = zoo.create(name, num_classes=NUM_CLASSES)
+    assert isinstance(model, zoo.ClassifierBase)
+    params = dict(model.named_parameters())
+    assert set(model.no_weight_decay()) <= set(params)
+    sd = model.state_dict()
+    assert model.remap_checkpoint(dict(sd)).keys() == sd.keys()
+    head = model.get_submodule(model.classifier_prefix)
+    assert isinstance(head, torch.nn.Linear) and head.out_features == NUM_CLASSES
+    assert 'features' in zoo.model_info(name).capabilities

@@ -1,7 +1,7 @@
 """Every notebook under notebooks/ runs top to bottom in a real Jupyter kernel (nbclient), and is committed
 without outputs.
 
-The comparison notebooks read the snapshot in notebooks/data/ (or eval/results/) by default and the user's
+The comparison notebooks read the snapshot in notebooks/data/ (or docs/measurements/) by default and the user's
 results database when ``ZOO_DB`` is set; both paths are executed here. After the notebook's own cells a
 check cell inspects every figure it drew: each needs a y-axis label and every panel an x-axis label or a
 title (the notebooks' units live in those labels). No network, a few seconds per notebook.

@@ -15,7 +15,7 @@ import yaml
 import zoo
 import zoo.datasets
 import zoo.recipes
-from zoo.cli import main
+from zoo.recipes.main import main
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = sorted((ROOT / 'recipes' / 'configs').glob('**/*.yaml'))
@@ -188,7 +188,7 @@ def test_nan_loss_stops_with_a_message_and_keeps_the_last_good_checkpoint(runs, 
 
 def test_checkpoint_of_another_model_is_rejected(tmp_path):
     torch.save(zoo.create('metaformer_tiny', token_mixer='attention').state_dict(), tmp_path / 'other.pth')
-    with pytest.raises(ValueError, match='not a poolformer_tiny backbone'):
+    with pytest.raises(ValueError, match='does not fit poolformer_tiny'):
         zoo.recipes.FineTuner('poolformer_tiny', str(tmp_path / 'other.pth'), num_classes=3)
 
 
@@ -201,14 +201,6 @@ def test_classifier_options_mixup_ema_sgd(runs):
     sd = torch.load(run / 'checkpoints' / 'last.ckpt', weights_only=False)['state_dict']
     w = 'stem.conv.weight'
     assert not torch.equal(sd[f'ema.module.{w}'], sd[f'model.{w}'])  # the average lags the weights
-
-
-def test_cosine_schedule_with_warmup():
-    from zoo.recipes.classification import cosine_with_warmup
-    lrs = [cosine_with_warmup(s, 100, 10, 0.01) for s in range(101)]
-    assert lrs[0] < 0.2 and lrs[10] == pytest.approx(1.0) and max(lrs) == pytest.approx(1.0)
-    assert all(a <= b for a, b in zip(lrs[:10], lrs[1:11])) and all(a >= b for a, b in zip(lrs[10:], lrs[11:]))
-    assert lrs[100] == pytest.approx(0.01)
 
 
 def test_system_records_model_and_block_choices():
@@ -281,7 +273,7 @@ def test_ddp_on_cpu_trains_and_reduces_metrics_across_ranks(tmp_path):
     not over rank 0's half (an even-sized validation split, so DistributedSampler pads nothing)."""
     env = {**os.environ, 'ZOO_RUNS': str(tmp_path / 'runs'), 'PYTHONPATH': str(ROOT), 'OMP_NUM_THREADS': '1'}
     env.pop('ZOO_RUN_DIR', None)
-    cmd = [sys.executable, '-m', 'zoo.cli', 'fit', '-c', str(DEMO), '--trainer.strategy', 'ddp',
+    cmd = [sys.executable, '-m', 'zoo.recipes.main', 'fit', '-c', str(DEMO), '--trainer.strategy', 'ddp',
            '--trainer.devices', '2', '--trainer.accelerator', 'cpu', '--trainer.max_epochs', '1',
            '--trainer.limit_train_batches', '3', '--data.val_fraction', '0.2003', '--data.test_fraction', '0.1', *QUIET]
     proc = subprocess.run(cmd, env=env, cwd=tmp_path, capture_output=True, text=True, timeout=300)
@@ -316,7 +308,7 @@ def test_imports_stay_light():
 
 
 def test_demo_trains_tests_and_measures(runs, monkeypatch, tmp_path):
-    from zoo.demo import train_demo
+    from zoo.recipes.demo import train_demo
     monkeypatch.chdir(tmp_path)
     r = train_demo(extra=['--trainer.max_epochs', '1', '--trainer.limit_train_batches', '8', *QUIET[:2]])
     assert 0.1 < r['val_acc1'] <= 1 and 0.1 < r['test_acc1'] <= 1 and r['latency_ms'] > 0

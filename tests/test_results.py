@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -13,7 +14,7 @@ import pytest
 import sqlalchemy as sa
 import torch
 
-from zoo.cli import main
+from zoo.recipes.main import main
 from zoo.eval import results as R
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -200,7 +201,7 @@ def test_a_run_elsewhere_is_crashed_once_its_heartbeat_is_stale(zoo_db):
     run('fast_fresh', 'other-host', dt.timedelta(seconds=90), 1.0)
     run('legacy_fresh', 'other-host', dt.timedelta(hours=23), None)       # no interval recorded: 24 h rule
     run('legacy_stale', 'other-host', dt.timedelta(hours=25), None)
-    run('here_alive', R.socket.gethostname(), dt.timedelta(hours=30), 1.0, pid=os.getpid())  # pid decides here
+    run('here_alive', socket.gethostname(), dt.timedelta(hours=30), 1.0, pid=os.getpid())  # pid decides here
     assert db.mark_crashed() == 3
     status = db.runs().set_index('model').status.to_dict()
     assert status == {'stale': 'crashed', 'fresh': 'running', 'fast_stale': 'crashed', 'fast_fresh': 'running',
@@ -595,7 +596,7 @@ def test_zoo_fit_records_run_metrics_and_latency(zoo_db, tmp_path, monkeypatch):
     assert len(R.runs()) == 1 and R.runs(db=str(other)).seed.tolist() == [1]
 
 
-def test_zoo_fit_seeds_runs_repeats_that_pool_into_one_interval(zoo_db, tmp_path, monkeypatch):
+def test_zoo_fit_seeds_runs_repeats_that_pool_into_one_interval(zoo_db, tmp_path, monkeypatch, capsys):
     monkeypatch.setenv('ZOO_RUNS', str(tmp_path / 'runs'))
     monkeypatch.setenv('ZOO_RECORD_LATENCY', '0')
     monkeypatch.chdir(ROOT)
@@ -606,5 +607,6 @@ def test_zoo_fit_seeds_runs_repeats_that_pool_into_one_interval(zoo_db, tmp_path
     assert sorted(runs.seed) == [0, 1, 2] and runs.config_key.nunique() == 1 and (runs.status == 'finished').all()
     row = R.leaderboard('classification', 'digits').iloc[0]
     assert row.n_seeds == 3 and row.run_ids == '1,2,3' and R.latency().empty
-    with pytest.raises(SystemExit, match='comma-separated integers'):
+    with pytest.raises(SystemExit) as e:
         main(['fit', '-c', cfg, '--seeds', 'a,b'])
+    assert e.value.code == 2 and 'comma-separated integers' in capsys.readouterr().err

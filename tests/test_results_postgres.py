@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import sqlalchemy as sa
 
-from zoo.cli import main
+from zoo.recipes.main import main
 from zoo.eval import results as R
 
 from test_sweep import two_worker_gate

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from zoo.cli import main
+from zoo.recipes.main import main
 
 ROOT = Path(__file__).resolve().parents[1]
 DEMO = ROOT / 'recipes' / 'configs' / 'poolformer' / 'poolformer_tiny_digits_15e.yaml'
@@ -41,7 +41,7 @@ def fit_killed(runs: Path, sig: str, step: int) -> subprocess.CompletedProcess:
     """`zoo fit` in a subprocess that kills itself with ``sig`` after ``step`` optimizer steps."""
     env = {**os.environ, 'ZOO_RUNS': str(runs), 'PYTHONPATH': os.pathsep.join([str(ROOT / 'tests'), str(ROOT)])}
     env.pop('ZOO_RUN_DIR', None)
-    cmd = [sys.executable, '-m', 'zoo.cli', 'fit', *SHORT, '--trainer.callbacks+=interrupt_callback.StopAt',
+    cmd = [sys.executable, '-m', 'zoo.recipes.main', 'fit', *SHORT, '--trainer.callbacks+=interrupt_callback.StopAt',
            f'--trainer.callbacks.init_args.step={step}', f'--trainer.callbacks.init_args.sig={sig}']
     return subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from zoo.cli import main
+from zoo.recipes.main import main
 from zoo.eval import results as R
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -110,7 +110,7 @@ def space(trial):
     return {"model.init_args.lr": trial.suggest_float("lr", 1e-3, 1e-2, log=True)}
 ''', name='killme')
     env = {**os.environ, 'ZOO_DB': str(zoo_db)}
-    proc = subprocess.Popen([sys.executable, '-m', 'zoo.cli', 'sweep', str(sweep), '--trial-args', FAST],
+    proc = subprocess.Popen([sys.executable, '-m', 'zoo.recipes.main', 'sweep', str(sweep), '--trial-args', FAST],
                             cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:                                 # kill it once the first trial has finished and the second has started
         deadline = time.time() + 240
@@ -168,7 +168,7 @@ def pruner():
 ''', name='shared')
     env = {**os.environ, 'ZOO_DB': str(zoo_db)}
     R.open_db()
-    procs = [subprocess.Popen([sys.executable, '-m', 'zoo.cli', 'sweep', str(sweep), '--n-trials', '3',
+    procs = [subprocess.Popen([sys.executable, '-m', 'zoo.recipes.main', 'sweep', str(sweep), '--n-trials', '3',
                                '--trial-args', FAST], cwd=ROOT, env=env, stdout=subprocess.DEVNULL,
                               stderr=subprocess.PIPE, text=True) for _ in range(2)]
     for p in procs:

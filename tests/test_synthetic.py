@@ -266,9 +266,7 @@ def test_datamodule_batches_shift_targets_and_mask_answers():
 def test_recipe_trains_and_logs(tmp_path, one_thread):
     import lightning as L
     from zoo.datasets import SyntheticLMDataModule
-    from zoo.recipes.lm import CausalLM, warmup_cosine
-    assert warmup_cosine(0, 10, 100) == 0.1 and warmup_cosine(9, 10, 100) == 1.0
-    assert abs(warmup_cosine(100, 10, 100) - 0.1) < 1e-9
+    from zoo.recipes.lm import CausalLM
     L.seed_everything(0)
     dm = SyntheticLMDataModule('copy', {'N': 8}, context_length=18, batch_size=16, train_windows=16 * 25, val_windows=16)
     system = CausalLM('llama_tiny', {'canon': 'AC'}, lr=1e-2, warmup_steps=5)

@@ -6,29 +6,64 @@
 >>> zoo.model_info('poolformer_s12').params
 11915176
 
-Importing zoo registers every block and model; it imports torch and einops, not Lightning,
-Optuna, torch._dynamo or timm (those load when a feature needs them).
+``import zoo`` itself imports nothing heavy (not even torch): the families register on the first call
+that needs the registry (``list_models``, ``model_info``, ``create``, ``families``) or when a family
+module is imported, and ``zoo.layers``/``zoo.create`` load on first use (PEP 562). So the ``zoo``
+console script answers ``--help`` without building a model. Lightning, Optuna, torch._dynamo and timm
+load only when a feature needs them.
+
+Layering (enforced by tests/test_layering.py): layers -> zoo (families, registry) -> eval (measure,
+store) -> recipes (train, sweep, the command line, the demo).
 """
+import importlib as _importlib
 import os as _os
 
 # In a source checkout, layers/, recipes/, datasets/ and eval/ sit beside zoo/ and are installed as
-# zoo.layers, zoo.recipes, ... (pyproject's package-dir). Resolve them from this checkout too, so
-# plain `pytest` and a second work tree never pick up another checkout's editable install.
+# zoo.layers, zoo.recipes, ... (pyproject's package-dir). An editable install resolves those names to
+# the checkout it was installed from; this finder, searched first, resolves exactly those four names
+# from this checkout, so a second work tree (and plain `pytest` from any checkout) uses its own folders.
+# Nothing else under the root (tests/, docs/, notebooks/) becomes part of the package.
 _root = _os.path.dirname(_os.path.dirname(_os.path.abspath(__file__)))
 if _os.path.isfile(_os.path.join(_root, 'pyproject.toml')) and _os.path.isdir(_os.path.join(_root, 'layers')):
-    __path__.append(_root)
+    import importlib.abc as _abc
+    import importlib.util as _util
+    import sys as _sys
 
-from . import layers  # noqa: F401  (register blocks first: families resolve them by name)
-from ._registry import ModelInfo, families, list_models, model_info, register_model
-from ._factory import create, load_checkpoint, read_state_dict
-from . import metaformer  # noqa: F401  (register the families)
-from . import tnt  # noqa: F401
-from . import raftmlp, stripmlp  # noqa: F401
-from . import resnet, vgg, dncnn  # noqa: F401  (classic CNN hosts for the conv blocks)
-from . import lm  # noqa: F401  (causal LMs with Canon layers, issue 7)
-from . import piip  # noqa: F401  (PIIP multi-branch ViTs, issue 18)
-from . import detection  # noqa: F401  (YOLOv8-style detector on any features_only backbone, issue 16)
+    class _CheckoutFolders(_abc.MetaPathFinder):
+        folders = {f'{__name__}.{d}': _os.path.join(_root, d) for d in ('layers', 'recipes', 'datasets', 'eval')}
+
+        def find_spec(self, name, path=None, target=None):
+            folder = self.folders.get(name)
+            if folder is None:
+                return None
+            return _util.spec_from_file_location(name, _os.path.join(folder, '__init__.py'),
+                                                 submodule_search_locations=[folder])
+
+    _sys.meta_path.insert(0, _CheckoutFolders())
+
+from ._registry import FAMILY_MODULES, ModelInfo, families, list_models, model_info, register_model  # noqa: E402
+
+_LAZY = {'create': '_factory', 'load_checkpoint': '_factory', 'read_state_dict': '_factory',
+         'classifier_prefix': '_factory', 'remap_checkpoint': '_factory',
+         'ClassifierBase': '_builder'}
+_SUBPACKAGES = ('layers', 'eval', 'recipes', 'datasets', *FAMILY_MODULES)
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        value = getattr(_importlib.import_module(f'{__name__}.{_LAZY[name]}'), name)
+    elif name in _SUBPACKAGES:
+        value = _importlib.import_module(f'{__name__}.{name}')
+    else:
+        raise AttributeError(f"module 'zoo' has no attribute {name!r}")
+    globals()[name] = value  # cache: later look-ups skip __getattr__
+    return value
+
+
+def __dir__():
+    return sorted(set(globals()) | set(_LAZY) | set(_SUBPACKAGES))
+
 
 __version__ = '0.1.0'
 __all__ = ['create', 'list_models', 'model_info', 'families', 'register_model', 'ModelInfo', 'load_checkpoint',
-           'read_state_dict', 'layers']
+           'read_state_dict', 'classifier_prefix', 'remap_checkpoint', 'layers', 'ClassifierBase']

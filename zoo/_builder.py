@@ -80,6 +80,16 @@ class FeatureInfo:
         return getattr(self, key)
 
 
+def collect_features(x: torch.Tensor, stages, keep) -> list[torch.Tensor]:
+    """Run ``stages`` in order on ``x`` and return the outputs of the stages whose index is in ``keep``."""
+    feats = []
+    for i, stage in enumerate(stages):
+        x = stage(x)
+        if i in keep:
+            feats.append(x)
+    return feats
+
+
 def select_features(feature_info: list[FeatureInfo], out_indices) -> tuple[tuple[int, ...], list[FeatureInfo]]:
     n = len(feature_info)
     idx = tuple(i % n for i in out_indices) if out_indices is not None else tuple(range(n))
@@ -89,12 +99,26 @@ def select_features(feature_info: list[FeatureInfo], out_indices) -> tuple[tuple
 
 
 class ClassifierBase(nn.Module):
-    """timm's classification contract, shared by the families: ``forward`` returns the multi-scale
+    """timm's classification contract, declared once for every family: ``forward`` returns the multi-scale
     maps when built with ``features_only`` and logits otherwise; ``reset_classifier`` swaps the linear
     head named ``head_attr`` (on the model's device and dtype). Subclasses define ``forward_features``,
-    ``forward_intermediates``, ``forward_head``, ``num_features`` and ``features_only``."""
+    ``forward_intermediates``, ``forward_head``, ``num_features``, ``features_only`` and ``feature_info``;
+    they override the defaults below where they differ (embeddings and tokens out of weight decay, an
+    official checkpoint layout to map, a classifier elsewhere)."""
 
-    head_attr = 'head'
+    head_attr = 'head'              # the attribute reset_classifier replaces
+    classifier_prefix = 'head'      # module path of the final linear layer (fine-tuning, checkpoint loading)
+
+    def no_weight_decay(self) -> set[str]:
+        """Parameter names kept out of weight decay beyond timm's rule (1-d parameters, biases): none."""
+        return set()
+
+    def remap_checkpoint(self, state_dict: dict) -> dict:
+        """Map a foreign (official, timm) checkpoint layout onto this model's keys: ours already."""
+        return state_dict
+
+    def forward_intermediates(self, x: torch.Tensor) -> list[torch.Tensor]:
+        raise NotImplementedError(f'{type(self).__name__} must define forward_intermediates (features_only)')
 
     def forward(self, x: torch.Tensor):
         if self.features_only:

@@ -1,4 +1,4 @@
-"""``zoo.create`` and checkpoint loading."""
+"""``zoo.create`` and checkpoint loading (the one reader and the one loader of the project)."""
 from __future__ import annotations
 
 import warnings
@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 from ._builder import UnknownArgumentError
-from ._registry import model_info, unknown_model_error, _MODELS
+from ._registry import model_info
 from ._timm_habits import attach_pretrained_cfg, match_checkpoint_head, no_weights_error
 
 # Wrappers that training code puts around a state dict or its keys.
@@ -42,12 +42,11 @@ def create(name: str, num_classes: int | None = None, in_chans: int | None = Non
             raise KeyError(f'timm has no model {timm_name!r}' + (f'; close: {", ".join(close)}' if close else ''))
         model = timm.create_model(timm_name, pretrained=pretrained, **kwargs)
     else:
-        if name not in _MODELS:
-            raise unknown_model_error(name)
+        fn = model_info(name).fn  # KeyError with close matches for an unknown name
         if pretrained:
             raise no_weights_error(name)
         try:
-            model = model_info(name).fn(**kwargs)
+            model = fn(**kwargs)
         except UnknownArgumentError as e:
             raise TypeError(f'{name} got unknown argument(s) {", ".join(e.unknown)}. '
                             f'{name} accepts: {", ".join(e.accepted)}') from None
@@ -61,10 +60,14 @@ def create(name: str, num_classes: int | None = None, in_chans: int | None = Non
 
 
 def read_state_dict(path: str | Path) -> dict[str, torch.Tensor]:
-    """Read a state dict from disk (safetensors or ``torch.load(weights_only=True)``), unwrapped."""
+    """Read a state dict from disk, unwrapped: safetensors, ``torch.load(weights_only=True)`` of a
+    ``.pth``/``.pt``/``.bin``, or the network weights (``model.*``) of a Lightning ``.ckpt`` from ``zoo fit``."""
     path = Path(path)
     if not path.is_file():
-        raise FileNotFoundError(f'checkpoint not found: {path} (expected a .pth/.pt/.ckpt/.bin or .safetensors file)')
+        raise FileNotFoundError(f'checkpoint not found: {path} (expected a .pth/.pt/.bin or .safetensors state dict, '
+                                f'or a zoo fit .ckpt)')
+    if path.suffix == '.ckpt':
+        return _lightning_weights(path)
     if path.suffix == '.safetensors':
         from safetensors.torch import load_file
         sd = load_file(str(path), device='cpu')
@@ -90,27 +93,59 @@ def read_state_dict(path: str | Path) -> dict[str, torch.Tensor]:
     return sd
 
 
-def load_checkpoint(model: nn.Module, path: str | Path, new_head: bool = False) -> nn.Module:
-    """Load ``path`` into ``model``, remapping foreign layouts; list the first mismatches on failure."""
-    sd = read_state_dict(path)
-    remap = getattr(model, 'remap_checkpoint', None)
-    if remap is not None:
-        sd = remap(sd)
+def _lightning_weights(path: Path) -> dict[str, torch.Tensor]:
+    # A zoo fit checkpoint holds hyper-parameters beside the weights, which weights_only=True refuses.
+    ckpt = torch.load(path, map_location='cpu', weights_only=False)
+    sd = ckpt.get('state_dict') if isinstance(ckpt, dict) else None
+    if not isinstance(sd, dict):
+        raise ValueError(f'{path} is not a Lightning checkpoint (no state_dict)')
+    weights = {k[len('model.'):]: v for k, v in sd.items() if k.startswith('model.')}
+    if not weights:
+        raise ValueError(f'{path} holds no model.* weights (was it written by a zoo recipe?)')
+    return weights
+
+
+def classifier_prefix(model: nn.Module) -> str | None:
+    """The module path of a model's classifier: zoo's ``classifier_prefix``, timm's ``pretrained_cfg``."""
+    prefix = getattr(model, 'classifier_prefix', None)  # zoo.ClassifierBase declares it; timm models do not
+    return prefix or (getattr(model, 'pretrained_cfg', None) or {}).get('classifier')
+
+
+def remap_checkpoint(model: nn.Module, state_dict: dict) -> dict:
+    """``state_dict`` in the model's own key layout (zoo families map official and timm layouts)."""
+    remap = getattr(model, 'remap_checkpoint', None)  # timm models and non-classifiers have none
+    return remap(state_dict) if remap is not None else dict(state_dict)
+
+
+def load_checkpoint(model: nn.Module, path: str | Path | dict, new_head: bool | str = False) -> nn.Module:
+    """Load ``path`` (or a state dict) into ``model``, remapping foreign layouts; list the first mismatches
+    on failure.
+
+    ``new_head``: ``False`` loads everything; ``True`` leaves the classifier newly initialised when its
+    shape differs (``zoo.create(..., num_classes=...)``); ``'always'`` never loads the classifier
+    (fine-tuning). Returns the model."""
+    if new_head not in (False, True, 'always'):
+        raise ValueError(f"new_head must be False, True or 'always'; got {new_head!r}")
+    sd = remap_checkpoint(model, path if isinstance(path, dict) else read_state_dict(path))
+    where = 'the state dict' if isinstance(path, dict) else path
     own = model.state_dict()
-    head = getattr(model, 'classifier_prefix', None)
+    head = classifier_prefix(model)
+    if new_head == 'always' and not head:
+        raise ValueError(f'{type(model).__name__} does not name its classifier (classifier_prefix); cannot fine-tune')
     if new_head and head:
-        dropped = [k for k in sd if k.startswith(head + '.') and k in own and sd[k].shape != own[k].shape]
+        dropped = [k for k in sd if k.startswith(head + '.') and (new_head == 'always' or (
+            k in own and sd[k].shape != own[k].shape))]
         for k in dropped:
             del sd[k]
-        if dropped:
-            warnings.warn(f'{path}: classifier {head} has a different number of classes; left it newly initialised')
+        if dropped and new_head is True:
+            warnings.warn(f'{where}: classifier {head} has a different number of classes; left it newly initialised')
     missing = [k for k in own if k not in sd and not (new_head and head and k.startswith(head + '.'))]
     unexpected = [k for k in sd if k not in own]
     shapes = [f'{k}: checkpoint {tuple(sd[k].shape)} vs model {tuple(own[k].shape)}'
               for k in sd if k in own and sd[k].shape != own[k].shape]
     if missing or unexpected or shapes:
         name = getattr(model, 'zoo_name', type(model).__name__)
-        lines = [f'checkpoint {path} does not fit {name}:']
+        lines = [f'checkpoint {where} does not fit {name}:']
         for title, items in (('missing keys', missing), ('unexpected keys', unexpected), ('shape mismatches', shapes)):
             if items:
                 more = f' (+{len(items) - 8} more)' if len(items) > 8 else ''

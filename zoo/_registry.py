@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import difflib
 import fnmatch
+import importlib
 import re
 from dataclasses import asdict, dataclass, field
 from typing import Callable
@@ -41,6 +42,23 @@ class ModelInfo:
 
 _MODELS: dict[str, ModelInfo] = {}
 
+# The family modules of zoo/, one per family (a new family adds its module here). They register their
+# models when imported; the registry imports them on first use, so ``import zoo`` stays light.
+FAMILY_MODULES = ('metaformer', 'tnt', 'raftmlp', 'stripmlp', 'resnet', 'vgg', 'dncnn', 'lm', 'piip', 'detection')
+_loaded = False
+
+
+def _load_families() -> None:
+    global _loaded
+    if not _loaded:
+        _loaded = True  # first: a family module that reads the registry while importing does not recurse
+        try:
+            for module in FAMILY_MODULES:
+                importlib.import_module(f'{__package__}.{module}')
+        except BaseException:
+            _loaded = False
+            raise
+
 
 def register_model(fn: Callable | None = None, /, *, family: str, task: str = 'classification', **meta):
     """Register a model entrypoint: ``@register_model(family='poolformer', params=11_915_176, ...)``."""
@@ -67,6 +85,7 @@ def _natural_key(s: str):
 def list_models(pattern: str = '*', family: str | None = None, task: str | None = None,
                 tiny: bool | None = None) -> list[str]:
     """Registered model names matching a glob pattern, naturally sorted (s12 before s24 before s108)."""
+    _load_families()
     names = [n for n, info in _MODELS.items()
              if fnmatch.fnmatch(n, pattern)
              and (family is None or info.family == family)
@@ -76,6 +95,7 @@ def list_models(pattern: str = '*', family: str | None = None, task: str | None 
 
 
 def unknown_model_error(name: str) -> KeyError:
+    _load_families()
     close = difflib.get_close_matches(name, list(_MODELS), n=4, cutoff=0.5)
     hint = f' Did you mean {", ".join(map(repr, close))}?' if close else ''
     return KeyError(f'no model named {name!r}.{hint} `zoo.list_models()` lists the {len(_MODELS)} registered '
@@ -84,10 +104,12 @@ def unknown_model_error(name: str) -> KeyError:
 
 def model_info(name: str) -> ModelInfo:
     """The registry record of a model."""
+    _load_families()
     if name not in _MODELS:
         raise unknown_model_error(name)
     return _MODELS[name]
 
 
 def families() -> list[str]:
+    _load_families()
     return sorted({info.family for info in _MODELS.values()})

@@ -65,7 +65,7 @@ class MetaFormerBlock(nn.Module):
         self.norm1 = layers.get('norm', norm_layer)(dim)
         self.token_mixer = mixer_cls(dim, **mixer_kwargs)
         # A mixer declared 'nlc' works on (B, H*W, C) tokens; the block converts around it.
-        self.mixer_tokens = getattr(mixer_cls, 'layout', 'nchw') == 'nlc'
+        self.mixer_tokens = layers.layout_of('token_mixer', mixer_cls) == 'nlc'
         self.drop_path1 = DropPath(drop_path) if drop_path > 0 else nn.Identity()
         self.layer_scale1 = LayerScale(dim, layer_scale_init_value) if layer_scale_init_value else nn.Identity()
         self.norm2 = layers.get('norm', norm_layer)(dim)

@@ -19,7 +19,7 @@ from torch import nn
 from zoo.layers.convbn import ConvBN
 from zoo.layers.weighted_conv import conv_factory
 
-from ._builder import ClassifierBase, FeatureInfo, build_model, check_image, select_features
+from ._builder import ClassifierBase, FeatureInfo, build_model, check_image, collect_features, select_features
 from ._registry import register_model
 
 __all__ = ['ResNet', 'BasicBlock', 'Bottleneck']
@@ -70,6 +70,7 @@ class ResNet(ClassifierBase):
     """ResNet (He et al. 2016) with ``conv_layer``/``den`` for the convolutions and ``convbn_mode`` for the pairs."""
 
     head_attr = 'fc'
+    classifier_prefix = 'fc'
 
     def __init__(self, block: str = 'basic', layers=(2, 2, 2, 2), num_classes: int = 1000, in_chans: int = 3,
                  widths=(64, 128, 256, 512), stem: str = 'imagenet', conv_layer='standard', den=None,
@@ -109,7 +110,6 @@ class ResNet(ClassifierBase):
         if not features_only:
             self.drop = nn.Dropout(drop_rate)
             self.fc = nn.Linear(chs, num_classes) if num_classes > 0 else nn.Identity()
-        self.classifier_prefix = 'fc'
         self._init_weights()
 
     def _init_weights(self) -> None:
@@ -120,23 +120,22 @@ class ResNet(ClassifierBase):
                 nn.init.ones_(m.weight)
                 nn.init.zeros_(m.bias)
 
-    def forward_features(self, x: torch.Tensor):
+    def forward_features(self, x: torch.Tensor) -> torch.Tensor:
+        """(B, in_chans, H, W) -> (B, num_features, H/32, W/32) (H/8 with the CIFAR stem)."""
         check_image(x, self.in_chans, 1, type(self).__name__)
         x = self.stem(x)
-        feats = []
-        for i, stage in enumerate(self.layers):
+        for stage in self.layers:
             x = stage(x)
-            if self.features_only and i in self.out_indices:
-                feats.append(x)
-        return feats if self.features_only else x
+        return x
+
+    def forward_intermediates(self, x: torch.Tensor) -> list[torch.Tensor]:
+        """The maps after each stage in ``out_indices`` (channels and strides in ``feature_info``)."""
+        check_image(x, self.in_chans, 1, type(self).__name__)
+        return collect_features(self.stem(x), self.layers, self.out_indices)
 
     def forward_head(self, x: torch.Tensor, pre_logits: bool = False) -> torch.Tensor:
         x = self.drop(x.mean((2, 3)))  # (B, C, H, W) -> (B, C)
         return x if pre_logits else self.fc(x)
-
-    def forward(self, x: torch.Tensor):
-        x = self.forward_features(x)
-        return x if self.features_only else self.forward_head(x)
 
     def remap_checkpoint(self, state_dict: dict) -> dict:
         """Map torchvision's ResNet layout (timm's ``resnet18/34/50`` use the same keys) onto ours; ours is

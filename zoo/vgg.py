@@ -17,7 +17,7 @@ from torch import nn
 from zoo.layers.convbn import ConvBN
 from zoo.layers.weighted_conv import conv_factory
 
-from ._builder import ClassifierBase, build_model, check_image
+from ._builder import ClassifierBase, FeatureInfo, build_model, check_image, collect_features, select_features
 from ._registry import register_model
 
 __all__ = ['VGG', 'CFGS']
@@ -30,23 +30,28 @@ CFGS = {  # channels per 3x3 conv, 'M' a 2x2 max-pool
 
 
 class VGG(ClassifierBase):
-    """VGG (Simonyan & Zisserman 2015) with ``conv_layer``/``den`` and, with batch norm, ``convbn_mode``."""
+    """VGG (Simonyan & Zisserman 2015) with ``conv_layer``/``den`` and, with batch norm, ``convbn_mode``.
+
+    ``features_only``: return the maps after the max-pools of ``out_indices`` (strides 2, 4, 8, ...) instead
+    of logits; no head is built."""
 
     head_attr = 'fc'
+    classifier_prefix = 'fc'
 
     def __init__(self, cfg='vgg16', num_classes: int = 1000, in_chans: int = 3, batch_norm: bool = False,
                  stem: str = 'imagenet', conv_layer='standard', den=None, trainable_den: bool = False,
-                 convbn_mode: str = 'train', drop_rate: float = 0.5):
+                 convbn_mode: str = 'train', drop_rate: float = 0.5, features_only: bool = False, out_indices=None):
         super().__init__()
         cfg = CFGS[cfg] if isinstance(cfg, str) else tuple(cfg)
         if stem not in ('imagenet', 'cifar'):
             raise ValueError(f"stem must be 'imagenet' (224x224, 4096-wide MLP head) or 'cifar' (32x32), got {stem!r}")
         conv = conv_factory(conv_layer, den, trainable_den)
         self.in_chans, self.num_classes, self.stem_type = in_chans, num_classes, stem
-        layers, chs = [], in_chans
+        layers, chs, info = [], in_chans, []
         for v in cfg:
             if v == 'M':
                 layers.append(nn.MaxPool2d(2, 2))
+                info.append(FeatureInfo(chs, 2 ** (len(info) + 1), f'features.{len(layers) - 1}'))
                 continue
             if batch_norm:
                 layers += [ConvBN(chs, v, 3, 1, 1, bias=True, conv_layer=conv, mode=convbn_mode), nn.ReLU(inplace=True)]
@@ -55,6 +60,13 @@ class VGG(ClassifierBase):
             chs = v
         self.features = nn.Sequential(*layers)
         self.min_size = 2 ** cfg.count('M')
+        self.features_only = features_only
+        self.out_indices, self.feature_info = select_features(info, out_indices)
+        self._taps = {int(f.module.split('.')[1]) for f in self.feature_info}  # Sequential indices of the pools
+        if features_only:
+            self.num_features = chs
+            self._init_weights()
+            return
         if stem == 'imagenet':  # torchvision: 7x7 average grid, two 4096-wide hidden layers
             self.pool = nn.AdaptiveAvgPool2d(7)
             self.pre_logits = nn.Sequential(nn.Linear(chs * 49, 4096), nn.ReLU(True), nn.Dropout(drop_rate),
@@ -65,7 +77,6 @@ class VGG(ClassifierBase):
             self.pre_logits = nn.Dropout(drop_rate)
             self.num_features = chs
         self.fc = nn.Linear(self.num_features, num_classes) if num_classes > 0 else nn.Identity()
-        self.classifier_prefix = 'fc'
         self._init_weights()
 
     def _init_weights(self) -> None:
@@ -85,12 +96,14 @@ class VGG(ClassifierBase):
         check_image(x, self.in_chans, self.min_size, type(self).__name__)
         return self.features(x)
 
+    def forward_intermediates(self, x: torch.Tensor) -> list[torch.Tensor]:
+        """The maps after the max-pools of ``out_indices``: (B, C_i, H/2^(i+1), W/2^(i+1))."""
+        check_image(x, self.in_chans, self.min_size, type(self).__name__)
+        return collect_features(x, self.features, self._taps)
+
     def forward_head(self, x: torch.Tensor, pre_logits: bool = False) -> torch.Tensor:
         x = self.pre_logits(self.pool(x).flatten(1))  # (B, C, h, w) -> (B, C * h * w) -> (B, num_features)
         return x if pre_logits else self.fc(x)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.forward_head(self.forward_features(x))
 
     def remap_checkpoint(self, state_dict: dict) -> dict:
         """Map torchvision's VGG layout onto ours (ours is returned unchanged).
@@ -130,8 +143,8 @@ def _create(cfg: dict, kwargs: dict) -> VGG:
 
 
 _VGG = dict(family='vgg', paper='https://arxiv.org/abs/1409.1556', repo='https://github.com/pytorch/vision',
-            capabilities=('weighted_conv',), tiny='vgg_tiny')
-_VGG_BN = {**_VGG, 'capabilities': ('weighted_conv', 'tune_mode')}
+            capabilities=('features', 'weighted_conv'), tiny='vgg_tiny')
+_VGG_BN = {**_VGG, 'capabilities': ('features', 'weighted_conv', 'tune_mode')}
 
 
 @register_model(**_VGG, params=132_863_336, top1=69.02)

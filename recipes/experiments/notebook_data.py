@@ -71,7 +71,7 @@ def train(db: str, names: list[str], seeds: list[int], run_root: str) -> None:
             if (mixer, seed) in done:
                 print(f'[skip] {mixer} seed {seed}: finished in {db}', flush=True)
                 continue
-            cmd = [sys.executable, '-m', 'zoo.cli', 'fit', '-c', CONFIG, '--db', db, '--seeds', str(seed),
+            cmd = [sys.executable, '-m', 'zoo.recipes.main', 'fit', '-c', CONFIG, '--db', db, '--seeds', str(seed),
                    '--model.name', MODEL, '--model.model_args', f'{{token_mixer: {mixer}}}',
                    '--run_root', run_root, '--trainer.enable_progress_bar', 'false']
             t0 = time.time()
@@ -140,16 +140,16 @@ def export(db: str, out: Path = DATA) -> None:
 
 
 def export_conv(out: Path = DATA) -> None:
-    """The convolution-block measurements already under eval/results/ as tidy CSV.
+    """The convolution-block measurements already under docs/measurements/ as tidy CSV.
 
-    They come from ``python -m zoo.recipes.denoising_compare --seeds 0 1 2 --steps {40,150} --out
-    eval/results/dncnn_compare[_150].md`` and ``python -m zoo.eval.convbn_bench --batch 32 --size 224
+    They come from ``python -m zoo.recipes.experiments.denoising_compare --seeds 0 1 2 --steps {40,150} --out
+    docs/measurements/dncnn_compare[_150].md`` and ``python -m zoo.eval.convbn_bench --batch 32 --size 224
     --repeats 5`` (quiet machine: ``convbn_bench_quiet.txt``; under load: ``convbn_bench.txt``)."""
     import re
 
     import pandas as pd
 
-    res = ROOT / 'eval' / 'results'
+    res = ROOT / 'docs' / 'measurements'
     out.mkdir(parents=True, exist_ok=True)
     rows = []
     for path in sorted(res.glob('dncnn_compare*.md')):
@@ -187,7 +187,7 @@ def main(argv=None) -> int:
     p.add_argument('--latency-only', action='store_true', help='only re-time the networks and re-export')
     p.add_argument('--no-latency', action='store_true', help='train and export, do not time')
     p.add_argument('--export-only', action='store_true', help='only write notebooks/data/ from --db')
-    p.add_argument('--conv-only', action='store_true', help='only export the eval/results/ conv measurements')
+    p.add_argument('--conv-only', action='store_true', help='only export the docs/measurements/ conv measurements')
     p.add_argument('--threads', type=int, default=1)
     p.add_argument('--repeats', type=int, default=50, help='timed repeats per network and batch size')
     p.add_argument('--out', type=Path, default=DATA, help='where the CSV snapshot goes (default: notebooks/data)')

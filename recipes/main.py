@@ -59,7 +59,7 @@ def _cmd_info(args) -> int:
 
 
 def _cmd_bench(args) -> int:
-    from zoo.eval import bench
+    from ..eval import bench
 
     rows = bench.run(args.names, vs=args.vs, batch_sizes=args.batch_size, img_size=args.img_size,
                      repeats=args.repeats, warmup=args.warmup, threads=args.threads, dtype=args.dtype, mode=args.mode,
@@ -115,41 +115,22 @@ def _cmd_sweep(args) -> int:
     return 0
 
 
-def _pop_seeds(argv: list[str]) -> tuple[list[str], list[int] | None]:
-    """``zoo fit ... --seeds 0,1,2``: one run per seed (recorded as repeats of one configuration)."""
-    for i, a in enumerate(argv):
-        if a == '--seeds' or a.startswith('--seeds='):
-            value = a.split('=', 1)[1] if '=' in a else (argv[i + 1] if i + 1 < len(argv) else '')
-            rest = argv[:i] + argv[i + (1 if '=' in a else 2):]
-            try:
-                seeds = [int(s) for s in value.split(',') if s.strip()]
-            except ValueError:
-                seeds = []
-            if not seeds:
-                raise SystemExit(f'zoo {argv[0]}: error: --seeds expects comma-separated integers, e.g. 0,1,2; '
-                                 f'got {value!r}')
-            return rest, seeds
-    return argv, None
+def _seed_list(value: str) -> list[int]:
+    try:
+        seeds = [int(s) for s in value.split(',') if s.strip()]
+    except ValueError:
+        seeds = []
+    if not seeds:
+        raise argparse.ArgumentTypeError(f'expects comma-separated integers, e.g. 0,1,2; got {value!r}')
+    return seeds
 
 
-def _pop_db(argv: list[str]) -> list[str]:
-    """``zoo fit ... --db URL`` (or ``--db none``): the results database of a training run, passed on through
-    ``ZOO_DB`` because LightningCLI does not know the option."""
-    out, i = [], 0
-    while i < len(argv):
-        a = argv[i]
-        if a == '--db' and i + 1 < len(argv):
-            import os
-            os.environ['ZOO_DB'] = argv[i + 1]
-            i += 2
-            continue
-        if a.startswith('--db='):
-            import os
-            os.environ['ZOO_DB'] = a.split('=', 1)[1]
-        else:
-            out.append(a)
-        i += 1
-    return out
+def train_parser(command: str) -> argparse.ArgumentParser:
+    """The options ``zoo`` itself handles before LightningCLI: ``--seeds`` (one run per seed, recorded as
+    repeats of one configuration). ``--db`` is LightningCLI's own argument (see ``ZooCLI``)."""
+    p = argparse.ArgumentParser(prog=f'zoo {command}', add_help=False, allow_abbrev=False)
+    p.add_argument('--seeds', type=_seed_list)
+    return p
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -214,11 +195,11 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     if argv and argv[0] in TRAIN_COMMANDS:
-        from zoo.recipes.cli import run_lightning_cli
-        argv, seeds = _pop_seeds(_pop_db(argv))
-        if seeds is None:
-            return run_lightning_cli(argv)
-        codes = [run_lightning_cli([*argv, f'--seed_everything={seed}']) for seed in seeds]
+        from .cli import run_lightning_cli
+        ns, rest = train_parser(argv[0]).parse_known_args(argv[1:])
+        if ns.seeds is None:
+            return run_lightning_cli([argv[0], *rest])
+        codes = [run_lightning_cli([argv[0], *rest, f'--seed_everything={seed}']) for seed in ns.seeds]
         return next((c for c in codes if c), 0)
     parser = build_parser()
     args = parser.parse_args(argv)

@@ -14,7 +14,7 @@ import zoo
 from zoo._console import console
 from zoo.eval.profile import benchmark, count_macs, count_params
 
-DEMO_RECIPE = Path(__file__).resolve().parents[1] / 'recipes' / 'configs' / 'poolformer' / 'poolformer_tiny_digits_15e.yaml'
+DEMO_RECIPE = Path(__file__).resolve().parent / 'configs' / 'poolformer' / 'poolformer_tiny_digits_15e.yaml'
 
 
 def model_table() -> None:
@@ -68,22 +68,22 @@ def _last(run: Path, key: str) -> float:
 
 def train_demo(recipe: Path = DEMO_RECIPE, extra: list[str] | None = None) -> dict:
     """``zoo fit -c recipe`` then ``zoo test --ckpt_path best``; the accuracies and the trained model's latency."""
-    from zoo.recipes.cli import run_lightning_cli
-    from zoo.recipes.finetune import read_weights
+    from .cli import run_cli
 
     common = ['-c', str(recipe), '--trainer.enable_model_summary', 'false', *(extra or [])]
-    if run_lightning_cli(['fit', *common]) != 0:
+    fit = run_cli(['fit', *common])
+    if fit.code != 0:
         raise SystemExit('demo: training failed (see the error above)')
-    fit_run = Path(os.environ['ZOO_RUN_DIR'])
-    if run_lightning_cli(['test', *common, '--ckpt_path', 'best']) != 0:
+    test = run_cli(['test', *common, '--ckpt_path', 'best'])
+    if test.code != 0:
         raise SystemExit('demo: testing failed (see the error above)')
-    test_run = Path(os.environ['ZOO_RUN_DIR'])
+    fit_run, test_run = fit.run_dir, test.run_dir
     import yaml
     args = yaml.safe_load((fit_run / 'config.yaml').read_text())['model']['init_args']
     model = zoo.create(args['name'], num_classes=args['num_classes'], in_chans=args['in_chans'],
                        **(args.get('model_args') or {}))
     best = sorted(fit_run.glob('checkpoints/best-*.ckpt'))[-1]
-    model.load_state_dict(read_weights(best))
+    zoo.load_checkpoint(model, best)
     size = (args['in_chans'], 32, 32)
     lat = benchmark({args['name']: model.eval()}, input_size=size, repeats=20)[args['name']]
     return dict(run=fit_run, best=best, val_acc1=_last(fit_run, 'val/acc1'), test_acc1=_last(test_run, 'test/acc1'),

@@ -10,17 +10,15 @@ prints mean and 95 % t-interval over seeds as markdown, one group per (task, siz
 ``--cache DIR`` generates a seed's training windows once and keeps them as tensors, so the variants of that
 seed (possibly in other processes) train on the identical data without paying the Python generator again.
 
-    python -m zoo.eval.canon_probe copy --N 32 --steps 3000 --seeds 0 1 2
-    python -m zoo.eval.canon_probe depo --N 16 --K 4 --dim 64 --batch 16 --steps 1000 --seeds 0 --cache /tmp/probe
-    python -m zoo.eval.canon_probe --table eval/results/canon_probe.jsonl
+    python -m zoo.recipes.experiments.canon_probe copy --N 32 --steps 3000 --seeds 0 1 2
+    python -m zoo.recipes.experiments.canon_probe depo --N 16 --K 4 --dim 64 --batch 16 --steps 1000 --seeds 0 --cache /tmp/probe
+    python -m zoo.recipes.experiments.canon_probe --table docs/measurements/canon_probe.jsonl
 """
 from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
-import statistics
 import time
 from pathlib import Path
 
@@ -30,7 +28,9 @@ import torch.nn.functional as F
 import zoo
 from zoo.datasets.synthetic import make_task
 from zoo.datasets.synthetic_data import SyntheticWindows
-from zoo.recipes.lm import answer_accuracy, warmup_cosine
+from zoo.eval.results import t_interval
+from zoo.recipes import optim
+from zoo.recipes.lm import answer_accuracy
 
 VARIANTS = {
     'copy': {'1L RoPE': dict(depth=1), '1L RoPE+Canon': dict(depth=1, canon='ABCD'),
@@ -82,11 +82,8 @@ def run(task_name: str, variant: str, model_args: dict, seed: int, args) -> dict
     base = dict(dim=args.dim, num_heads=args.heads) if task_name == 'copy' else dict(dim=args.dim, depth=args.depth,
                                                                                          num_heads=args.heads)
     model = zoo.create('llama_tiny', vocab_size=task.vocab_size, **{**base, **model_args})
-    decay = [p for p in model.parameters() if p.ndim >= 2]
-    other = [p for p in model.parameters() if p.ndim < 2]
-    opt = torch.optim.AdamW([{'params': decay, 'weight_decay': 0.03}, {'params': other, 'weight_decay': 0.0}],
-                            lr=args.lr, betas=(0.9, 0.98), eps=1e-6)
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: warmup_cosine(s, args.warmup, args.steps))
+    opt = torch.optim.AdamW(optim.param_groups(model, 0.03), lr=args.lr, betas=(0.9, 0.98), eps=1e-6)
+    sched = optim.scheduler(opt, args.steps, args.warmup, floor=0.1)
     loader = train_batches(train, args.batch, args.cache)
     load0, t0, curve = os.getloadavg()[0], time.perf_counter(), []
     model.train()
@@ -147,17 +144,11 @@ def table(path: Path) -> str:
         rs = groups[(task, n, k, steps, conf, variant)]
         for metric in sorted(rs[0]['final'], key=lambda m: (m != 'token_acc', m)):
             vals = [100 * r['final'][metric] for r in rs]
-            mean = statistics.fmean(vals)
-            half = (statistics.stdev(vals) * _t95(len(vals) - 1) / math.sqrt(len(vals))) if len(vals) > 1 else float('nan')
+            mean, half = t_interval(vals)
             lines.append(f'| {task} | {n} | {k or ""} | {steps} | {conf} | {variant} | {rs[0]["params"]:,} | '
                          f'{",".join(str(r["seed"]) for r in rs)} | {metric} | {mean:.1f} | {"±%.1f" % half if len(vals) > 1 else "–"} | '
                          f'{" / ".join(f"{v:.1f}" for v in vals)} |')
     return '\n'.join(lines)
-
-
-def _t95(df: int) -> float:
-    from scipy.stats import t
-    return float(t.ppf(0.975, df))
 
 
 def main():
@@ -180,7 +171,7 @@ def main():
     p.add_argument('--cache', type=Path, default=None, help='keep each seed\'s training windows here (see above)')
     p.add_argument('--seeds', type=int, nargs='+', default=[0, 1, 2])
     p.add_argument('--variants', nargs='+', default=None)
-    p.add_argument('--out', type=Path, default=Path('eval/results/canon_probe.jsonl'))
+    p.add_argument('--out', type=Path, default=Path('docs/measurements/canon_probe.jsonl'))
     p.add_argument('--table', type=Path, default=None, help='print the markdown table of a results file')
     p.add_argument('--threads', type=int, default=1)
     args = p.parse_args()

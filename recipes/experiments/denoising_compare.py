@@ -5,13 +5,11 @@ For every seed, trains ``--model`` once with ``conv_layer='standard'`` and once 
 photographs at ``--sigma``. Prints a table (mean and 95% t-interval over seeds, and the per-seed
 difference) and, with ``--out``, writes it as Markdown (an existing file is never overwritten).
 
-    python -m zoo.recipes.denoising_compare --seeds 0 1 2 --steps 300 --out eval/results/dncnn_compare.md
+    python -m zoo.recipes.experiments.denoising_compare --seeds 0 1 2 --steps 300 --out docs/measurements/dncnn_compare.md
 """
 from __future__ import annotations
 
 import argparse
-import math
-import statistics
 import sys
 import time
 from pathlib import Path
@@ -43,11 +41,8 @@ def run_one(model: str, conv_layer: str, den, seed: int, steps: int, batch_size:
 
 def interval(xs: list[float]) -> tuple[float, float]:
     """Mean and the half-width of the 95% Student-t interval."""
-    from scipy import stats
-    m = statistics.fmean(xs)
-    if len(xs) < 2:
-        return m, float('nan')
-    return m, stats.t.ppf(0.975, len(xs) - 1) * statistics.stdev(xs) / math.sqrt(len(xs))
+    from zoo.eval.results import t_interval
+    return t_interval(xs)
 
 
 def main(argv=None) -> list[str]:

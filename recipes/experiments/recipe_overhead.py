@@ -6,8 +6,8 @@ same model, initial weights, data loader, batch, loss, optimizer, clipping and s
 Rounds alternate plain / recipe in one process; each round times the interval between the starts of
 consecutive training steps (so everything the loop does between steps counts), and we report medians.
 
-    python -m zoo.eval.recipe_overhead                      # poolformer_tiny on digits, batch 64
-    python -m zoo.eval.recipe_overhead --model poolformer_s12 --batch-size 32 --steps 12
+    python -m zoo.recipes.experiments.recipe_overhead                      # poolformer_tiny on digits, batch 64
+    python -m zoo.recipes.experiments.recipe_overhead --model poolformer_s12 --batch-size 32 --steps 12
 """
 from __future__ import annotations
 
@@ -26,12 +26,9 @@ def _plain_steps(system, dm, steps: int, clip: float) -> list[float]:
     """The hand-written loop: returns the start time of every step."""
     model = system.model.train()
     hp = system.hparams
-    decay = [p for p in model.parameters() if p.ndim > 1]
-    no_decay = [p for p in model.parameters() if p.ndim <= 1]
-    opt = torch.optim.AdamW([{'params': decay, 'weight_decay': hp.weight_decay},
-                             {'params': no_decay, 'weight_decay': 0.0}], lr=hp.lr)
-    from zoo.recipes.classification import cosine_with_warmup
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: cosine_with_warmup(s, steps, 0, 0.0))
+    from zoo.recipes import optim
+    opt = torch.optim.AdamW(optim.param_groups(model, hp.weight_decay), lr=hp.lr)
+    sched = optim.scheduler(opt, steps)
     starts, step = [], 0
     while step < steps:
         for x, y in dm.train_dataloader():

@@ -1,0 +1,136 @@
+"""Rendering: leaderboard and aggregate tables (rich, csv, json, markdown) and the Pareto plot."""
+from __future__ import annotations
+
+import os
+
+from .schema import ResultsDBError
+
+def format_aggregate(agg, fmt: str = 'table') -> str:
+    """The ``aggregate`` table as text: 'table' (rich), 'markdown', 'csv' or 'json'."""
+    if fmt == 'csv':
+        return agg.to_csv(index=False)
+    if fmt == 'json':
+        return agg.to_json(orient='records', indent=2)
+    if fmt not in ('table', 'markdown'):
+        raise ResultsDBError(f'unknown format {fmt!r}; expected table, csv, json or markdown')
+    if agg.empty:
+        return '(no finished runs with this metric)'
+
+    def ci(lo, hi):
+        return '' if lo != lo else f'[{lo:.4f}, {hi:.4f}]'
+
+    pct = f"{round(100 * agg.attrs.get('level', 0.95))}%"
+    rows = [{'model': r.model, 'tasks': r.n_tasks, 'runs': r.n_runs, 'runs/task': r.runs_per_task,
+             'IQM': f'{r.iqm:.4f}', f'IQM {pct} CI': ci(r.iqm_low, r.iqm_high), 'mean': f'{r.mean:.4f}',
+             f'mean {pct} CI': ci(r.mean_low, r.mean_high), 'note': r.note} for r in agg.itertuples()]
+    import pandas as pd
+    if fmt == 'markdown':
+        return pd.DataFrame(rows).to_markdown(index=False)
+    tasks = agg.attrs.get('tasks') or []
+    return _rich_table(f"{agg.attrs.get('metric')} over {len(tasks)} task(s): {', '.join(tasks)} "
+                       f'(stratified bootstrap, Agarwal et al. 2021)', rows, left=('model', 'note'))
+
+
+# ---------------------------------------------------------------------------------------------------- tables
+def format_board(board, fmt: str = 'table') -> str:
+    """The leaderboard as text: 'table' (rich), 'markdown', 'csv' or 'json'."""
+    if fmt == 'csv':
+        return board.to_csv(index=False)
+    if fmt == 'json':
+        return board.to_json(orient='records', indent=2)
+    rows = _display_rows(board)
+    if fmt == 'markdown':
+        import pandas as pd
+        return pd.DataFrame(rows).to_markdown(index=False) if rows else '(no finished runs)'
+    if fmt != 'table':
+        raise ResultsDBError(f'unknown format {fmt!r}; expected table, csv, json or markdown')
+    metric = board.attrs.get('metric', 'metric')
+    title = f"leaderboard: {metric} ({'higher' if board.attrs.get('higher_is_better', True) else 'lower'} is better)"
+    return _rich_table(title, rows, left=('model', 'blocks', 'aliases'))
+
+
+def _rich_table(title: str, rows: list[dict], left: tuple[str, ...]) -> str:
+    """Rows (dicts with the same keys) as a rich table rendered to text; ``left`` columns left-aligned."""
+    import io
+
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=title)
+    cols = list(rows[0]) if rows else ['model']
+    for c in cols:
+        table.add_column(c, justify='left' if c in left else 'right')
+    for r in rows:
+        table.add_row(*[str(r[c]) for c in cols])
+    buf = io.StringIO()
+    Console(file=buf, width=200, force_terminal=False).print(table)
+    return buf.getvalue()
+
+
+def _display_rows(board) -> list[dict]:
+    def num(v, f):
+        return '' if v is None or v != v else f.format(v)
+    metric = board.attrs.get('metric', 'metric')
+    rows = []
+    for r in board.itertuples():
+        ci = f'[{num(r.ci_low, "{:.4f}")}, {num(r.ci_high, "{:.4f}")}]' if r.ci_low is not None and r.ci_low == r.ci_low else ''
+        rows.append({'model': r.model, 'blocks': r.block_choices, 'seeds': r.n_seeds, metric: num(r.mean, '{:.4f}'),
+                     '95% CI': ci, 'params (M)': num(None if r.params is None else r.params / 1e6, '{:.3f}'),
+                     'MACs (M)': num(None if r.macs is None else r.macs / 1e6, '{:.1f}'),
+                     'latency ms (bs 1)': num(r.latency_ms, '{:.2f}'), 'aliases': r.aliases})
+    return rows
+
+
+# ------------------------------------------------------------------------------------------------------ plots
+def pareto_front(latency_ms, score, higher_is_better: bool = True) -> list[int]:
+    """Indices of the non-dominated points (lower latency, better score), in order of latency."""
+    pts = sorted((lat, -s if higher_is_better else s, i) for i, (lat, s) in enumerate(zip(latency_ms, score))
+                 if lat is not None and s is not None and lat == lat and s == s)
+    front, best = [], float('inf')
+    for lat, s, i in pts:
+        if s < best:
+            front.append(i)
+            best = s
+    return front
+
+
+def plot_pareto(board, path: str | os.PathLike | None = None, *, title: str | None = None):
+    """Accuracy (or any metric) against batch-1 latency, one point per model with its 95 % CI, the Pareto
+    front drawn as a step line. Saves to ``path`` when given; returns the matplotlib Figure."""
+    import matplotlib
+    if path is not None:
+        matplotlib.use('Agg', force=False)
+    import matplotlib.pyplot as plt
+    from matplotlib.figure import Figure
+
+    metric = board.attrs.get('metric', 'metric')
+    higher = board.attrs.get('higher_is_better', True)
+    b = board[board.latency_ms.notna()].reset_index(drop=True)
+    fig = Figure(figsize=(7, 4.5)) if path is not None else plt.figure(figsize=(7, 4.5))
+    ax = fig.add_subplot()
+    if b.empty:
+        ax.text(0.5, 0.5, 'no model has both a result and a latency', ha='center', va='center', transform=ax.transAxes)
+    else:
+        lat, mean = b.latency_ms.astype(float).to_numpy(), b['mean'].astype(float).to_numpy()
+        lo = b.ci_low.astype(float).to_numpy()
+        hi = b.ci_high.astype(float).to_numpy()
+        import numpy as np
+        yerr = np.vstack([np.where(np.isnan(lo), 0, mean - lo), np.where(np.isnan(hi), 0, hi - mean)])
+        front = pareto_front(lat, mean, higher)
+        on = np.zeros(len(b), bool)
+        on[front] = True
+        ax.errorbar(lat[~on], mean[~on], yerr=yerr[:, ~on], fmt='o', color='0.55', capsize=3, label='dominated')
+        ax.errorbar(lat[on], mean[on], yerr=yerr[:, on], fmt='o', color='C3', capsize=3, label='Pareto front')
+        ax.step(lat[front], mean[front], where='post', color='C3', alpha=0.6)
+        for x, y, name in zip(lat, mean, b.model):
+            ax.annotate(name, (x, y), textcoords='offset points', xytext=(4, 4), fontsize=8)
+        ax.legend(loc='lower right' if higher else 'upper right')
+    ax.set_xlabel('latency, batch 1 (ms, median)')
+    ax.set_ylabel(f'{metric} (mean over seeds, 95 % CI)')
+    parts = [board.attrs.get('task'), board.attrs.get('dataset')]
+    ax.set_title(title or ' / '.join(p for p in parts if p) or 'accuracy vs latency')
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    if path is not None:
+        fig.savefig(path, dpi=150)
+    return fig

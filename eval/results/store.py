@@ -1,0 +1,459 @@
+"""The store: ``ResultsDB`` (runs, metrics, latency), crash detection with its heartbeat thread, and the
+module-level ``open_db``/``runs``/``metrics``/``latency``."""
+from __future__ import annotations
+
+import contextlib
+import datetime as _dt
+import fnmatch
+import json
+import os
+import socket
+import threading
+from pathlib import Path
+from typing import Iterable
+
+import sqlalchemy as sa
+from sqlalchemy import event, exc as sa_exc
+
+from .env import config_key
+from .schema import (DEFAULT_HEARTBEAT_S, DEFAULT_PATH, DISABLED, HEARTBEAT_ENV, MIGRATIONS, SCHEMA_VERSION, STALE_AFTER,
+                     STALE_BEATS, STALE_MIN, STATUSES, ResultsDBError, _PG_MIGRATION_LOCK, architectures_table,
+                     latency_table, metrics_table, runs_table, schema_table)
+
+# -------------------------------------------------------------------------------------------------- the store
+def resolve_url(db: str | os.PathLike | None = None) -> str | None:
+    """``db`` → an SQLAlchemy URL. ``None`` reads ``$ZOO_DB`` (default ``./zoo-results.db``);
+    'none' disables recording (returns None); a plain path becomes a SQLite URL."""
+    if db is None:
+        db = os.environ.get('ZOO_DB', DEFAULT_PATH)
+    db = str(db)
+    if db.strip().lower() in DISABLED:
+        return None
+    if '://' in db:
+        return db
+    return f'sqlite:///{Path(db).expanduser().resolve()}'
+
+
+def _now() -> _dt.datetime:
+    return _dt.datetime.now(_dt.timezone.utc).replace(tzinfo=None)
+
+
+def _proc_start(pid: int) -> str | None:
+    """The kernel's start time of ``pid`` (Linux), to tell a live run from a recycled pid."""
+    try:
+        with open(f'/proc/{pid}/stat') as f:
+            return f.read().rsplit(')', 1)[1].split()[19]
+    except (OSError, IndexError):
+        return None
+
+
+def _pid_alive(pid: int, proc_start: str | None) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass                                    # exists, owned by someone else
+    return proc_start is None or _proc_start(pid) in (None, proc_start)
+
+
+class ResultsDB:
+    """One results store. Writes are transactions; opening it marks runs whose process died ``crashed``."""
+
+    def __init__(self, url: str | None = None, *, check_crashed: bool = True):
+        url = resolve_url(url)
+        if url is None:
+            raise ResultsDBError('the results database is disabled (ZOO_DB=none); pass a path or URL')
+        self.url = url
+        self._sqlite = url.startswith('sqlite')
+        if self._sqlite:
+            path = sa.engine.make_url(url).database
+            if path and path != ':memory:':
+                if Path(path).is_dir():
+                    raise ResultsDBError(f'results database path {path} is a directory; expected a SQLite file')
+                Path(path).parent.mkdir(parents=True, exist_ok=True)
+        kw = {'connect_args': {'timeout': 120}} if self._sqlite else {'pool_pre_ping': True}
+        try:
+            self.engine = sa.create_engine(url, **kw)
+        except (sa_exc.ArgumentError, sa_exc.NoSuchModuleError, ImportError) as e:
+            raise ResultsDBError(f'cannot use results database URL {url!r}: {e}') from e
+        if self._sqlite:
+            self._sqlite_events()
+        try:
+            self._migrate()
+            if check_crashed:
+                self.mark_crashed()
+        except sa_exc.DatabaseError as e:
+            self.engine.dispose()
+            orig = getattr(e, 'orig', e)
+            if self._sqlite and any(m in str(orig) for m in ('not a database', 'malformed')):
+                raise ResultsDBError(f'{path} is not a SQLite database (or it is corrupt); it was left untouched. '
+                                     'Point ZOO_DB/--db at another file.') from e
+            raise ResultsDBError(f'cannot open results database {self._safe_url()}: {orig}') from e
+
+    def _safe_url(self) -> str:
+        return sa.engine.make_url(self.url).render_as_string(hide_password=True)
+
+    def _sqlite_events(self) -> None:
+        # pysqlite's own transaction handling starts transactions lazily and deferred, so two writers
+        # can deadlock upgrading their locks ("database is locked" without waiting). We issue BEGIN
+        # IMMEDIATE for writes ourselves, which waits on the busy timeout instead (SQLAlchemy's recipe).
+        @event.listens_for(self.engine, 'connect')
+        def _connect(dbapi_conn, _):
+            dbapi_conn.isolation_level = None
+            cur = dbapi_conn.cursor()
+            cur.execute('PRAGMA foreign_keys=ON')
+            # WAL: readers never block the writer (a notebook open while a sweep runs), and with
+            # synchronous=NORMAL a commit needs no fsync (durable across process crashes; a power cut may
+            # lose the last commits, never corrupt the file). Not for network file systems (use a server URL).
+            if cur.execute('PRAGMA journal_mode').fetchone()[0].lower() != 'wal':
+                cur.execute('PRAGMA journal_mode=WAL')
+            cur.execute('PRAGMA synchronous=NORMAL')
+            cur.close()
+
+        @event.listens_for(self.engine, 'begin')
+        def _begin(conn):
+            conn.exec_driver_sql('BEGIN IMMEDIATE' if conn.get_execution_options().get('write') else 'BEGIN')
+
+    @contextlib.contextmanager
+    def write(self):
+        """A write transaction (committed on exit, rolled back on error)."""
+        with self.engine.connect().execution_options(write=True) as conn, conn.begin():
+            yield conn
+
+    @contextlib.contextmanager
+    def read(self):
+        with self.engine.connect() as conn:
+            yield conn
+
+    # --- schema
+    def schema_version(self) -> int:
+        with self.read() as conn:
+            if not sa.inspect(conn).has_table('zoo_schema'):
+                return 0
+            return conn.execute(sa.select(schema_table.c.version)).scalar() or 0
+
+    def _migrate(self) -> None:
+        from alembic.migration import MigrationContext
+        from alembic.operations import Operations
+
+        with self.write() as conn:
+            if conn.dialect.name == 'postgresql':
+                # Processes opening a fresh server database together would race to create the tables
+                # (SQLite serialises them with BEGIN IMMEDIATE): one migrates, the others wait, then see it done.
+                conn.execute(sa.text('SELECT pg_advisory_xact_lock(:k)'), {'k': _PG_MIGRATION_LOCK})
+            has = sa.inspect(conn).has_table('zoo_schema')
+            version = conn.execute(sa.select(schema_table.c.version)).scalar() if has else 0
+            version = version or 0
+            if version > SCHEMA_VERSION:
+                raise ResultsDBError(
+                    f'results database {self._safe_url()} has schema version {version}, newer than this zoo '
+                    f'(version {SCHEMA_VERSION}); upgrade zoo to use it. Nothing was changed.')
+            if version == SCHEMA_VERSION:
+                return
+            if not has:
+                schema_table.create(conn)
+            op = Operations(MigrationContext.configure(conn))
+            for migration in MIGRATIONS[version:]:
+                migration(op)
+            if has:
+                conn.execute(schema_table.update().values(version=SCHEMA_VERSION, updated_at=_now()))
+            else:
+                conn.execute(schema_table.insert().values(id=1, version=SCHEMA_VERSION, updated_at=_now()))
+
+    # --- runs
+    def start_run(self, model: str, **fields) -> int:
+        """Insert a ``running`` run (host and pid recorded for crash detection); returns its id."""
+        unknown = set(fields) - set(runs_table.c.keys())
+        if unknown:
+            raise ResultsDBError(f'unknown run field(s) {sorted(unknown)}; known: {sorted(runs_table.c.keys())}')
+        now = _now()
+        row = dict(uid=os.urandom(16).hex(), model=model, status='running', started_at=now, heartbeat_at=now,
+                   host=socket.gethostname(), pid=os.getpid(), proc_start=_proc_start(os.getpid()))
+        row.update(fields)
+        if row.get('config_key') is None:
+            row['config_key'] = config_key(model, row.get('dataset'), row.get('hparams'), row.get('block_choices'),
+                                           row.get('max_epochs'))
+        with self.write() as conn:
+            run_id = conn.execute(runs_table.insert().values(**_jsonable_row(row))).inserted_primary_key[0]
+            if row.get('arch_fingerprint'):
+                self._add_architecture(conn, row['arch_fingerprint'], model, row.get('params'))
+        return run_id
+
+    def update_run(self, run_id: int, **fields) -> None:
+        with self.write() as conn:
+            conn.execute(runs_table.update().where(runs_table.c.id == run_id).values(**_jsonable_row(fields)))
+            if fields.get('arch_fingerprint'):
+                model = conn.execute(sa.select(runs_table.c.model).where(runs_table.c.id == run_id)).scalar()
+                self._add_architecture(conn, fields['arch_fingerprint'], model, fields.get('params'))
+
+    def log_metrics(self, run_id: int, metrics: dict[str, float], epoch: int | None = None, step: int | None = None,
+                    final: bool = False) -> None:
+        """Metric values of one epoch (or the final ones), written together with a heartbeat."""
+        rows = [dict(run_id=run_id, name=k, split=k.split('/', 1)[0] if '/' in k else None, value=float(v),
+                     epoch=epoch, step=step, final=final) for k, v in metrics.items()]
+        with self.write() as conn:
+            if final:       # one final value per metric: a repeated stage (fit then test) replaces it
+                conn.execute(metrics_table.delete().where(metrics_table.c.run_id == run_id, metrics_table.c.final,
+                                                          metrics_table.c.name.in_(list(metrics))))
+            if rows:
+                conn.execute(metrics_table.insert(), rows)
+            conn.execute(runs_table.update().where(runs_table.c.id == run_id).values(heartbeat_at=_now()))
+
+    def finish_run(self, run_id: int, status: str = 'finished', error: str | None = None) -> None:
+        if status not in STATUSES:
+            raise ResultsDBError(f'unknown status {status!r}; expected one of {STATUSES}')
+        now = _now()
+        with self.write() as conn:
+            started = conn.execute(sa.select(runs_table.c.started_at).where(runs_table.c.id == run_id)).scalar()
+            if started is None:
+                raise ResultsDBError(f'no run with id {run_id} in {self._safe_url()}')
+            conn.execute(runs_table.update().where(runs_table.c.id == run_id).values(
+                status=status, error=error, ended_at=now, heartbeat_at=now,
+                wall_s=(now - started).total_seconds()))
+
+    def heartbeat(self, run_id: int) -> bool:
+        """Refresh a running run's ``heartbeat_at``; False once the run is no longer ``running``."""
+        with self.write() as conn:
+            return conn.execute(runs_table.update().where(runs_table.c.id == run_id, runs_table.c.status == 'running')
+                                .values(heartbeat_at=_now())).rowcount > 0
+
+    def start_heartbeat(self, run_id: int, interval_s: float | None = None) -> 'Heartbeat':
+        """Record ``interval_s`` on the run and refresh its heartbeat from a daemon thread until stopped."""
+        if interval_s is None:
+            raw = os.environ.get(HEARTBEAT_ENV, DEFAULT_HEARTBEAT_S)
+            try:
+                interval_s = float(raw)
+            except ValueError:
+                raise ResultsDBError(f'{HEARTBEAT_ENV} must be a positive number of seconds; got {raw!r}') from None
+        if not interval_s > 0:
+            raise ResultsDBError(f'{HEARTBEAT_ENV} must be a positive number of seconds; got {interval_s}')
+        self.update_run(run_id, heartbeat_s=float(interval_s), heartbeat_at=_now())
+        return Heartbeat(self, run_id, float(interval_s))
+
+    @staticmethod
+    def stale_after(heartbeat_s: float | None) -> _dt.timedelta:
+        """How old a heartbeat written every ``heartbeat_s`` seconds may be before its run is presumed dead."""
+        if heartbeat_s is None or heartbeat_s != heartbeat_s:
+            return STALE_AFTER
+        return max(STALE_MIN, _dt.timedelta(seconds=STALE_BEATS * heartbeat_s))
+
+    def mark_crashed(self) -> int:
+        """Mark ``running`` runs whose process is gone as ``crashed``; returns how many.
+
+        On this host the pid (and its start time) is checked. A run from another host is presumed dead
+        when its heartbeat is older than ``stale_after(heartbeat_s)``: 5 intervals, at least 2 minutes
+        (5 minutes with the default 60 s interval), or 24 h for runs that record no interval."""
+        host, now = socket.gethostname(), _now()
+        with self.read() as conn:
+            running = conn.execute(sa.select(runs_table.c.id, runs_table.c.host, runs_table.c.pid,
+                                             runs_table.c.proc_start, runs_table.c.heartbeat_at,
+                                             runs_table.c.heartbeat_s)
+                                   .where(runs_table.c.status == 'running')).all()
+        dead = [r.id for r in running
+                if (r.host == host and r.pid is not None and not _pid_alive(r.pid, r.proc_start))
+                or ((r.host != host or r.pid is None) and r.heartbeat_at is not None
+                    and now - r.heartbeat_at > self.stale_after(r.heartbeat_s))]
+        if dead:
+            with self.write() as conn:
+                conn.execute(runs_table.update().where(runs_table.c.id.in_(dead), runs_table.c.status == 'running')
+                             .values(status='crashed', ended_at=now,
+                                     error='process ended without recording a result (killed or crashed)'))
+        return len(dead)
+
+    # --- latency
+    def add_latency(self, model: str, median_ms: float, *, input_shape, batch_size: int, device: str = 'cpu',
+                    **fields) -> int:
+        """One latency row. ``fields``: threads, dtype, channels_last, compiled, mode, min_ms, max_ms, iqr_ms,
+        throughput, repeats, params, macs, arch_fingerprint, run_id."""
+        unknown = set(fields) - set(latency_table.c.keys())
+        if unknown:
+            raise ResultsDBError(f'unknown latency field(s) {sorted(unknown)}; known: {sorted(latency_table.c.keys())}')
+        if not isinstance(input_shape, str):
+            input_shape = 'x'.join(str(int(s)) for s in input_shape)
+        import torch
+        row = dict(model=model, median_ms=float(median_ms), input_shape=input_shape, batch_size=int(batch_size),
+                   device=device, torch_version=torch.__version__, host=socket.gethostname(), measured_at=_now())
+        row.update(fields)
+        with self.write() as conn:
+            lat_id = conn.execute(latency_table.insert().values(**row)).inserted_primary_key[0]
+            if row.get('arch_fingerprint'):
+                self._add_architecture(conn, row['arch_fingerprint'], model, row.get('params'))
+        return lat_id
+
+    def add_latency_record(self, rec: dict, **extra) -> int:
+        """A row from ``eval.profile.Latency.as_dict()`` (plus params/macs), as ``zoo bench`` produces."""
+        keys = set(latency_table.c.keys()) - {'id', 'model', 'median_ms', 'input_shape', 'batch_size', 'device'}
+        fields = {k: v for k, v in {**rec, **extra}.items() if k in keys}
+        return self.add_latency(rec['model'], rec['median_ms'], input_shape=rec.get('input_size') or rec['input_shape'],
+                                batch_size=rec['batch_size'], device=rec.get('device', 'cpu'), **fields)
+
+    def _add_architecture(self, conn, fingerprint: str, model: str, params: int | None) -> None:
+        seen = conn.execute(sa.select(architectures_table.c.model).where(
+            architectures_table.c.fingerprint == fingerprint, architectures_table.c.model == model)).first()
+        if seen is None:
+            conn.execute(architectures_table.insert().values(fingerprint=fingerprint, model=model, params=params,
+                                                             first_seen=_now()))
+
+    # --- queries
+    def runs(self, *, model: str | None = None, columns: Iterable[str] | None = None, **filters):
+        """Runs as a DataFrame. ``model`` is a glob pattern; other keywords filter by equality (a list means
+        'any of'). Final metrics are added as columns named after the metric ('val/acc1')."""
+        import pandas as pd
+
+        q = sa.select(runs_table)
+        with self.read() as conn:
+            q = _filter(q, runs_table, _expand_glob(conn, runs_table, model), filters)
+            df = pd.read_sql(q.order_by(runs_table.c.id), conn)
+            fm = pd.read_sql(sa.select(metrics_table.c.run_id, metrics_table.c.name, metrics_table.c.value)
+                             .where(metrics_table.c.final), conn)
+        if not fm.empty and not df.empty:
+            wide = fm.pivot_table(index='run_id', columns='name', values='value', aggfunc='last')
+            df = df.merge(wide, left_on='id', right_index=True, how='left')
+        return _select_columns(df, columns)
+
+    def metrics(self, run_id: int | None = None, *, name: str | None = None, final: bool | None = None):
+        """Metric rows (per epoch and final) as a DataFrame, joined with the run's model, dataset and seed."""
+        import pandas as pd
+
+        q = (sa.select(metrics_table, runs_table.c.model, runs_table.c.dataset, runs_table.c.seed,
+                       runs_table.c.status)
+             .join(runs_table, runs_table.c.id == metrics_table.c.run_id))
+        if run_id is not None:
+            q = q.where(metrics_table.c.run_id == run_id)
+        if name is not None:
+            q = q.where(metrics_table.c.name == name)
+        if final is not None:
+            q = q.where(metrics_table.c.final == final)
+        with self.read() as conn:
+            return pd.read_sql(q.order_by(metrics_table.c.id), conn)
+
+    def latency(self, *, model: str | None = None, columns: Iterable[str] | None = None, **filters):
+        """Latency rows as a DataFrame (``model`` is a glob pattern; other keywords filter by equality)."""
+        import pandas as pd
+
+        with self.read() as conn:
+            q = _filter(sa.select(latency_table), latency_table, _expand_glob(conn, latency_table, model), filters)
+            df = pd.read_sql(q.order_by(latency_table.c.id), conn)
+        return _select_columns(df, columns)
+
+    def aliases(self, model_or_fingerprint: str) -> list[str]:
+        """Every model name recorded with the same architecture fingerprint."""
+        t = architectures_table
+        with self.read() as conn:
+            fps = conn.execute(sa.select(t.c.fingerprint).where(
+                (t.c.model == model_or_fingerprint) | (t.c.fingerprint == model_or_fingerprint))).scalars().all()
+            if not fps:
+                return []
+            return sorted(set(conn.execute(sa.select(t.c.model).where(t.c.fingerprint.in_(fps))).scalars()))
+
+    def close(self) -> None:
+        self.engine.dispose()
+
+
+def _jsonable_row(row: dict) -> dict:
+    out = {}
+    for k, v in row.items():
+        col = runs_table.c.get(k)
+        out[k] = _jsonable(v) if col is not None and isinstance(col.type, sa.JSON) else v
+    return out
+
+
+def _jsonable(v):
+    """Round-trip through JSON with ``str`` for anything exotic (paths, dtypes, classes)."""
+    return json.loads(json.dumps(v, default=str))
+
+
+def _filter(q, table, model: str | None, filters: dict):
+    cols = table.c
+    for k, v in filters.items():
+        if v is None:
+            continue
+        if k not in cols:
+            raise ResultsDBError(f'unknown column {k!r} for {table.name}; known: {", ".join(cols.keys())}')
+        q = q.where(cols[k].in_(list(v)) if isinstance(v, (list, tuple, set)) else cols[k] == v)
+    if isinstance(model, list):          # a bracket pattern, already expanded to the names it matches
+        q = q.where(cols.model.in_(model))
+    elif model:
+        if any(ch in model for ch in '*?'):
+            like = model.replace('%', r'\%').replace('_', r'\_').replace('*', '%').replace('?', '_')
+            q = q.where(cols.model.like(like, escape='\\'))
+        else:
+            q = q.where(cols.model == model)
+    return q
+
+
+def _expand_glob(conn, table, model):
+    """A glob with a character class ('[ab]*') has no SQL LIKE equivalent: match the stored names here."""
+    if not model or '[' not in model:
+        return model
+    names = conn.execute(sa.select(table.c.model).distinct()).scalars()
+    return [m for m in names if fnmatch.fnmatchcase(m, model)]
+
+
+def _select_columns(df, columns):
+    if columns is None:
+        return df
+    columns = list(columns)
+    missing = [c for c in columns if c not in df.columns]
+    if missing:
+        raise ResultsDBError(f'unknown column(s) {missing}; available: {", ".join(map(str, df.columns))}')
+    return df[columns]
+
+
+class Heartbeat:
+    """A daemon thread that refreshes one run's heartbeat every ``interval_s`` seconds (a thread rather than
+    a training hook, so a long epoch, a slow validation or a compile keeps the run alive too)."""
+
+    def __init__(self, store: ResultsDB, run_id: int, interval_s: float):
+        self.store, self.run_id, self.interval_s = store, run_id, interval_s
+        self.beats = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name=f'zoo-heartbeat-{run_id}', daemon=True)
+        self._thread.start()
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            try:
+                if not self.store.heartbeat(self.run_id):
+                    return                      # the run has ended
+                self.beats += 1
+            except sa_exc.SQLAlchemyError:      # a busy or briefly unreachable server: try again next beat
+                continue
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not threading.current_thread():
+            self._thread.join(timeout=10)
+
+
+# --------------------------------------------------------------------------------------------- module-level API
+_DBS: dict[str, ResultsDB] = {}
+_LOCK = threading.Lock()
+
+
+def open_db(db: str | os.PathLike | ResultsDB | None = None) -> ResultsDB:
+    """The store for ``db`` (a path, a URL, None for ``$ZOO_DB``), opened once per process and URL."""
+    if isinstance(db, ResultsDB):
+        return db
+    url = resolve_url(db)
+    if url is None:
+        raise ResultsDBError('the results database is disabled (ZOO_DB=none); pass --db PATH or set ZOO_DB')
+    with _LOCK:
+        if url not in _DBS:
+            _DBS[url] = ResultsDB(url)
+        return _DBS[url]
+
+
+def runs(*, db=None, **kw):
+    """Runs as a pandas DataFrame (see ``ResultsDB.runs``)."""
+    return open_db(db).runs(**kw)
+
+
+def metrics(run_id: int | None = None, *, db=None, **kw):
+    return open_db(db).metrics(run_id, **kw)
+
+
+def latency(*, db=None, **kw):
+    """Latency rows as a pandas DataFrame (see ``ResultsDB.latency``)."""
+    return open_db(db).latency(**kw)

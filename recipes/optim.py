@@ -1,0 +1,81 @@
+"""Optimizer parameter groups and the learning-rate schedule, shared by every recipe and experiment.
+
+- ``param_groups``: timm's ``param_groups_weight_decay`` (no decay on 1-d parameters and biases, i.e. norms,
+  biases, scales) plus the model's own ``no_weight_decay()`` names (position embeddings, class tokens, ...;
+  ``zoo.ClassifierBase`` declares it, timm models have it too). With ``layer_decay``, the same split per layer
+  of depth (BEiT-style layer-wise lr decay; our layer ids, because zoo models have no timm ``group_matcher``).
+- ``warmup_cosine``: linear warm-up, then cosine decay to a floor, as an lr multiplier per optimizer step.
+"""
+from __future__ import annotations
+
+import math
+import re
+from typing import Callable
+
+import torch
+from torch import nn
+
+# A block inside a stage: ``stages.2.blocks.3`` (MetaFormer), ``layers.1.0`` (ResNet), ``blocks.5`` (TNT).
+_BLOCK = re.compile(r'^((?:.*?\.)?(?:stages|layers|levels|blocks)\.\d+(?:\.(?:blocks|layers)\.\d+)?)(?:\.|$)')
+
+
+def no_weight_decay_names(model: nn.Module) -> set[str]:
+    """Parameter names (or glob patterns) the model keeps out of weight decay, beyond timm's 1-d rule."""
+    fn = getattr(model, 'no_weight_decay', None)  # timm models and nn.Modules outside zoo may lack it
+    return set(fn()) if callable(fn) else set()
+
+
+def layer_ids(model: nn.Module) -> dict[str, int]:
+    """Parameter name -> depth index: 0 for the stem, one index per block (in order), last for the head."""
+    order: dict[str, int] = {}
+    ids: dict[str, int | None] = {}
+    for name, _ in model.named_parameters():
+        m = _BLOCK.match(name)
+        if m:
+            ids[name] = order.setdefault(m.group(1), len(order) + 1)
+        else:
+            ids[name] = 0 if not order else None  # stem before any block, head after
+    last = len(order) + 1
+    return {k: last if v is None else v for k, v in ids.items()}
+
+
+def param_groups(model: nn.Module, weight_decay: float, lr: float | None = None,
+                 layer_decay: float | None = None) -> list[dict]:
+    """Trainable parameters of ``model`` in optimizer groups: no weight decay on 1-d parameters, biases and
+    ``model.no_weight_decay()``; with ``layer_decay``, one group per (layer, decay) with
+    ``lr = lr * layer_decay ** (depth below the head)`` (and its ``lr_scale`` and ``layer``)."""
+    from timm.optim import param_groups_weight_decay  # lazily: timm's import is heavy
+
+    groups = param_groups_weight_decay(model, weight_decay, no_weight_decay_list=no_weight_decay_names(model))
+    if layer_decay is None:  # decayed group first, as the recipes had it (gradient clipping sums in this order)
+        return sorted((g for g in groups if g['params']), key=lambda g: g['weight_decay'] == 0)
+    if lr is None:
+        raise ValueError('param_groups: layer_decay needs the base lr')
+    decays = {id(p): g['weight_decay'] for g in groups for p in g['params']}
+    ids = layer_ids(model)
+    last = max(ids.values())
+    by_layer: dict[tuple[int, float], dict] = {}
+    for name, p in model.named_parameters():
+        if id(p) not in decays:  # frozen
+            continue
+        layer, wd = ids[name], decays[id(p)]
+        scale = layer_decay ** (last - layer)
+        g = by_layer.setdefault((layer, wd), {'params': [], 'weight_decay': wd, 'lr_scale': scale, 'layer': layer,
+                                              'lr': lr * scale})
+        g['params'].append(p)
+    return sorted(by_layer.values(), key=lambda g: (g['layer'], g['weight_decay']))
+
+
+def warmup_cosine(step: int, total: int, warmup: int = 0, floor: float = 0.0) -> float:
+    """lr multiplier at optimizer step ``step``: linear warm-up from 1/(warmup+1) to 1 over ``warmup`` steps,
+    then cosine from 1 down to ``floor`` at ``total`` (held there after)."""
+    if step < warmup:
+        return (step + 1) / (warmup + 1)
+    progress = min(1.0, (step - warmup) / max(1, total - warmup))
+    return floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * progress))
+
+
+def scheduler(optimizer: torch.optim.Optimizer, total: int, warmup: int = 0, floor: float = 0.0):
+    """``warmup_cosine`` as a per-step ``LambdaLR`` (Lightning: ``{'scheduler': ..., 'interval': 'step'}``)."""
+    fn: Callable[[int], float] = lambda step: warmup_cosine(step, total, warmup, floor)  # noqa: E731
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, fn)
