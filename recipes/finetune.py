@@ -42,9 +42,9 @@ class FineTuner(ImageClassifier):
         self.save_hyperparameters()
         if convbn_mode is not None:
             self.block_choices['convbn_mode'] = convbn_mode
-        self.head = self.model.get_submodule(zoo.classifier_prefix(self.model))
+        self.heads = [self.model.get_submodule(h) for h in zoo.classifier_prefix(self.model)]
         if freeze_backbone:
-            head_params = {id(p) for p in self.head.parameters()}
+            head_params = {id(p) for h in self.heads for p in h.parameters()}
             for p in self.model.parameters():
                 p.requires_grad_(id(p) in head_params)
 
@@ -52,8 +52,8 @@ class FineTuner(ImageClassifier):
         hp = self.hparams
         model = zoo.create(hp.name, num_classes=hp.num_classes, in_chans=hp.in_chans, **(hp.model_args or {}))
         zoo.load_checkpoint(model, hp.checkpoint, new_head='always')
-        head = zoo.classifier_prefix(model) + '.'
-        self.new_head_keys = [k for k in model.state_dict() if k.startswith(head)]
+        heads = tuple(h + '.' for h in zoo.classifier_prefix(model))
+        self.new_head_keys = [k for k in model.state_dict() if k.startswith(heads)]
         if hp.convbn_mode is not None:
             from zoo.layers.convbn import set_mode  # written with the ConvBN issue; imported only when asked for
             set_mode(model, hp.convbn_mode)
@@ -62,7 +62,8 @@ class FineTuner(ImageClassifier):
     def on_train_epoch_start(self) -> None:
         if self.hparams.freeze_backbone:  # a frozen backbone keeps its normalisation statistics too
             self.model.eval()
-            self.head.train()
+            for head in self.heads:
+                head.train()
 
     def param_groups(self) -> list[dict]:
         hp = self.hparams

@@ -123,6 +123,7 @@ def test_tiny_declares_the_classifier_contract(name):
     assert set(model.no_weight_decay()) <= set(params)
     sd = model.state_dict()
     assert model.remap_checkpoint(dict(sd)).keys() == sd.keys()
-    head = model.get_submodule(model.classifier_prefix)
-    assert isinstance(head, torch.nn.Linear) and head.out_features == NUM_CLASSES
+    for prefix in zoo.classifier_prefix(model):  # one, or one per branch (PIIP)
+        head = model.get_submodule(prefix)
+        assert isinstance(head, torch.nn.Linear) and head.out_features == NUM_CLASSES
     assert 'features' in zoo.model_info(name).capabilities

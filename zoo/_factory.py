@@ -105,10 +105,14 @@ def _lightning_weights(path: Path) -> dict[str, torch.Tensor]:
     return weights
 
 
-def classifier_prefix(model: nn.Module) -> str | None:
-    """The module path of a model's classifier: zoo's ``classifier_prefix``, timm's ``pretrained_cfg``."""
+def classifier_prefix(model: nn.Module) -> tuple[str, ...]:
+    """The module paths of a model's classifier(s): zoo's ``classifier_prefix``, timm's ``pretrained_cfg``.
+
+    A tuple, as in timm's ``pretrained_cfg['classifier']``: multi-head models (PIIP's one head per branch,
+    timm's distilled ViTs) name several; a model that names none gives ``()``."""
     prefix = getattr(model, 'classifier_prefix', None)  # zoo.ClassifierBase declares it; timm models do not
-    return prefix or (getattr(model, 'pretrained_cfg', None) or {}).get('classifier')
+    prefix = prefix or (getattr(model, 'pretrained_cfg', None) or {}).get('classifier')
+    return (prefix,) if isinstance(prefix, str) else tuple(prefix or ())
 
 
 def remap_checkpoint(model: nn.Module, state_dict: dict) -> dict:
@@ -132,14 +136,16 @@ def load_checkpoint(model: nn.Module, path: str | Path | dict, new_head: bool | 
     head = classifier_prefix(model)
     if new_head == 'always' and not head:
         raise ValueError(f'{type(model).__name__} does not name its classifier (classifier_prefix); cannot fine-tune')
+    in_head = tuple(h + '.' for h in head)
     if new_head and head:
-        dropped = [k for k in sd if k.startswith(head + '.') and (new_head == 'always' or (
+        dropped = [k for k in sd if k.startswith(in_head) and (new_head == 'always' or (
             k in own and sd[k].shape != own[k].shape))]
         for k in dropped:
             del sd[k]
         if dropped and new_head is True:
-            warnings.warn(f'{where}: classifier {head} has a different number of classes; left it newly initialised')
-    missing = [k for k in own if k not in sd and not (new_head and head and k.startswith(head + '.'))]
+            warnings.warn(f'{where}: classifier {", ".join(head)} has a different number of classes; left it newly '
+                          f'initialised')
+    missing = [k for k in own if k not in sd and not (new_head and head and k.startswith(in_head))]
     unexpected = [k for k in sd if k not in own]
     shapes = [f'{k}: checkpoint {tuple(sd[k].shape)} vs model {tuple(own[k].shape)}'
               for k in sd if k in own and sd[k].shape != own[k].shape]

@@ -312,6 +312,11 @@ class PIIP(ClassifierBase):
             return torch.cat([b.forward_head(f, pre_logits=True) for b, f in zip(self.branches, x)], -1)
         return torch.stack([b.forward_head(f) for b, f in zip(self.branches, x)]).mean(0)
 
+    @property
+    def classifier_prefix(self) -> tuple[str, ...]:
+        """One linear head per branch (the logits are their mean)."""
+        return tuple(f'branch{i + 1}.head' for i in range(self.num_branches))
+
     def reset_classifier(self, num_classes: int) -> None:
         self.num_classes = num_classes
         for b in self.branches:
