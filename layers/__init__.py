@@ -16,3 +16,4 @@ from . import canon, sequence_mixers  # noqa: F401  (Canon layers and causal seq
 __all__ = ['KINDS', 'LayerRecord', 'get', 'list_layers', 'name_of', 'record', 'records', 'register',
            'DropPath', 'LayerScale', 'drop_path', 'linear_drop_path_rates']
 from . import tnt  # noqa: F401  (TNT blocks, token_mixer/tnt)
+from . import selective_scan, mamba  # noqa: F401  (Mamba-YOLO's selective scan and SS2D blocks, issue 17)
