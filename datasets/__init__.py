@@ -20,6 +20,9 @@ _EXPORTS = {
     'FakeDataModule': 'fake',
     'PhotoPatchesDataModule': 'photos',
     'SyntheticLMDataModule': 'synthetic_data',  # issue 7: synthetic reasoning tasks
+    # issue 16: object detection (COCO and YOLO folders, procedural shapes_det / digits_det)
+    'CocoDetectionDataModule': 'detection', 'YoloDetectionDataModule': 'detection',
+    'ShapesDetDataModule': 'detection', 'DigitsDetDataModule': 'detection', 'DetectionDataError': 'detection',
 }
 __all__ = sorted(_EXPORTS)
 

@@ -17,3 +17,4 @@ __all__ = ['KINDS', 'LayerRecord', 'get', 'list_layers', 'name_of', 'record', 'r
            'DropPath', 'LayerScale', 'drop_path', 'linear_drop_path_rates']
 from . import tnt  # noqa: F401  (TNT blocks, token_mixer/tnt)
 from . import selective_scan, mamba  # noqa: F401  (Mamba-YOLO's selective scan and SS2D blocks, issue 17)
+from . import detect  # noqa: F401  (YOLOv8-style neck and head blocks, issue 16)

@@ -1,0 +1,251 @@
+"""Detection blocks: the YOLOv8-style neck parts and the anchor-free decoupled head with DFL.
+
+Written from the descriptions in Jocher et al., Ultralytics YOLOv8 (2023, https://github.com/ultralytics/
+ultralytics; AGPL-3.0, so nothing is imported or copied from it) and in Mamba-YOLO (Wang et al., AAAI 2025,
+https://github.com/HZAI-ZJNU/Mamba-YOLO), whose published parameter counts include this head. Distribution
+focal loss: Li et al., "Generalized Focal Loss" (NeurIPS 2020, arXiv 2006.04388).
+
+Blocks (all NCHW):
+
+- :class:`ConvBNAct` -- Conv2d (no bias) + BatchNorm (eps 1e-3, momentum 0.03) + SiLU ("Conv" in YOLOv8).
+- :class:`Bottleneck` -- two 3x3 ConvBNActs, optional residual.
+- :class:`C2f` -- 1x1 conv to 2c, split, n bottlenecks chained on the second half, every intermediate
+  concatenated, 1x1 conv to the output width.
+- :class:`SPPF` -- 1x1 conv to c/2, three chained 5x5 max-pools, concat the four, 1x1 conv.
+- :class:`PAFPN` -- YOLOv8's neck on three maps (strides 8/16/32): top-down (upsample, concat, C2f) then
+  bottom-up (3x3 stride-2 conv, concat, C2f); optional SPPF on the coarsest input.
+- :class:`DFL` -- softmax over ``reg_max`` bins, then the expectation (a fixed 1x1 conv with weights 0..reg_max-1).
+- :class:`DetectHead` -- per level a box branch (3x3, 3x3, 1x1 to 4*reg_max) and a class branch
+  (3x3, 3x3, 1x1 to nc); widths c2 = max(16, ch0 // 4, 4 * reg_max), c3 = max(ch0, min(nc, 100)).
+  ``forward`` gives the raw maps, ``decode`` boxes (xyxy, input pixels) and class probabilities.
+
+Helpers: :func:`make_anchors` (cell centres, offset 0.5, and the stride per anchor), :func:`dist2bbox` and
+:func:`bbox2dist` (left-top-right-bottom distances <-> xyxy boxes).
+"""
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import torch
+from einops import rearrange
+from torch import nn
+
+__all__ = ['ConvBNAct', 'Bottleneck', 'C2f', 'SPPF', 'PAFPN', 'DFL', 'DetectHead', 'make_anchors', 'dist2bbox', 'bbox2dist']
+
+BN_EPS, BN_MOMENTUM = 1e-3, 0.03  # YOLOv8's BatchNorm settings (its initialize_weights)
+
+
+class ConvBNAct(nn.Module):
+    """Conv2d without bias, BatchNorm, SiLU; ``padding`` defaults to 'same' for odd kernels."""
+
+    def __init__(self, in_chs: int, out_chs: int, kernel_size: int = 1, stride: int = 1, padding: int | None = None,
+                 groups: int = 1, act: bool = True):
+        super().__init__()
+        self.conv = nn.Conv2d(in_chs, out_chs, kernel_size, stride, kernel_size // 2 if padding is None else padding,
+                              groups=groups, bias=False)
+        self.bn = nn.BatchNorm2d(out_chs, eps=BN_EPS, momentum=BN_MOMENTUM)
+        self.act = nn.SiLU(inplace=True) if act else nn.Identity()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.act(self.bn(self.conv(x)))
+
+
+class Bottleneck(nn.Module):
+    """3x3 -> 3x3 ConvBNAct (hidden width ``out_chs * expansion``), plus the input when ``shortcut`` and widths match."""
+
+    def __init__(self, in_chs: int, out_chs: int, shortcut: bool = True, expansion: float = 0.5):
+        super().__init__()
+        hidden = int(out_chs * expansion)
+        self.cv1 = ConvBNAct(in_chs, hidden, 3)
+        self.cv2 = ConvBNAct(hidden, out_chs, 3)
+        self.add = shortcut and in_chs == out_chs
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.cv2(self.cv1(x))
+        return x + y if self.add else y
+
+
+class C2f(nn.Module):
+    """CSP block with two convolutions and every bottleneck output kept (YOLOv8's "C2f").
+
+    1x1 to 2c (c = out_chs * expansion), split into two halves, ``n`` bottlenecks (expansion 1.0) chained on
+    the second half, concat [half1, half2, b1, ..., bn] ((2 + n) c channels), 1x1 to ``out_chs``.
+    """
+
+    def __init__(self, in_chs: int, out_chs: int, n: int = 1, shortcut: bool = False, expansion: float = 0.5):
+        super().__init__()
+        self.c = int(out_chs * expansion)
+        self.cv1 = ConvBNAct(in_chs, 2 * self.c, 1)
+        self.cv2 = ConvBNAct((2 + n) * self.c, out_chs, 1)
+        self.m = nn.ModuleList(Bottleneck(self.c, self.c, shortcut, expansion=1.0) for _ in range(n))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        ys = list(self.cv1(x).chunk(2, dim=1))  # (B, 2c, H, W) -> 2 x (B, c, H, W)
+        for m in self.m:
+            ys.append(m(ys[-1]))
+        return self.cv2(torch.cat(ys, dim=1))  # (B, (2 + n) c, H, W) -> (B, out_chs, H, W)
+
+
+class SPPF(nn.Module):
+    """Spatial pyramid pooling, fast: 1x1 to c/2, three chained k x k max-pools (stride 1), concat, 1x1."""
+
+    def __init__(self, in_chs: int, out_chs: int, kernel_size: int = 5):
+        super().__init__()
+        hidden = in_chs // 2
+        self.cv1 = ConvBNAct(in_chs, hidden, 1)
+        self.cv2 = ConvBNAct(hidden * 4, out_chs, 1)
+        self.m = nn.MaxPool2d(kernel_size, stride=1, padding=kernel_size // 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        ys = [self.cv1(x)]
+        for _ in range(3):
+            ys.append(self.m(ys[-1]))
+        return self.cv2(torch.cat(ys, dim=1))  # (B, 4 * hidden, H, W) -> (B, out_chs, H, W)
+
+
+class PAFPN(nn.Module):
+    """YOLOv8's path-aggregation neck: three maps (C3, C4, C5) -> three maps (P3, P4, P5), same strides.
+
+    top-down:  T4 = C2f(cat(up(C5'), C4)) -> out4;  P3 = C2f(cat(up(T4), C3)) -> out3
+    bottom-up: P4 = C2f(cat(conv_s2(P3), T4)) -> out4;  P5 = C2f(cat(conv_s2(P4), C5')) -> out5
+    with C5' = SPPF(C5) when ``sppf`` (YOLOv8 puts SPPF at the end of its backbone; zoo backbones lack it).
+    ``in_channels=out_channels=(64, 128, 256)``, ``depth=1``, ``sppf=False`` is YOLOv8-n's neck exactly.
+
+    Any module with this interface (a list of three maps in, a list out, ``out_channels``) can replace it.
+    """
+
+    def __init__(self, in_channels: Sequence[int], out_channels: Sequence[int] | None = None, depth: int = 1,
+                 sppf: bool = False):
+        super().__init__()
+        if len(in_channels) != 3:
+            raise ValueError(f'PAFPN takes three levels (strides 8, 16, 32), got in_channels={tuple(in_channels)}')
+        c3, c4, c5 = in_channels
+        o3, o4, o5 = out_channels = tuple(out_channels or in_channels)
+        self.in_channels, self.out_channels = tuple(in_channels), out_channels
+        self.sppf = SPPF(c5, c5) if sppf else nn.Identity()
+        self.up = nn.Upsample(scale_factor=2, mode='nearest')
+        self.td4 = C2f(c5 + c4, o4, depth)
+        self.td3 = C2f(o4 + c3, o3, depth)
+        self.down3 = ConvBNAct(o3, o3, 3, 2)
+        self.bu4 = C2f(o3 + o4, o4, depth)
+        self.down4 = ConvBNAct(o4, o4, 3, 2)
+        self.bu5 = C2f(o4 + c5, o5, depth)
+
+    def forward(self, feats: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+        x3, x4, x5 = feats
+        x5 = self.sppf(x5)
+        t4 = self.td4(torch.cat((self.up(x5), x4), 1))          # stride 16
+        p3 = self.td3(torch.cat((self.up(t4), x3), 1))          # stride 8
+        p4 = self.bu4(torch.cat((self.down3(p3), t4), 1))       # stride 16
+        p5 = self.bu5(torch.cat((self.down4(p4), x5), 1))       # stride 32
+        return [p3, p4, p5]
+
+
+class DFL(nn.Module):
+    """Distribution focal loss integral: (B, 4 * reg_max, A) logits -> (B, 4, A) expected distances in bins.
+
+    The expectation is a fixed 1x1 conv with weights 0..reg_max-1 (a parameter that is not trained, kept so
+    parameter counts match YOLOv8's, which include its ``reg_max`` weights).
+    """
+
+    def __init__(self, reg_max: int = 16):
+        super().__init__()
+        self.reg_max = reg_max
+        self.conv = nn.Conv2d(reg_max, 1, 1, bias=False).requires_grad_(False)
+        self.conv.weight.data[:] = torch.arange(reg_max, dtype=torch.float).view(1, reg_max, 1, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # (B, 4 * R, A) -> (B, R, 4, A): bins as channels for the conv, softmax over the bins
+        p = rearrange(x, 'b (four r) a -> b r four a', four=4).softmax(1)
+        return rearrange(self.conv(p), 'b 1 four a -> b four a')
+
+
+def make_anchors(shapes: Sequence[tuple[int, int]], strides: Sequence[int], offset: float = 0.5,
+                 device=None, dtype=torch.float32) -> tuple[torch.Tensor, torch.Tensor]:
+    """Anchor points at cell centres in grid units (A, 2) as (x, y), and each anchor's stride (A, 1).
+
+    Levels are flattened row-major and concatenated in order, A = sum(H_i * W_i).
+    """
+    points, stride_list = [], []
+    for (h, w), s in zip(shapes, strides):
+        sy = torch.arange(h, device=device, dtype=dtype) + offset
+        sx = torch.arange(w, device=device, dtype=dtype) + offset
+        yy, xx = torch.meshgrid(sy, sx, indexing='ij')
+        points.append(torch.stack((xx, yy), -1).view(-1, 2))  # (H, W, 2) -> (H*W, 2)
+        stride_list.append(torch.full((h * w, 1), float(s), device=device, dtype=dtype))
+    return torch.cat(points), torch.cat(stride_list)
+
+
+def dist2bbox(distance: torch.Tensor, anchor_points: torch.Tensor, dim: int = -1) -> torch.Tensor:
+    """(left, top, right, bottom) distances from the anchor points -> xyxy boxes (same units)."""
+    lt, rb = distance.chunk(2, dim)
+    return torch.cat((anchor_points - lt, anchor_points + rb), dim)
+
+
+def bbox2dist(anchor_points: torch.Tensor, bbox: torch.Tensor, max_dist: float) -> torch.Tensor:
+    """xyxy boxes -> (left, top, right, bottom) distances from the anchor points, clamped to [0, max_dist]."""
+    x1y1, x2y2 = bbox.chunk(2, -1)
+    return torch.cat((anchor_points - x1y1, x2y2 - anchor_points), -1).clamp_(0, max_dist)
+
+
+class DetectHead(nn.Module):
+    """YOLOv8's anchor-free decoupled head with DFL box regression.
+
+    Args:
+        in_channels: channels of the input maps, one per level (e.g. the neck's P3, P4, P5).
+        num_classes: object classes (no background class; scores are per-class sigmoids).
+        strides: the stride of each input map from the image (8, 16, 32).
+        reg_max: DFL bins per box side (distances 0..reg_max-1 in stride units).
+
+    ``forward(maps)`` returns the raw maps, a list of (B, 4 * reg_max + nc, H_i, W_i).
+    ``decode(maps)`` returns (B, 4 + nc, A): boxes xyxy in input pixels, then class probabilities.
+    """
+
+    def __init__(self, in_channels: Sequence[int], num_classes: int = 80, strides: Sequence[int] = (8, 16, 32),
+                 reg_max: int = 16):
+        super().__init__()
+        if len(in_channels) != len(strides):
+            raise ValueError(f'DetectHead: {len(in_channels)} input levels but {len(strides)} strides')
+        if num_classes < 1:
+            raise ValueError(f'DetectHead: num_classes must be >= 1, got {num_classes}')
+        self.in_channels, self.num_classes, self.reg_max = tuple(in_channels), num_classes, reg_max
+        self.strides = tuple(int(s) for s in strides)
+        self.num_outputs = 4 * reg_max + num_classes
+        c2 = max(16, in_channels[0] // 4, 4 * reg_max)
+        c3 = max(in_channels[0], min(num_classes, 100))
+        self.cv2 = nn.ModuleList(nn.Sequential(ConvBNAct(c, c2, 3), ConvBNAct(c2, c2, 3), nn.Conv2d(c2, 4 * reg_max, 1))
+                                 for c in in_channels)
+        self.cv3 = nn.ModuleList(nn.Sequential(ConvBNAct(c, c3, 3), ConvBNAct(c3, c3, 3), nn.Conv2d(c3, num_classes, 1))
+                                 for c in in_channels)
+        self.dfl = DFL(reg_max)
+        self.reset_bias()
+
+    @torch.no_grad()
+    def reset_bias(self, image_size: int = 640) -> None:
+        """Box logits start at 1; class logits at the prior of ~5 objects per ``image_size``^2 image."""
+        for box, cls, s in zip(self.cv2, self.cv3, self.strides):
+            box[-1].bias.fill_(1.0)
+            cls[-1].bias.fill_(math.log(5 / self.num_classes / (image_size / s) ** 2))
+
+    def forward(self, feats: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+        if len(feats) != len(self.cv2):
+            raise ValueError(f'DetectHead expects {len(self.cv2)} maps (strides {self.strides}), got {len(feats)}')
+        return [torch.cat((box(x), cls(x)), 1) for x, box, cls in zip(feats, self.cv2, self.cv3)]
+
+    def split(self, maps: Sequence[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+        """Raw maps -> box logits (B, 4 * reg_max, A) and class logits (B, nc, A), levels concatenated."""
+        flat = torch.cat([m.flatten(2) for m in maps], 2)  # (B, 4R + nc, H_i, W_i) -> (B, 4R + nc, A)
+        return flat.split((4 * self.reg_max, self.num_classes), 1)
+
+    def anchors(self, maps: Sequence[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+        """Anchor points (A, 2) in grid units and strides (A, 1) for these maps."""
+        return make_anchors([m.shape[-2:] for m in maps], self.strides, device=maps[0].device, dtype=maps[0].dtype)
+
+    def decode(self, maps: Sequence[torch.Tensor]) -> torch.Tensor:
+        """Raw maps -> (B, 4 + nc, A): xyxy boxes in input pixels, then sigmoid class scores."""
+        box, cls = self.split(maps)
+        points, stride = self.anchors(maps)
+        # (B, 4, A) distances in bins -> xyxy in grid units -> pixels
+        boxes = dist2bbox(self.dfl(box), points.transpose(0, 1).unsqueeze(0), dim=1) * stride.transpose(0, 1)
+        return torch.cat((boxes, cls.sigmoid()), 1)
