@@ -27,6 +27,7 @@ from . import raftmlp, stripmlp  # noqa: F401
 from . import resnet, vgg, dncnn  # noqa: F401  (classic CNN hosts for the conv blocks)
 from . import lm  # noqa: F401  (causal LMs with Canon layers, issue 7)
 from . import detection  # noqa: F401  (YOLOv8-style detector on any features_only backbone, issue 16)
+from . import mamba_yolo  # noqa: F401  (Mamba-YOLO, issue 17)
 
 __version__ = '0.1.0'
 __all__ = ['create', 'list_models', 'model_info', 'families', 'register_model', 'ModelInfo', 'load_checkpoint',
