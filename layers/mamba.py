@@ -35,7 +35,7 @@ from .norm import LayerNorm2d
 from .selective_scan import selective_scan
 
 __all__ = ['cross_scan', 'cross_merge', 'SS2D', 'LSBlock', 'RGBlock', 'VSSBlock', 'ODSSBlock', 'XSSBlock',
-           'SimpleStem', 'VisionClueMerge', 'BN_EPS', 'BN_MOMENTUM']
+           'SimpleStem', 'VisionClueMerge', 'space_to_depth', 'BN_EPS', 'BN_MOMENTUM']
 
 BN_EPS, BN_MOMENTUM = 1e-3, 0.03  # YOLO's BatchNorm settings (set on every BN of the official model)
 
@@ -256,8 +256,11 @@ class VisionClueMerge(nn.Module):
         self.pw = nn.Sequential(conv_bn(4 * in_chs, out_chs, 1, bias=True), nn.SiLU())
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if x.shape[-2] % 2 or x.shape[-1] % 2:
-            raise ValueError(f'VisionClueMerge needs an even height and width, got {tuple(x.shape[-2:])}')
-        # (B, C, H, W) -> (B, 4C, H/2, W/2) in the official order: (even, even), (odd, even), (even, odd), (odd, odd)
-        x = torch.cat([x[..., ::2, ::2], x[..., 1::2, ::2], x[..., ::2, 1::2], x[..., 1::2, 1::2]], dim=1)
-        return self.pw(x)
+        return self.pw(space_to_depth(x))
+
+
+def space_to_depth(x: torch.Tensor) -> torch.Tensor:
+    """(B, C, H, W) -> (B, 4C, H/2, W/2), rows/cols (even, even), (odd, even), (even, odd), (odd, odd)."""
+    if x.shape[-2] % 2 or x.shape[-1] % 2:
+        raise ValueError(f'VisionClueMerge needs an even height and width, got {tuple(x.shape[-2:])}')
+    return torch.cat([x[..., ::2, ::2], x[..., 1::2, ::2], x[..., ::2, 1::2], x[..., 1::2, 1::2]], dim=1)
