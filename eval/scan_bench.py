@@ -64,6 +64,7 @@ def scan_rows(size: int, stride: int, chunks, methods, repeats: int, modes=('inf
         for k, lat in res.items():
             rows.append(dict(L=length, KD=kd, mode=mode, case=k, median_ms=round(lat.median_ms, 1),
                              speedup=round(base / lat.median_ms, 1), max_abs_err=err[k]))
+            print(' | '.join(map(str, rows[-1].values())), flush=True)
     return rows
 
 
@@ -81,6 +82,7 @@ def model_rows(sizes, repeats: int):
         for k, lat in res.items():
             rows.append(dict(model='mamba_yolo_t', size=size, scan=k, median_ms=round(lat.median_ms, 1),
                              speedup=round(base / lat.median_ms, 1)))
+            print(' | '.join(map(str, rows[-1].values())), flush=True)
     return rows
 
 
@@ -89,7 +91,8 @@ def main(argv=None):
     p.add_argument('--sizes', type=int, nargs='+', default=[320])
     p.add_argument('--stride', type=int, default=4)
     p.add_argument('--chunks', type=int, nargs='+', default=[32, 64, 128])
-    p.add_argument('--methods', nargs='+', default=['chunked'])
+    p.add_argument('--methods', nargs='+', default=['chunked', 'stored'],
+                   help="candidates besides the sequential reference ('segsum' forms T x T per chunk: small chunks only)")
     p.add_argument('--modes', nargs='+', default=['inference', 'train'])
     p.add_argument('--repeats', type=int, default=5)
     p.add_argument('--threads', type=int, default=None)
@@ -97,15 +100,12 @@ def main(argv=None):
     a = p.parse_args(argv)
     if a.threads:
         torch.set_num_threads(a.threads)
-    print(f'threads={torch.get_num_threads()}')
+    print(f'threads={torch.get_num_threads()}; columns: ' +
+          ('model | size | scan | median_ms | speedup' if a.model else 'L | KD | mode | case | median_ms | speedup | max_abs_err'))
     if a.model:
         rows = model_rows(a.sizes, a.repeats)
     else:
         rows = [r for s in a.sizes for r in scan_rows(s, a.stride, a.chunks, a.methods, a.repeats, a.modes)]
-    keys = list(rows[0])
-    print(' | '.join(keys))
-    for r in rows:
-        print(' | '.join(str(r[k]) for k in keys))
     return rows
 
 

@@ -16,9 +16,11 @@ head" matrix form does not apply. Candidates (measured in ``eval/scan_bench.py``
 
 - ``'sequential'``: the reference, one Python step per position (L steps).
 - ``'chunked'`` (default): the sequence is cut into chunks of ``T``; a sequential pass runs *inside*
-  every chunk at once (T steps on tensors holding all chunks), the chunk-end states are carried across
-  chunks (L/T cheap steps), and each position adds ``exp(S_t) * h_start`` with ``S_t`` the cumulative
-  ``d * A`` since the chunk start (never positive, so it cannot overflow). About 2 sqrt(L) Python steps.
+  every chunk at once (T steps on tensors holding all chunks) to get each chunk's end state, the states
+  are carried across chunks (L/T cheap steps), and a second pass re-runs the chunks from their true
+  entering states, reading y. Decays and inputs are formed per step (cache-sized). About 2 sqrt(L) steps.
+- ``'stored'``: the same passes with every decay exp(d A) and input d B u formed up front (one
+  exponential per element, but (L, N, D) tensors through memory): measured slower on the CPU.
 - ``'segsum'``: inside a chunk, ``h_t = sum_{s<=t} exp(S_t - S_s) * dBu_s`` as a masked (T x T) product
   (exponents never positive); same carry. Work grows with T.
 
@@ -32,7 +34,8 @@ import math
 import torch
 import torch.nn.functional as F
 
-__all__ = ['selective_scan', 'selective_scan_ref', 'selective_scan_chunked', 'selective_scan_segsum',
+__all__ = ['selective_scan', 'selective_scan_ref', 'selective_scan_chunked', 'selective_scan_stored',
+           'selective_scan_segsum',
            'DEFAULT_CHUNK']
 
 # Chosen by measurement (eval/scan_bench.py, docs/mamba_yolo.md): chunk ~ sqrt(L) balances the T steps
@@ -166,7 +169,54 @@ def _chunk_inputs(u, delta, A, B, C, groups, chunk):
 
 
 def selective_scan_chunked(u, delta, A, B, C, D=None, delta_bias=None, delta_softplus=False, chunk_size=None):
-    """Exact chunked scan: a sequential pass inside all chunks at once, a carry across chunks, a second pass.
+    """Exact chunked scan (the default): a pass inside all chunks at once, a carry across chunks, a second pass.
+
+    Pass 1 runs every chunk from a zero state to its end state; the carry turns those into the state
+    entering each chunk (L / T small steps, with the chunk's total decay exp(A * sum d)); pass 2 re-runs
+    every chunk from its true entering state and reads y. Each step advances one position of all chunks
+    together on (B, G, nc, N, Dg) tensors built inside the step from the small per-position inputs, so
+    no (B, KD, L, N) tensor is formed (cache-sized work; two exponentials per element instead of one, which
+    measured faster than storing them, see :func:`selective_scan_stored`). 2 T + L / T Python steps; only
+    decays in (0, 1] are multiplied.
+    """
+    out_dtype = u.dtype
+    u, delta, A, B, C, D, groups = _prepare(u, delta, A, B, C, D, delta_bias, delta_softplus)
+    bsz, kd, length = u.shape
+    chunk = min(chunk_size or _auto_chunk(length), length)
+    pad = (-length) % chunk
+    u0 = u
+    if pad:
+        u, delta = F.pad(u, (0, pad)), F.pad(delta, (0, pad))
+        B, C = F.pad(B, (0, pad)), F.pad(C, (0, pad))
+    nc, dg = (length + pad) // chunk, kd // groups
+    # (B, G*Dg, nc*T) -> (T, B, G, nc, 1, Dg); (B, G, N, nc*T) -> (T, B, G, nc, N, 1) and (T, B, G, nc, 1, N)
+    d = delta.reshape(bsz, groups, dg, nc, chunk).permute(4, 0, 1, 3, 2).unsqueeze(4).contiguous()
+    du = (delta * u).reshape(bsz, groups, dg, nc, chunk).permute(4, 0, 1, 3, 2).unsqueeze(4).contiguous()
+    Bt = B.reshape(bsz, groups, -1, nc, chunk).permute(4, 0, 1, 3, 2).unsqueeze(-1).contiguous()
+    Ct = C.reshape(bsz, groups, -1, nc, chunk).permute(4, 0, 1, 3, 2).unsqueeze(4).contiguous()
+    At = A.reshape(groups, dg, A.shape[1]).transpose(1, 2).unsqueeze(1)   # (G, 1, N, Dg)
+    # pass 1: every chunk from a zero state to its end state
+    h = du[0] * Bt[0]                                            # (B, G, nc, N, Dg)
+    for t in range(1, chunk):
+        h = torch.addcmul(du[t] * Bt[t], torch.exp(d[t] * At), h)
+    span = torch.exp(d.sum(0) * At)                              # decay across each whole chunk
+    # carry: state entering chunk c = span[c-1] * entering[c-1] + end[c-1]
+    entering = [torch.zeros_like(h[:, :, 0])]
+    for c in range(nc - 1):
+        entering.append(torch.addcmul(h[:, :, c], span[:, :, c], entering[-1]))
+    h = torch.stack(entering, dim=2)                             # (B, G, nc, N, Dg)
+    # pass 2: every chunk from its true entering state; y_t = sum_n C_t[n] h_t[n]
+    ys = []
+    for t in range(chunk):
+        h = torch.addcmul(du[t] * Bt[t], torch.exp(d[t] * At), h)
+        ys.append(torch.matmul(Ct[t], h))                        # (.., 1, N) @ (.., N, Dg) -> (.., 1, Dg)
+    y = torch.cat(ys, dim=-2)                                    # (B, G, nc, T, Dg)
+    y = y.permute(0, 1, 4, 2, 3).reshape(bsz, kd, nc * chunk)[..., :length]  # -> (B, G*Dg, nc*T)
+    return _finish(y, u0, D, out_dtype)
+
+
+def selective_scan_stored(u, delta, A, B, C, D=None, delta_bias=None, delta_softplus=False, chunk_size=None):
+    """Exact chunked scan with every decay and input formed up front ((T, B, G, nc, N, Dg) tensors).
 
     Pass 1 runs every chunk from a zero state to its end state (and multiplies up the chunk's decay);
     the carry turns those into the state entering each chunk (L / T small steps); pass 2 re-runs every
@@ -198,42 +248,6 @@ def selective_scan_chunked(u, delta, A, B, C, D=None, delta_bias=None, delta_sof
     return _finish(y, u, D, out_dtype)
 
 
-def selective_scan_chunked_stream(u, delta, A, B, C, D=None, delta_bias=None, delta_softplus=False,
-                                  chunk_size=None):
-    """As :func:`selective_scan_chunked`, but each step builds its decays and inputs from the small
-    per-position tensors (two exponentials per element instead of one; nothing of size (L, N, D) stored)."""
-    out_dtype = u.dtype
-    u, delta, A, B, C, D, groups = _prepare(u, delta, A, B, C, D, delta_bias, delta_softplus)
-    bsz, kd, length = u.shape
-    chunk = min(chunk_size or _auto_chunk(length), length)
-    pad = (-length) % chunk
-    u0 = u
-    if pad:
-        u, delta = F.pad(u, (0, pad)), F.pad(delta, (0, pad))
-        B, C = F.pad(B, (0, pad)), F.pad(C, (0, pad))
-    nc, dg = (length + pad) // chunk, kd // groups
-    d = delta.reshape(bsz, groups, dg, nc, chunk).permute(4, 0, 1, 3, 2).unsqueeze(4).contiguous()
-    du = (delta * u).reshape(bsz, groups, dg, nc, chunk).permute(4, 0, 1, 3, 2).unsqueeze(4).contiguous()
-    Bt = B.reshape(bsz, groups, -1, nc, chunk).permute(4, 0, 1, 3, 2).unsqueeze(-1).contiguous()
-    Ct = C.reshape(bsz, groups, -1, nc, chunk).permute(4, 0, 1, 3, 2).unsqueeze(4).contiguous()
-    At = A.reshape(groups, dg, A.shape[1]).transpose(1, 2).unsqueeze(1)
-    h = du[0] * Bt[0]
-    for t in range(1, chunk):
-        h = torch.addcmul(du[t] * Bt[t], torch.exp(d[t] * At), h)
-    span = torch.exp(d.sum(0) * At)
-    entering = [torch.zeros_like(h[:, :, 0])]
-    for c in range(nc - 1):
-        entering.append(torch.addcmul(h[:, :, c], span[:, :, c], entering[-1]))
-    h = torch.stack(entering, dim=2)
-    ys = []
-    for t in range(chunk):
-        h = torch.addcmul(du[t] * Bt[t], torch.exp(d[t] * At), h)
-        ys.append(torch.matmul(Ct[t], h))
-    y = torch.cat(ys, dim=-2)
-    y = y.permute(0, 1, 4, 2, 3).reshape(bsz, kd, nc * chunk)[..., :length]
-    return _finish(y, u0, D, out_dtype)
-
-
 def selective_scan_segsum(u, delta, A, B, C, D=None, delta_bias=None, delta_softplus=False, chunk_size=16):
     """Exact chunked scan with segment sums inside chunks (a masked T x T product per chunk and state)."""
     out_dtype = u.dtype
@@ -252,7 +266,8 @@ def selective_scan_segsum(u, delta, A, B, C, D=None, delta_bias=None, delta_soft
     return _finish(y, u, D, out_dtype)
 
 
-_METHODS = {'chunked': selective_scan_chunked, 'stream': selective_scan_chunked_stream, 'sequential': selective_scan_ref, 'segsum': selective_scan_segsum}
+_METHODS = {'chunked': selective_scan_chunked, 'stored': selective_scan_stored, 'sequential': selective_scan_ref,
+            'segsum': selective_scan_segsum}
 
 
 def _cuda_kernel():
