@@ -5,12 +5,14 @@
    Forward (inference mode) and forward + backward, each candidate and chunk size against the
    sequential reference, with the error to it.
 2. ``mamba_yolo_t`` (eval, batch 1) at 320 / 640 px with the chunked scan vs the sequential scan.
+3. The share of ``mamba_yolo_t``'s eval time spent inside SS2D.
 
 Times on a shared machine move; ratios measured interleaved (A, B, A, B, ...) in one process are what
 to compare. Run from the repository root::
 
     python -m zoo.eval.scan_bench --sizes 320 --stride 4 --chunks 32 64 128 --repeats 5
     python -m zoo.eval.scan_bench --model --sizes 320 640 --repeats 3
+    python -m zoo.eval.scan_bench --share --sizes 320 640 --repeats 3
 """
 from __future__ import annotations
 
@@ -86,6 +88,42 @@ def model_rows(sizes, repeats: int):
     return rows
 
 
+def ss2d_share(sizes, repeats: int):
+    """Share of ``mamba_yolo_t``'s eval forward spent inside SS2D modules (timed with forward hooks)."""
+    import time
+    import zoo
+    from zoo.layers.mamba import SS2D
+    rows = []
+    model = zoo.create('mamba_yolo_t').eval()
+    spent = [0.0]
+
+    def pre(_m, _x):
+        spent.append(time.perf_counter())
+
+    def post(_m, _x, _y):
+        spent[0] += time.perf_counter() - spent.pop()
+
+    for m in model.modules():
+        if isinstance(m, SS2D):
+            m.register_forward_pre_hook(pre)
+            m.register_forward_hook(post)
+    for size in sizes:
+        x = torch.randn(1, 3, size, size)
+        totals, inside = [], []
+        with torch.inference_mode():
+            model(x)
+            for _ in range(repeats):
+                spent[0] = 0.0
+                t0 = time.perf_counter()
+                model(x)
+                totals.append(time.perf_counter() - t0)
+                inside.append(spent[0])
+        share = sum(inside) / sum(totals)
+        rows.append(dict(model='mamba_yolo_t', size=size, ss2d_share=round(share, 3)))
+        print(' | '.join(map(str, rows[-1].values())), flush=True)
+    return rows
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split('\n')[0])
     p.add_argument('--sizes', type=int, nargs='+', default=[320])
@@ -97,12 +135,15 @@ def main(argv=None):
     p.add_argument('--repeats', type=int, default=5)
     p.add_argument('--threads', type=int, default=None)
     p.add_argument('--model', action='store_true', help='time mamba_yolo_t instead of the bare scans')
+    p.add_argument('--share', action='store_true', help="the share of mamba_yolo_t's time spent in SS2D")
     a = p.parse_args(argv)
     if a.threads:
         torch.set_num_threads(a.threads)
     print(f'threads={torch.get_num_threads()}; columns: ' +
           ('model | size | scan | median_ms | speedup' if a.model else 'L | KD | mode | case | median_ms | speedup | max_abs_err'))
-    if a.model:
+    if a.share:
+        rows = ss2d_share(a.sizes, a.repeats)
+    elif a.model:
         rows = model_rows(a.sizes, a.repeats)
     else:
         rows = [r for s in a.sizes for r in scan_rows(s, a.stride, a.chunks, a.methods, a.repeats, a.modes)]
