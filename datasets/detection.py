@@ -39,6 +39,9 @@ from pathlib import Path
 import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset
+from torchvision import tv_tensors
+from torchvision.transforms import v2
+from torchvision.transforms.v2 import functional as F
 
 from ._base import DatasetNotFoundError, ImageDataModule, split_indices
 from .shapes import SHAPES, _polygon
@@ -63,18 +66,16 @@ def letterbox(image, target: dict, size: int):
 
     Boxes follow (``torchvision.transforms.v2.functional``); ``target`` gets ``scale`` and ``pad`` (left, top).
     """
-    from torchvision.transforms.v2 import functional as F
     h, w = image.shape[-2:]
     scale = size / max(h, w)
     nh, nw = max(1, round(h * scale)), max(1, round(w * scale))
     left, top = (size - nw) // 2, (size - nh) // 2
     padding = [left, top, size - nw - left, size - nh - top]
+    boxes = target['boxes']
     if (nh, nw) != (h, w):
-        image, boxes = F.resize(image, [nh, nw], antialias=True), F.resize(target['boxes'], [nh, nw])
-    else:
-        boxes = target['boxes']
-    image = F.pad(image, padding, fill=PAD_VALUE)
-    boxes = F.pad(boxes, padding)
+        image, boxes = F.resize(image, [nh, nw], antialias=True), F.resize(boxes, [nh, nw])
+    if any(padding):
+        image, boxes = F.pad(image, padding, fill=PAD_VALUE), F.pad(boxes, padding)
     return image, {**target, 'boxes': boxes, 'scale': (nw / w, nh / h), 'pad': (left, top)}
 
 
@@ -90,24 +91,50 @@ def unletterbox(boxes: torch.Tensor, target: dict) -> torch.Tensor:
     return out
 
 
+class RandomScaleTranslate(v2.Transform):
+    """Zoom by a factor in ``scale`` and shift by up to ``translate`` of the side, keeping the canvas size.
+
+    YOLOv8's scale / translate augmentation without the affine warp: one resize, then a pad (grey) and a
+    crop, which the boxes follow exactly (``v2.functional`` kernels). Several times cheaper on CPU than
+    ``v2.RandomAffine``'s grid sampling for the same effect.
+    """
+
+    def __init__(self, scale: Sequence[float] = (0.5, 1.5), translate: float = 0.1, fill: int = PAD_VALUE):
+        super().__init__()
+        self.scale, self.translate, self.fill = tuple(scale), translate, fill
+
+    def make_params(self, flat_inputs: list) -> dict:
+        h, w = v2.query_size(flat_inputs)
+        s = float(torch.empty(()).uniform_(*self.scale))
+        nh, nw = max(1, round(h * s)), max(1, round(w * s))
+        dy, dx = (torch.rand(2) * 2 - 1).mul(self.translate).tolist()
+        top, left = round((nh - h) / 2 - dy * h), round((nw - w) / 2 - dx * w)  # crop origin in the resized image
+        pad = [max(0, -left), max(0, -top), max(0, left + w - nw), max(0, top + h - nh)]
+        return dict(size=[nh, nw], pad=pad, top=top + pad[1], left=left + pad[0], h=h, w=w)
+
+    def transform(self, inpt, params: dict):
+        out = self._call_kernel(F.resize, inpt, params['size'], antialias=True)
+        if any(params['pad']):
+            out = self._call_kernel(F.pad, out, params['pad'], fill=self.fill)
+        return self._call_kernel(F.crop, out, params['top'], params['left'], params['h'], params['w'])
+
+
 def detection_transforms(train: bool, flip: float = 0.5, scale: tuple[float, float] = (0.5, 1.5),
                          translate: float = 0.1, hsv: tuple[float, float, float] = (0.015, 0.7, 0.4),
                          min_size: float = 2.0) -> Callable:
     """The v2 pipeline after letterboxing: (uint8 image, target) -> (float image in [0, 1], target).
 
-    Training: flip, affine scale/translate (YOLOv8's defaults: scale 0.5, translate 0.1), colour jitter (hue,
+    Training: flip, scale/translate (YOLOv8's defaults: scale 0.5, translate 0.1), colour jitter (hue,
     saturation, brightness as YOLOv8's hsv gains), clamp boxes, drop boxes smaller than ``min_size`` pixels.
     """
-    from torchvision.transforms import v2
     steps = []
     if train:
         if flip > 0:
             steps.append(v2.RandomHorizontalFlip(flip))
-        if scale != (1.0, 1.0) or translate > 0:
-            steps.append(v2.RandomAffine(degrees=0, translate=(translate, translate) if translate > 0 else None,
-                                         scale=scale, fill=PAD_VALUE))
-        if any(hsv):
-            steps.append(v2.ColorJitter(brightness=hsv[2], saturation=hsv[1], hue=hsv[0]))
+        if tuple(scale) != (1.0, 1.0) or translate > 0:
+            steps.append(RandomScaleTranslate(scale, translate))
+        if any(hsv):  # hue costs ~30 ms per 256 px image on CPU (an HSV round trip); 0 skips it
+            steps.append(v2.ColorJitter(brightness=hsv[2] or None, saturation=hsv[1] or None, hue=hsv[0] or None))
     steps += [v2.ClampBoundingBoxes(), v2.SanitizeBoundingBoxes(min_size=min_size),
               v2.ToDtype(torch.float32, scale=True)]
     return v2.Compose(steps)
@@ -125,9 +152,9 @@ def collate(batch: Sequence[tuple]) -> tuple[torch.Tensor, list[dict]]:
 class DetectionDataset(Dataset):
     """Records -> letterboxed, augmented samples.
 
-    A record is ``(load, boxes, labels, image_id, source)``: ``load()`` returns a uint8 (3, H, W) tensor,
-    ``boxes`` an (n, 4) float xyxy array in that image's pixels, ``labels`` (n,) ints, ``source`` a name for
-    errors. ``mosaic`` is the probability of a 4-image mosaic (training only).
+    A record is ``(load, image_id, source)``: ``load()`` returns ``(image, boxes, labels)`` -- a uint8
+    (3, H, W) tensor, an (n, 4) float xyxy array in that image's pixels and (n,) ints -- and ``source`` names
+    the sample in errors. ``mosaic`` is the probability of a 4-image mosaic (training only).
     """
 
     def __init__(self, records: list[tuple], img_size: int, transform: Callable | None = None, mosaic: float = 0.0,
@@ -143,9 +170,8 @@ class DetectionDataset(Dataset):
 
     def load(self, i: int):
         """The letterboxed uint8 image and its target, before augmentation."""
-        from torchvision import tv_tensors
-        load, boxes, labels, image_id, _ = self.records[i]
-        img = load()
+        load, image_id, _ = self.records[i]
+        img, boxes, labels = load()
         h, w = img.shape[-2:]
         target = {'boxes': tv_tensors.BoundingBoxes(torch.as_tensor(boxes, dtype=torch.float32).reshape(-1, 4),
                                                     format='XYXY', canvas_size=(h, w)),
@@ -155,8 +181,6 @@ class DetectionDataset(Dataset):
 
     def _mosaic(self, i: int):
         """Four letterboxed images in a (2S, 2S) canvas, then a random S x S crop around the centre region."""
-        from torchvision import tv_tensors
-        from torchvision.transforms.v2 import functional as F
         s = self.img_size
         idx = [i] + torch.randint(len(self), (3,)).tolist()
         canvas = torch.full((3, 2 * s, 2 * s), PAD_VALUE, dtype=torch.uint8)
@@ -170,7 +194,7 @@ class DetectionDataset(Dataset):
         x0, y0 = torch.randint(s // 2, 3 * s // 2 + 1, (2,)).tolist()  # centre of the crop
         x0, y0 = x0 - s // 2, y0 - s // 2
         target = {'boxes': tv_tensors.BoundingBoxes(torch.cat(boxes), format='XYXY', canvas_size=(2 * s, 2 * s)),
-                  'labels': torch.cat(labels), 'image_id': self.records[i][3], 'orig_size': (s, s),
+                  'labels': torch.cat(labels), 'image_id': self.records[i][1], 'orig_size': (s, s),
                   'scale': (1.0, 1.0), 'pad': (0, 0)}
         image = F.crop(tv_tensors.Image(canvas), y0, x0, s, s)
         target['boxes'] = F.clamp_bounding_boxes(F.crop(target['boxes'], y0, x0, s, s))
@@ -184,11 +208,13 @@ class DetectionDataset(Dataset):
         return self.transform(image, target) if self.transform is not None else (image, target)
 
 
-def _image_loader(path: Path) -> Callable[[], torch.Tensor]:
-    def load() -> torch.Tensor:
+def _image_loader(path: Path, boxes: np.ndarray, labels: np.ndarray) -> Callable[[], tuple]:
+    def load() -> tuple:
         from torchvision.io import ImageReadMode, decode_image
+        if not path.is_file():
+            raise DetectionDataError(f'{path}: image not found')
         try:
-            return decode_image(str(path), mode=ImageReadMode.RGB)
+            return decode_image(str(path), mode=ImageReadMode.RGB), boxes, labels
         except (RuntimeError, OSError) as e:
             raise DetectionDataError(f'{path}: could not read the image ({e})') from None
     return load
@@ -253,7 +279,7 @@ def read_coco(ann_file: str | Path, image_dir: str | Path, tolerance: float = 1.
             continue  # crowd regions are not objects to regress
         boxes.append([max(0.0, x), max(0.0, y), min(float(w), x + bw), min(float(h), y + bh)])
         labels.append(label_of[a['category_id']])
-    records = [(_image_loader(p), np.asarray(b, np.float32).reshape(-1, 4), np.asarray(l, np.int64), int(i), str(p))
+    records = [(_image_loader(p, np.asarray(b, np.float32).reshape(-1, 4), np.asarray(l, np.int64)), int(i), str(p))
                for i, (p, _, _, b, l) in images.items()]
     return records, categories, names
 
@@ -343,7 +369,7 @@ def read_yolo(yaml_file: str | Path, split: str):
         lbl = _label_path(img)
         boxes, labels = (read_yolo_labels(lbl, len(names), h, w) if lbl.is_file()
                          else (np.zeros((0, 4), np.float32), np.zeros(0, np.int64)))
-        records.append((_image_loader(img), boxes, labels, i, str(img)))
+        records.append((_image_loader(img, boxes, labels), i, str(img)))
     if not records:
         raise DetectionDataError(f'{yaml_file}: the {split} split ({cfg[split]}) holds no images')
     return records, names
@@ -425,55 +451,75 @@ def generate_shapes_det(num_samples: int, size: int = 256, num_classes: int = le
         raise ValueError(f'num_classes must be between 1 and {len(SHAPES)} ({", ".join(SHAPES)}), got {num_classes}')
     out = [draw_shapes_det(size, np.random.default_rng([seed, i]), num_classes, max_objects, min_px, max_px)
            for i in range(num_samples)]
-    images = torch.from_numpy(np.stack([o[0] for o in out])).permute(0, 3, 1, 2).contiguous()  # NHWC -> NCHW
-    return images, [o[1] for o in out], [o[2] for o in out]
+    return _stack(out)
+
+
+def _load_digits() -> tuple[torch.Tensor, np.ndarray]:
+    from sklearn.datasets import load_digits
+    digits = load_digits()
+    return torch.as_tensor(digits.images, dtype=torch.float32) / 16.0, digits.target  # (1797, 8, 8) in [0, 1]
+
+
+def draw_digits_det(size: int, rng: np.random.Generator, src: torch.Tensor, targets: np.ndarray, pool: np.ndarray,
+                    max_objects: int = 6, min_px: int = 12, max_px: int = 80):
+    """One canvas with 1..max_objects digits of ``src[pool]`` pasted (bilinear upscaling, alpha = ink).
+
+    Returns like :func:`draw_shapes_det`; boxes are the tight extent of each digit's ink (value > 0.25)."""
+    img = _texture(rng, size)
+    boxes, labels, taken = [], [], []
+    for _ in range(int(rng.integers(1, max_objects + 1))):
+        k = int(pool[rng.integers(len(pool))])
+        side = int(rng.uniform(min_px, min(max_px, size)))
+        c = _place(rng, size, side / 2, taken)
+        if c is None:
+            continue
+        y0, x0 = int(c[0] - side / 2), int(c[1] - side / 2)
+        patch = torch.nn.functional.interpolate(src[k][None, None], size=(side, side), mode='bilinear',
+                                                align_corners=False)[0, 0]
+        patch = patch.clamp(0, 1).numpy()
+        ink = patch > 0.25
+        if not ink.any():
+            continue
+        colour = rng.uniform(170, 256, 3)
+        region = img[y0:y0 + side, x0:x0 + side]
+        region[:] = region * (1 - patch[..., None]) + colour * patch[..., None]
+        ys, xs = np.nonzero(ink)
+        boxes.append((float(x0 + xs.min()), float(y0 + ys.min()), float(x0 + xs.max() + 1), float(y0 + ys.max() + 1)))
+        taken.append((x0, y0, x0 + side, y0 + side))
+        labels.append(int(targets[k]))
+    return np.clip(img, 0, 255).astype(np.uint8), np.asarray(boxes, np.float32).reshape(-1, 4), np.asarray(labels,
+                                                                                                          np.int64)
 
 
 def generate_digits_det(num_samples: int, size: int = 256, seed: int = 0, max_objects: int = 6, min_px: int = 12,
                         max_px: int = 80, digit_indices: Sequence[int] | None = None):
     """Real 8x8 digits (scikit-learn) pasted at random non-overlapping positions and scales on noisy canvases.
 
-    Returns like :func:`generate_shapes_det`; boxes are the tight extent of each pasted digit's ink.
-    ``digit_indices`` restricts the source digits (to keep train and validation digits apart).
+    Returns like :func:`generate_shapes_det`. ``digit_indices`` restricts the source digits (to keep training
+    and evaluation digits apart).
     """
-    import torch.nn.functional as F
-    from sklearn.datasets import load_digits
-    digits = load_digits()
-    pool = np.asarray(digit_indices if digit_indices is not None else np.arange(len(digits.target)))
-    src = torch.as_tensor(digits.images, dtype=torch.float32) / 16.0  # (1797, 8, 8) in [0, 1]
-    images, all_boxes, all_labels = [], [], []
-    for i in range(num_samples):
-        rng = np.random.default_rng([seed, i])
-        img = _texture(rng, size)
-        boxes, labels, taken = [], [], []
-        for _ in range(int(rng.integers(1, max_objects + 1))):
-            k = int(pool[rng.integers(len(pool))])
-            side = int(rng.uniform(min_px, min(max_px, size)))
-            c = _place(rng, size, side / 2, taken)
-            if c is None:
-                continue
-            y0, x0 = int(c[0] - side / 2), int(c[1] - side / 2)
-            patch = F.interpolate(src[k][None, None], size=(side, side), mode='bilinear', align_corners=False)[0, 0]
-            patch = patch.clamp(0, 1).numpy()
-            ink = patch > 0.25
-            if not ink.any():
-                continue
-            colour = rng.uniform(170, 256, 3)
-            region = img[y0:y0 + side, x0:x0 + side]
-            region[:] = region * (1 - patch[..., None]) + colour * patch[..., None]
-            ys, xs = np.nonzero(ink)
-            box = (float(x0 + xs.min()), float(y0 + ys.min()), float(x0 + xs.max() + 1), float(y0 + ys.max() + 1))
-            taken.append((x0, y0, x0 + side, y0 + side))
-            boxes.append(box)
-            labels.append(int(digits.target[k]))
-        images.append(np.clip(img, 0, 255).astype(np.uint8))
-        all_boxes.append(np.asarray(boxes, np.float32).reshape(-1, 4))
-        all_labels.append(np.asarray(labels, np.int64))
-    return torch.from_numpy(np.stack(images)).permute(0, 3, 1, 2).contiguous(), all_boxes, all_labels
+    src, targets = _load_digits()
+    pool = np.asarray(digit_indices if digit_indices is not None else np.arange(len(targets)))
+    return _stack([draw_digits_det(size, np.random.default_rng([seed, i]), src, targets, pool, max_objects, min_px,
+                                   max_px) for i in range(num_samples)])
 
 
-def _tensor_records(images: torch.Tensor, boxes: list, labels: list, ids, source: str) -> list[tuple]:
-    return [(lambda im=images[i]: im, boxes[i], labels[i], int(i), f'{source}[{int(i)}]') for i in ids]
+def _stack(samples: list[tuple]):
+    images = torch.from_numpy(np.stack([o[0] for o in samples])).permute(0, 3, 1, 2).contiguous()  # NHWC -> NCHW
+    return images, [o[1] for o in samples], [o[2] for o in samples]
+
+
+class _Drawn:
+    """A procedural sample drawn on first use and kept (generation is as costly as a training step)."""
+
+    def __init__(self, draw: Callable, seed: tuple, **kwargs):
+        self.draw, self.seed, self.kwargs, self.value = draw, seed, kwargs, None
+
+    def __call__(self) -> tuple:
+        if self.value is None:
+            img, boxes, labels = self.draw(rng=np.random.default_rng(list(self.seed)), **self.kwargs)
+            self.value = (torch.from_numpy(img).permute(2, 0, 1).contiguous(), boxes, labels)  # HWC -> CHW
+        return self.value
 
 
 # ------------------------------------------------------------------------------------------------ DataModules
@@ -544,18 +590,16 @@ class _ProceduralDet(DetectionDataModule):
     def _set_classes(self, num_classes: int | None) -> None:
         raise NotImplementedError  # each generator knows its classes
 
-    def _generate(self, n: int):
+    def _record(self, i: int, seed: int, **kwargs) -> tuple:
         raise NotImplementedError  # each generator draws its own images
 
     def setup(self, stage: str | None = None) -> None:
         if self.train_set is not None:
             return
-        images, boxes, labels = self._generate(self.num_samples)
-        train, val, test = split_indices(len(images), (self.val_fraction, self.test_fraction), self.data_seed)
-        name = self.dataset_name
-        self.train_set = self._make(_tensor_records(images, boxes, labels, train.tolist(), name), True, 'train')
-        self.val_set = self._make(_tensor_records(images, boxes, labels, val.tolist(), name), False, 'val')
-        self.test_set = self._make(_tensor_records(images, boxes, labels, test.tolist(), name), False, 'test')
+        train, val, test = split_indices(self.num_samples, (self.val_fraction, self.test_fraction), self.data_seed)
+        for split, ids in (('train', train), ('val', val), ('test', test)):
+            records = [self._record(int(i)) for i in ids]
+            setattr(self, f'{split}_set', self._make(records, split == 'train', split))
         self._check_sizes()
 
 
@@ -563,7 +607,8 @@ class ShapesDetDataModule(_ProceduralDet):
     """Several shapes per image (circle, triangle, square, star, cross, ring) on textured backgrounds.
 
     ``num_samples`` images of ``img_size`` (default 1,250: 1,000 train / 200 val / 50 test), 1 to
-    ``max_objects`` objects each of ``min_px`` to ``max_px`` pixels, deterministic by ``data_seed``.
+    ``max_objects`` objects each of ``min_px`` to ``max_px`` pixels, deterministic by ``data_seed``; each image is
+    drawn on first use and kept.
     """
 
     dataset_name = 'shapes_det'
@@ -576,16 +621,17 @@ class ShapesDetDataModule(_ProceduralDet):
         self.num_classes = num_classes
         self.names = list(SHAPES[:num_classes])
 
-    def _generate(self, n):
-        return generate_shapes_det(n, self.img_size, self.num_classes, self.data_seed, self.max_objects, self.min_px,
-                                   self.max_px)
+    def _record(self, i: int) -> tuple:
+        draw = _Drawn(draw_shapes_det, (self.data_seed, i), size=self.img_size, num_classes=self.num_classes,
+                      max_objects=self.max_objects, min_px=self.min_px, max_px=self.max_px)
+        return draw, i, f'shapes_det[{i}]'
 
 
 class DigitsDetDataModule(_ProceduralDet):
     """scikit-learn's real handwritten digits pasted on larger canvases (classes 0-9).
 
     The 1,797 source digits are split first (80 % for training canvases, the rest for validation and test
-    canvases), so no digit drawing is seen in both training and evaluation.
+    canvases), so no digit drawing is seen in both training and evaluation. Canvases are drawn on first use.
     """
 
     dataset_name = 'digits_det'
@@ -595,21 +641,23 @@ class DigitsDetDataModule(_ProceduralDet):
             raise ValueError(f'digits_det has the 10 digit classes; got num_classes={num_classes}')
         self.num_classes, self.names = 10, [str(i) for i in range(10)]
 
+    def _record(self, i: int) -> tuple:
+        if self._digits is None:
+            src, targets = _load_digits()
+            train, held = split_indices(len(targets), (0.2,), self.data_seed)
+            self._digits = src, targets, train.numpy(), held.numpy()
+        src, targets, train, held = self._digits
+        pool = train if i in self._train_ids else held
+        draw = _Drawn(draw_digits_det, (self.data_seed, i), size=self.img_size, src=src, targets=targets, pool=pool,
+                      max_objects=self.max_objects, min_px=self.min_px, max_px=self.max_px)
+        return draw, i, f'digits_det[{i}]'
+
     def setup(self, stage: str | None = None) -> None:
-        if self.train_set is not None:
-            return
-        n_train = self.num_samples - round(self.num_samples * (self.val_fraction + self.test_fraction))
-        held = self.num_samples - n_train
-        src_train, src_held = split_indices(1797, (0.2,), self.data_seed)
-        kw = dict(size=self.img_size, max_objects=self.max_objects, min_px=self.min_px, max_px=self.max_px)
-        images, boxes, labels = generate_digits_det(n_train, seed=self.data_seed, digit_indices=src_train, **kw)
-        self.train_set = self._make(_tensor_records(images, boxes, labels, range(n_train), 'digits_det'), True, 'train')
-        images, boxes, labels = generate_digits_det(held, seed=self.data_seed + 1, digit_indices=src_held, **kw)
-        n_val = round(self.num_samples * self.val_fraction)
-        self.val_set = self._make(_tensor_records(images, boxes, labels, range(n_val), 'digits_det'), False, 'val')
-        self.test_set = self._make(_tensor_records(images, boxes, labels, range(n_val, held), 'digits_det'), False,
-                                   'test')
-        self._check_sizes()
+        if self.train_set is None:
+            self._digits = None
+            self._train_ids = set(split_indices(self.num_samples, (self.val_fraction, self.test_fraction),
+                                                self.data_seed)[0].tolist())
+        super().setup(stage)
 
 
 class CocoDetectionDataModule(DetectionDataModule):

@@ -14,6 +14,7 @@ _EXPORTS = {
     'FineTuner': 'finetune',
     'Denoiser': 'denoising',
     'CausalLM': 'lm',  # issue 7: causal LM on the synthetic reasoning tasks
+    'Detection': 'detection',  # issue 16: YOLOv8-style detection on any features_only backbone
 }
 __all__ = sorted(_EXPORTS)
 

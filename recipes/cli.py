@@ -169,6 +169,10 @@ class ZooCLI(LightningCLI):
         outputs = self.trainer.predict(**{**kwargs, 'return_predictions': True})
         if outputs and isinstance(outputs[0], list):  # several dataloaders: keep the first
             outputs = outputs[0]
+        writer = getattr(self.model, 'write_predictions', None)  # a system that writes its own (detection)
+        if outputs and writer is not None and self.trainer.is_global_zero:
+            writer(outputs, self.run_dir)
+            return
         if outputs and all(isinstance(o, torch.Tensor) for o in outputs):
             path = self.run_dir / (f'predictions-rank{self.trainer.global_rank}.pt' if self.trainer.world_size > 1
                                    else 'predictions.pt')
