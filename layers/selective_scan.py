@@ -92,9 +92,10 @@ def selective_scan_ref(u, delta, A, B, C, D=None, delta_bias=None, delta_softplu
     dbu = (delta * u)[..., None] * Bx.transpose(2, 3)            # (B, KD, L, N)
     h = u.new_zeros(bsz, kd, A.shape[1])
     ys = []
-    for t in range(length):
-        h = decay[:, :, t] * h + dbu[:, :, t]
-        ys.append(torch.einsum('bdn,bdn->bd', h, Cx[..., t]))
+    # unbind, not indexing: the backward of L index ops would form L full-size zero gradients
+    for dec_t, dbu_t, c_t in zip(decay.unbind(2), dbu.unbind(2), Cx.unbind(-1)):
+        h = dec_t * h + dbu_t
+        ys.append(torch.einsum('bdn,bdn->bd', h, c_t))
     y = torch.stack(ys, dim=-1)                                  # (B, KD, L)
     return _finish(y, u, D, out_dtype)
 
@@ -196,20 +197,22 @@ def selective_scan_chunked(u, delta, A, B, C, D=None, delta_bias=None, delta_sof
     Ct = C.reshape(bsz, groups, -1, nc, chunk).permute(4, 0, 1, 3, 2).unsqueeze(4).contiguous()
     At = A.reshape(groups, dg, A.shape[1]).transpose(1, 2).unsqueeze(1)   # (G, 1, N, Dg)
     # pass 1: every chunk from a zero state to its end state
-    h = du[0] * Bt[0]                                            # (B, G, nc, N, Dg)
-    for t in range(1, chunk):
-        h = torch.addcmul(du[t] * Bt[t], torch.exp(d[t] * At), h)
+    # unbind, not indexing, in every loop: the backward of an index op forms a full-size zero gradient
+    steps = list(zip(d.unbind(0), du.unbind(0), Bt.unbind(0)))
+    h = steps[0][1] * steps[0][2]                                # (B, G, nc, N, Dg)
+    for d_t, du_t, b_t in steps[1:]:
+        h = torch.addcmul(du_t * b_t, torch.exp(d_t * At), h)
     span = torch.exp(d.sum(0) * At)                              # decay across each whole chunk
     # carry: state entering chunk c = span[c-1] * entering[c-1] + end[c-1]
     entering = [torch.zeros_like(h[:, :, 0])]
-    for c in range(nc - 1):
-        entering.append(torch.addcmul(h[:, :, c], span[:, :, c], entering[-1]))
+    for h_c, span_c in list(zip(h.unbind(2), span.unbind(2)))[:-1]:
+        entering.append(torch.addcmul(h_c, span_c, entering[-1]))
     h = torch.stack(entering, dim=2)                             # (B, G, nc, N, Dg)
     # pass 2: every chunk from its true entering state; y_t = sum_n C_t[n] h_t[n]
     ys = []
-    for t in range(chunk):
-        h = torch.addcmul(du[t] * Bt[t], torch.exp(d[t] * At), h)
-        ys.append(torch.matmul(Ct[t], h))                        # (.., 1, N) @ (.., N, Dg) -> (.., 1, Dg)
+    for (d_t, du_t, b_t), c_t in zip(steps, Ct.unbind(0)):
+        h = torch.addcmul(du_t * b_t, torch.exp(d_t * At), h)
+        ys.append(torch.matmul(c_t, h))                        # (.., 1, N) @ (.., N, Dg) -> (.., 1, Dg)
     y = torch.cat(ys, dim=-2)                                    # (B, G, nc, T, Dg)
     y = y.permute(0, 1, 4, 2, 3).reshape(bsz, kd, nc * chunk)[..., :length]  # -> (B, G*Dg, nc*T)
     return _finish(y, u0, D, out_dtype)
@@ -229,20 +232,21 @@ def selective_scan_stored(u, delta, A, B, C, D=None, delta_bias=None, delta_soft
     chunk = min(chunk_size or _auto_chunk(length), length)
     decay, dbu, Ct, nc = _chunk_inputs(u, delta, A, B, C, groups, chunk)
     # pass 1: every chunk from a zero state; span = the decay across the whole chunk
-    h, span = dbu[0], decay[0]                                   # (B, G, nc, N, Dg)
-    for t in range(1, chunk):
-        h = torch.addcmul(dbu[t], decay[t], h)
-        span = span * decay[t]
+    decays, inputs = decay.unbind(0), dbu.unbind(0)
+    h, span = inputs[0], decays[0]                               # (B, G, nc, N, Dg)
+    for dec_t, in_t in zip(decays[1:], inputs[1:]):
+        h = torch.addcmul(in_t, dec_t, h)
+        span = span * dec_t
     # carry: state entering chunk c = span[c-1] * entering[c-1] + end[c-1]
     entering = [torch.zeros_like(h[:, :, 0])]
-    for c in range(nc - 1):
-        entering.append(torch.addcmul(h[:, :, c], span[:, :, c], entering[-1]))
+    for h_c, span_c in list(zip(h.unbind(2), span.unbind(2)))[:-1]:
+        entering.append(torch.addcmul(h_c, span_c, entering[-1]))
     h = torch.stack(entering, dim=2)                             # (B, G, nc, N, Dg)
     # pass 2: every chunk from its true entering state; y_t = sum_n C_t[n] h_t[n]
     ys = []
-    for t in range(chunk):
-        h = torch.addcmul(dbu[t], decay[t], h)
-        ys.append(torch.matmul(Ct[t], h))                        # (B, G, nc, 1, N) @ (.., N, Dg) -> (.., 1, Dg)
+    for dec_t, in_t, c_t in zip(decays, inputs, Ct.unbind(0)):
+        h = torch.addcmul(in_t, dec_t, h)
+        ys.append(torch.matmul(c_t, h))                        # (B, G, nc, 1, N) @ (.., N, Dg) -> (.., 1, Dg)
     y = torch.cat(ys, dim=-2)                                    # (B, G, nc, T, Dg)
     y = y.permute(0, 1, 4, 2, 3).reshape(bsz, kd, nc * chunk)[..., :length]  # -> (B, G*Dg, nc*T)
     return _finish(y, u, D, out_dtype)
