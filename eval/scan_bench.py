@@ -139,8 +139,9 @@ def main(argv=None):
     a = p.parse_args(argv)
     if a.threads:
         torch.set_num_threads(a.threads)
-    print(f'threads={torch.get_num_threads()}; columns: ' +
-          ('model | size | scan | median_ms | speedup' if a.model else 'L | KD | mode | case | median_ms | speedup | max_abs_err'))
+    columns = ('model | size | ss2d_share' if a.share else 'model | size | scan | median_ms | speedup' if a.model
+               else 'L | KD | mode | case | median_ms | speedup | max_abs_err')
+    print(f'threads={torch.get_num_threads()}; columns: {columns}')
     if a.share:
         rows = ss2d_share(a.sizes, a.repeats)
     elif a.model:

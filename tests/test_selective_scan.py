@@ -116,7 +116,7 @@ def test_gradcheck_chunked():
 
 
 def test_auto_chunk_and_errors():
-    assert _auto_chunk(6400) in (64, 128) and _auto_chunk(10) == 16 and _auto_chunk(10 ** 6) == 256
+    assert _auto_chunk(6400) == 128 and _auto_chunk(1024) == 64 and _auto_chunk(10) == 16 and _auto_chunk(10 ** 6) == 256
     t = _inputs(length=10)
     with pytest.raises(ValueError, match='unknown scan method'):
         selective_scan(**t, method='fast')
