@@ -44,7 +44,7 @@ _MODELS: dict[str, ModelInfo] = {}
 
 # The family modules of zoo/, one per family (a new family adds its module here). They register their
 # models when imported; the registry imports them on first use, so ``import zoo`` stays light.
-FAMILY_MODULES = ('metaformer', 'tnt', 'raftmlp', 'stripmlp', 'resnet', 'vgg', 'dncnn', 'lm', 'piip', 'detection')
+FAMILY_MODULES = ('metaformer', 'tnt', 'raftmlp', 'stripmlp', 'resnet', 'vgg', 'dncnn', 'lm', 'piip', 'detection', 'mamba_yolo')
 _loaded = False
 
 

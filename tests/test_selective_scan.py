@@ -1,0 +1,128 @@
+"""The selective scan: the chunked scans equal the sequential reference (Mamba's ``selective_scan_ref``
+semantics: delta bias + softplus, grouped B/C, D skip, float32 accumulation), values and gradients.
+
+The reference loop is re-stated in ``zoo.layers.selective_scan.selective_scan_ref`` from the recurrence in
+the Mamba paper and /work/shared/references/mamba_yolo.md; it was compared with mamba-ssm's
+``selective_scan_ref`` semantics (bias added before softplus, B/C repeated over channel groups, y read
+from the state after the update, then + D u)."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from zoo.layers.selective_scan import (_auto_chunk, selective_scan, selective_scan_chunked, selective_scan_ref,
+                                       selective_scan_segsum, selective_scan_stored)
+
+
+def _inputs(b=2, groups=4, dg=3, n=5, length=64, dtype=torch.float64, a_scale=1.0, seed=0, grad=False):
+    g = torch.Generator().manual_seed(seed)
+    kd = groups * dg
+    t = dict(u=torch.randn(b, kd, length, generator=g, dtype=dtype),
+             delta=torch.randn(b, kd, length, generator=g, dtype=dtype),
+             A=-torch.exp(torch.rand(kd, n, generator=g, dtype=dtype) * a_scale),
+             B=torch.randn(b, groups, n, length, generator=g, dtype=dtype) * 0.5,
+             C=torch.randn(b, groups, n, length, generator=g, dtype=dtype) * 0.5,
+             D=torch.randn(kd, generator=g, dtype=dtype),
+             delta_bias=torch.randn(kd, generator=g, dtype=dtype))
+    if grad:
+        for v in t.values():
+            v.requires_grad_(True)
+    return t
+
+
+FAST = [('chunked', selective_scan_chunked), ('stored', selective_scan_stored), ('segsum', selective_scan_segsum)]
+
+
+@pytest.mark.parametrize('name,fn', FAST)
+@pytest.mark.parametrize('length,chunk', [(1, 4), (7, 4), (64, 16), (100, 32), (257, 64)])
+def test_fast_scans_equal_the_reference_float64(name, fn, length, chunk):
+    t = _inputs(length=length)
+    ref = selective_scan_ref(**t, delta_softplus=True)
+    out = fn(**t, delta_softplus=True, chunk_size=chunk)
+    assert out.dtype == torch.float64
+    assert torch.allclose(out, ref, rtol=0, atol=1e-10), (out - ref).abs().max()
+
+
+@pytest.mark.parametrize('name,fn', FAST)
+def test_fast_scans_equal_the_reference_float32(name, fn):
+    t = _inputs(length=300, dtype=torch.float32)
+    ref = selective_scan_ref(**t, delta_softplus=True)
+    out = fn(**t, delta_softplus=True, chunk_size=16)
+    assert out.dtype == torch.float32
+    assert torch.allclose(out, ref, rtol=1e-5, atol=1e-5), (out - ref).abs().max()
+
+
+def test_half_inputs_accumulate_in_float32_and_return_half():
+    t = {k: v.to(torch.bfloat16) for k, v in _inputs(length=40, dtype=torch.float32).items()}
+    ref = selective_scan_ref(**{k: v.float() for k, v in t.items()}, delta_softplus=True)
+    out = selective_scan(**t)
+    assert out.dtype == torch.bfloat16
+    assert torch.allclose(out.float(), ref, atol=5e-2, rtol=2e-2)
+
+
+def test_large_A_and_long_sequence_no_nan_where_division_by_the_decay_fails():
+    """VMamba's pure-torch ``selective_scan_easy`` forms exp(S_t) * cumsum(dBu_s / exp(S_s)) inside a
+    chunk; with |A| up to e^5 and a 256-long chunk exp(-S) overflows and the result is NaN. Ours only
+    multiplies decays in (0, 1] and stays equal to the sequential reference."""
+    t = _inputs(b=1, groups=2, dg=2, n=4, length=2048, a_scale=5.0)
+    ref = selective_scan_ref(**t, delta_softplus=True)
+    out = selective_scan(**t, chunk_size=256)
+    assert torch.isfinite(out).all()
+    assert torch.allclose(out, ref, rtol=0, atol=1e-10)
+    out32 = selective_scan(**{k: v.float() for k, v in t.items()}, chunk_size=256)
+    assert torch.isfinite(out32).all() and torch.allclose(out32.double(), ref, atol=1e-4, rtol=1e-4)
+    # the division formulation on the same inputs, one 256-long chunk, float32 as in VMamba
+    d = torch.nn.functional.softplus(t['delta'] + t['delta_bias'][:, None]).float()[..., :256]
+    S = torch.cumsum(d[..., None] * t['A'].float()[:, None, :], dim=2)          # (B, KD, T, N)
+    dbu = (d * t['u'].float()[..., :256])[..., None] * t['B'].float().repeat_interleave(2, 1)[..., :256].transpose(2, 3)
+    h_easy = torch.exp(S) * torch.cumsum(dbu / torch.exp(S), dim=2)
+    assert not torch.isfinite(h_easy).all()
+
+
+def test_grouped_B_C_equal_per_channel_copies():
+    t = _inputs(length=50)
+    dg = t['u'].shape[1] // t['B'].shape[1]
+    per_channel = dict(t, B=t['B'].repeat_interleave(dg, 1), C=t['C'].repeat_interleave(dg, 1))
+    assert torch.allclose(selective_scan(**t), selective_scan(**per_channel), atol=1e-12)
+    assert torch.allclose(selective_scan_ref(**t, delta_softplus=True), selective_scan(**per_channel), atol=1e-10)
+
+
+def test_single_step_closed_form_bias_softplus_and_D_skip():
+    t = _inputs(b=1, groups=1, dg=3, n=4, length=1)
+    d = torch.nn.functional.softplus(t['delta'] + t['delta_bias'][:, None])      # (1, 3, 1)
+    expected = (t['C'][:, 0, :, 0] * t['B'][:, 0, :, 0]).sum(-1) * d[..., 0] * t['u'][..., 0] + t['D'] * t['u'][..., 0]
+    assert torch.allclose(selective_scan(**t)[..., 0], expected, atol=1e-12)
+    # without softplus the raw delta + bias is the step
+    no_sp = selective_scan(**t, delta_softplus=False)
+    assert torch.allclose(selective_scan_ref(**t, delta_softplus=False), no_sp, atol=1e-12)
+    assert not torch.allclose(no_sp, selective_scan(**t))
+
+
+@pytest.mark.parametrize('name,fn', FAST)
+def test_gradients_equal_the_reference(name, fn):
+    ta, tb = _inputs(length=45, grad=True), _inputs(length=45, grad=True)
+    w = torch.randn(2, 12, 45, dtype=torch.float64)
+    (selective_scan_ref(**ta, delta_softplus=True) * w).sum().backward()
+    (fn(**tb, delta_softplus=True, chunk_size=8) * w).sum().backward()
+    for k in ta:
+        assert torch.allclose(ta[k].grad, tb[k].grad, atol=1e-9, rtol=1e-9), k
+
+
+def test_gradcheck_chunked():
+    t = _inputs(b=1, groups=2, dg=1, n=2, length=9, grad=True)
+    names = list(t)
+    assert torch.autograd.gradcheck(lambda *a: selective_scan(**dict(zip(names, a)), chunk_size=4),
+                                     tuple(t.values()))
+
+
+def test_auto_chunk_and_errors():
+    assert _auto_chunk(6400) == 128 and _auto_chunk(1024) == 64 and _auto_chunk(10) == 16 and _auto_chunk(10 ** 6) == 256
+    t = _inputs(length=10)
+    with pytest.raises(ValueError, match='unknown scan method'):
+        selective_scan(**t, method='fast')
+    with pytest.raises(ValueError, match='B and C must be'):
+        selective_scan(**dict(t, B=t['B'][..., :5]))
+    with pytest.raises(ValueError, match='multiple of the B/C groups'):
+        selective_scan(**dict(t, B=t['B'][:, :1].expand(-1, 5, -1, -1), C=t['C'][:, :1].expand(-1, 5, -1, -1)))
+    with pytest.raises(RuntimeError, match='mamba-ssm'):
+        selective_scan(**t, method='cuda')
