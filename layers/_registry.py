@@ -7,6 +7,7 @@ Kinds and their constructor / shape contracts:
 | token_mixer    | ``(dim, **kw)``                                               | x -> x, same shape, in the declared layout   |
 | channel_mixer  | ``(in_features, hidden_features, out_features, act_layer, drop)`` | channels in -> out, declared layout       |
 | sequence_mixer | ``(dim, **kw)``                                               | (B, L, D) -> (B, L, D), causal               |
+| block          | ``(dim, **kw)``                                               | x -> x, same shape: a whole residual block   |
 | conv           | like ``nn.Conv2d``                                            | like ``nn.Conv2d``                           |
 | norm           | ``(num_channels)``                                            | same shape, declared layout                  |
 | act            | ``()``                                                        | same shape                                   |
@@ -25,7 +26,7 @@ import functools
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-KINDS = ('token_mixer', 'channel_mixer', 'sequence_mixer', 'conv', 'norm', 'act',
+KINDS = ('token_mixer', 'channel_mixer', 'sequence_mixer', 'block', 'conv', 'norm', 'act',
          'downsample', 'stem', 'head', 'canon')
 LAYOUTS = ('nchw', 'nlc', 'any')
 

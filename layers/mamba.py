@@ -9,9 +9,9 @@ Re-stated here from the paper and /work/shared/references/mamba_yolo.md; every b
 | block | registered as | shape |
 |---|---|---|
 | :class:`SS2D` | ``token_mixer/ss2d`` | (B, C, H, W) -> same |
-| :class:`VSSBlock` (= ODSSBlock of the backbone) | ``token_mixer/vss_block`` | (B, Cin, H, W) -> (B, C, H, W) |
-| :class:`XSSBlock` (ODSSBlock of the neck) | ``token_mixer/xss_block`` | (B, Cin, H, W) -> (B, C, H, W) |
-| :class:`LSBlock` | ``token_mixer/ls_block`` | same shape |
+| :class:`VSSBlock` (= ODSSBlock of the backbone) | ``block/vss_block`` | (B, Cin, H, W) -> (B, C, H, W) |
+| :class:`XSSBlock` (ODSSBlock of the neck) | ``block/xss_block`` | (B, Cin, H, W) -> (B, C, H, W) |
+| :class:`LSBlock` | ``block/ls_block`` | same shape |
 | :class:`RGBlock` | ``channel_mixer/rg_block`` | channels in -> out |
 | :class:`SimpleStem` | ``stem/simple_stem`` | (B, 3, H, W) -> (B, C, H/4, W/4) |
 | :class:`VisionClueMerge` | ``downsample/vision_clue_merge`` | (B, C, H, W) -> (B, C', H/2, W/2) |
@@ -136,7 +136,7 @@ class SS2D(nn.Module):
 # ---------------------------------------------------------------------------------- the other blocks
 
 
-@register('token_mixer', 'ls_block', layout='nchw', example=dict(dim=16), example_input=(2, 16, 6, 5))
+@register('block', 'ls_block', layout='nchw', example=dict(dim=16), example_input=(2, 16, 6, 5))
 class LSBlock(nn.Module):
     """Local spatial block: x + fc3(GELU(fc2(BN(DWConv3x3(x))))), 1x1 convs with bias."""
 
@@ -202,7 +202,7 @@ def _ss2d_kwargs(d_state, ssm_ratio, conv_layer, scan_method, chunk_size):
                 chunk_size=chunk_size)
 
 
-@register('token_mixer', 'vss_block', layout='nchw', example=dict(dim=16), example_input=(2, 16, 6, 5))
+@register('block', 'vss_block', layout='nchw', example=dict(dim=16), example_input=(2, 16, 6, 5))
 class VSSBlock(_SSBlockBase):
     """The backbone's ODSSBlock: 1x1 Conv (bias) + BN + SiLU (always), LSBlock, SS2D, RGBlock."""
 
@@ -219,7 +219,7 @@ class VSSBlock(_SSBlockBase):
 ODSSBlock = VSSBlock  # the AAAI paper's name for the backbone block
 
 
-@register('token_mixer', 'xss_block', layout='nchw', example=dict(dim=16, n=2), example_input=(2, 16, 6, 5))
+@register('block', 'xss_block', layout='nchw', example=dict(dim=16, n=2), example_input=(2, 16, 6, 5))
 class XSSBlock(_SSBlockBase):
     """The neck's ODSSBlock: 1x1 Conv + BN + SiLU only when the width changes, then ``n`` SS2D in a row."""
 

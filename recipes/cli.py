@@ -122,8 +122,11 @@ class ZooCLI(LightningCLI):
         return Path(str(configs[-1])).stem if configs else str(_init_args(cfg.get('model')).get('name') or 'run')
 
     def _parse_ckpt_path(self) -> None:
-        """Resolve ``--ckpt_path last|best|interrupted`` and refuse a checkpoint of another model before
-        Lightning merges the checkpoint's hyper-parameters into the config (which would switch models)."""
+        """Resolve ``--ckpt_path last|best|interrupted`` and refuse a checkpoint of another model.
+
+        Lightning's own version merges the checkpoint's hyper-parameters into the config, over the user's
+        overrides, and so silently switches models; here the config (with its overrides) is what runs and the
+        checkpoint must fit it."""
         sub = self.config.get('subcommand')
         cfg = self.config[sub] if sub else None
         ckpt = cfg.get('ckpt_path') if cfg is not None else None
@@ -135,7 +138,6 @@ class ZooCLI(LightningCLI):
             model_cfg = cfg.get('model')
             check_checkpoint_fits(ckpt, _init_args(model_cfg).get('name'),
                                   model_cfg.get('class_path') if model_cfg is not None else None)
-        super()._parse_ckpt_path()
 
     def before_instantiate_classes(self) -> None:
         cfg = self.config[self.subcommand]

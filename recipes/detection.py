@@ -26,7 +26,8 @@ import zoo
 from zoo.detection import DetectionLoss, postprocess
 from zoo.eval.detection import MeanAveragePrecision, coco_detections
 
-from .classification import block_choices, cosine_with_warmup
+from . import optim
+from .classification import block_choices
 
 __all__ = ['Detection', 'draw_predictions']
 
@@ -246,13 +247,7 @@ class Detection(LightningModule):
 
     # -- optimisation ------------------------------------------------------------------------------
     def param_groups(self) -> list[dict]:
-        decay, no_decay = [], []
-        for p in self.model.parameters():
-            if p.requires_grad:
-                (decay if p.ndim > 1 else no_decay).append(p)
-        wd = self.hparams.weight_decay
-        return [g for g in ({'params': decay, 'weight_decay': wd}, {'params': no_decay, 'weight_decay': 0.0})
-                if g['params']]
+        return optim.param_groups(self.model, self.hparams.weight_decay)
 
     def configure_optimizers(self):
         hp = self.hparams
@@ -265,5 +260,5 @@ class Detection(LightningModule):
         epochs = self.trainer.max_epochs if self.trainer.max_epochs and self.trainer.max_epochs > 0 else 1
         warmup = min(total - 1, round(hp.warmup_epochs * total / epochs))
         min_ratio = hp.min_lr / hp.lr if hp.lr > 0 else 0.0
-        sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda step: cosine_with_warmup(step, total, warmup, min_ratio))
+        sched = optim.scheduler(opt, total, warmup, min_ratio)
         return {'optimizer': opt, 'lr_scheduler': {'scheduler': sched, 'interval': 'step'}}

@@ -32,7 +32,8 @@ def run(command, *args) -> int:
 
 
 def latest(root: Path) -> Path:
-    return (root / TINY.stem / 'latest').resolve()
+    """The newest run folder (evaluation runs included; `latest` points at the newest fit only)."""
+    return max(p for p in (root / TINY.stem).iterdir() if p.is_dir() and not p.is_symlink())
 
 
 def test_fit_logs_map_writes_the_grid_then_validate_test_predict(runs):
@@ -60,8 +61,8 @@ def test_fit_logs_map_writes_the_grid_then_validate_test_predict(runs):
 
 
 def test_results_database_direction_for_map():
-    from zoo.eval.results import _lower_is_better
-    assert not _lower_is_better('val/map') and not _lower_is_better('val/map50')
+    from zoo.eval.results import is_higher_better
+    assert is_higher_better('val/map') and is_higher_better('val/map50')
 
 
 def test_detection_rejects_a_classifier(runs, capsys):

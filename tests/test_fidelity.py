@@ -180,7 +180,7 @@ def test_poolformer_block_matches_the_official_block():
     (random weights, outputs ~4.9): re-statement and zoo both max |diff| 0; zoo poolformer_s12 vs the real
     ``poolformer_s12`` through the official-layout loader: 7.2e-7 (logits ~3.1; issue 13 reported 1.4e-6)."""
     ref = randomize(OfficialPoolBlock(24, 1e-5), seed=8)
-    mapped = MetaFormer.remap_checkpoint({'network.0.0.' + k: v for k, v in ref.state_dict().items()})
+    mapped = MetaFormer._remap_official({'network.0.0.' + k: v for k, v in ref.state_dict().items()})
     ours = MetaFormerBlock(24).eval()
     ours.load_state_dict(_sub_state(mapped, 'stages.0.blocks.0.'))
     x = torch.randn(2, 24, 9, 7)

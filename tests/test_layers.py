@@ -19,7 +19,7 @@ def _build(rec):
 
 def _expected_shape(rec, x, module):
     b = x.shape[0]
-    if rec.kind in ('token_mixer', 'norm', 'act', 'sequence_mixer', 'canon'):
+    if rec.kind in ('token_mixer', 'block', 'norm', 'act', 'sequence_mixer', 'canon'):
         return x.shape
     if rec.kind == 'channel_mixer':
         out = rec.example.get('out_features') or rec.example['in_features']

@@ -85,21 +85,32 @@ def read_state_dict(path: str | Path) -> dict[str, torch.Tensor]:
         raise ValueError(f'{path} does not hold a state dict of tensors')
     for prefix in _PREFIXES:
         if sd and all(k.startswith(prefix) for k in sd):
-            meta = getattr(sd, '_metadata', None)  # torch's module list, re-keyed too (MetaFormer.checkpoint_head)
-            sd = OrderedDict((k[len(prefix):], v) for k, v in sd.items())
-            if meta is not None:
-                sd._metadata = OrderedDict(('' if m == prefix[:-1] else m[len(prefix):], d) for m, d in meta.items()
-                                           if m == prefix[:-1] or m.startswith(prefix))
+            sd = _strip_prefix(sd, prefix)
     return sd
 
 
+def _strip_prefix(sd: dict, prefix: str) -> OrderedDict:
+    """The entries under ``prefix``, re-keyed without it; torch's module list (``_metadata``) is re-keyed too
+    (``MetaFormer.checkpoint_head`` reads it)."""
+    meta = getattr(sd, '_metadata', None)
+    out = OrderedDict((k[len(prefix):], v) for k, v in sd.items() if k.startswith(prefix))
+    if meta is not None:
+        out._metadata = OrderedDict(('' if m == prefix[:-1] else m[len(prefix):], d) for m, d in meta.items()
+                                    if m == prefix[:-1] or m.startswith(prefix))
+    return out
+
+
 def _lightning_weights(path: Path) -> dict[str, torch.Tensor]:
-    # A zoo fit checkpoint holds hyper-parameters beside the weights, which weights_only=True refuses.
-    ckpt = torch.load(path, map_location='cpu', weights_only=False)
+    # zoo fit checkpoints hold only plain types beside the tensors, so weights_only=True reads them.
+    try:
+        ckpt = torch.load(path, map_location='cpu', weights_only=True)
+    except Exception as e:
+        raise ValueError(f'could not read checkpoint {path}: {type(e).__name__}: {str(e).splitlines()[0][:120]}') \
+            from None
     sd = ckpt.get('state_dict') if isinstance(ckpt, dict) else None
     if not isinstance(sd, dict):
         raise ValueError(f'{path} is not a Lightning checkpoint (no state_dict)')
-    weights = {k[len('model.'):]: v for k, v in sd.items() if k.startswith('model.')}
+    weights = _strip_prefix(sd, 'model.')
     if not weights:
         raise ValueError(f'{path} holds no model.* weights (was it written by a zoo recipe?)')
     return weights
