@@ -134,8 +134,19 @@ def train_parser(command: str) -> argparse.ArgumentParser:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog='zoo', description='zoo: blocks, model families, recipes, results.')
+    from zoo import __version__
+
+    parser = argparse.ArgumentParser(prog='zoo', description='zoo: blocks, model families, recipes, results.',
+                                     epilog='`zoo COMMAND --help` for the options of a command.')
+    parser.add_argument('--version', action='version', version=f'zoo {__version__}')
     sub = parser.add_subparsers(dest='command', metavar='COMMAND')
+    # The training commands are LightningCLI (main() hands them over before this parser runs); listed here so
+    # that `zoo --help` shows every command.
+    for command, what in (('fit', 'train a recipe: zoo fit -c recipes/configs/<family>/<name>.yaml'),
+                          ('validate', "validate a checkpoint (--ckpt_path last|best|<file>)"),
+                          ('test', 'test a checkpoint on the test split'),
+                          ('predict', 'predictions of a checkpoint, written to the run folder')):
+        sub.add_parser(command, help=what, add_help=False)
 
     p = sub.add_parser('list', help='list registered models (or blocks with --blocks)')
     p.add_argument('pattern', nargs='?', default='*', help="glob pattern, e.g. 'poolformer*'")

@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from zoo.recipes.main import main
 
 
@@ -30,3 +32,18 @@ def test_bench_vs_reference_reports_ratio_and_equality(capsys):
     ours = next(r for r in rows if r['model'] == 'poolformer_s12')
     assert ours['speedup'] > 0 and ours['max_abs_diff'] < 1e-4
     assert ours['macs'] == next(r for r in rows if r['model'] == 'timm/poolformer_s12')['macs']
+
+
+def test_help_lists_every_command_and_version(capsys):
+    """`zoo --help` names the training commands too (they are LightningCLI, dispatched before argparse)."""
+    from zoo import __version__
+    from zoo.recipes.main import main
+    with pytest.raises(SystemExit) as e:
+        main(['--help'])
+    assert e.value.code == 0
+    out = capsys.readouterr().out
+    for command in ('fit', 'validate', 'test', 'predict', 'list', 'info', 'bench', 'results', 'sweep'):
+        assert f'    {command} ' in out, command
+    with pytest.raises(SystemExit):
+        main(['--version'])
+    assert capsys.readouterr().out.strip() == f'zoo {__version__}'
