@@ -256,9 +256,5 @@ class Detection(LightningModule):
             opt = torch.optim.SGD(groups, lr=hp.lr, momentum=hp.momentum, nesterov=True)
         else:
             opt = torch.optim.AdamW(groups, lr=hp.lr, betas=(hp.momentum, 0.999))
-        total = max(1, int(self.trainer.estimated_stepping_batches))
-        epochs = self.trainer.max_epochs if self.trainer.max_epochs and self.trainer.max_epochs > 0 else 1
-        warmup = min(total - 1, round(hp.warmup_epochs * total / epochs))
-        min_ratio = hp.min_lr / hp.lr if hp.lr > 0 else 0.0
-        sched = optim.scheduler(opt, total, warmup, min_ratio)
-        return {'optimizer': opt, 'lr_scheduler': {'scheduler': sched, 'interval': 'step'}}
+        return {'optimizer': opt, 'lr_scheduler': optim.epoch_schedule(opt, self.trainer, hp.warmup_epochs, hp.lr,
+                                                                        hp.min_lr)}

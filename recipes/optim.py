@@ -79,3 +79,13 @@ def scheduler(optimizer: torch.optim.Optimizer, total: int, warmup: int = 0, flo
     """``warmup_cosine`` as a per-step ``LambdaLR`` (Lightning: ``{'scheduler': ..., 'interval': 'step'}``)."""
     fn: Callable[[int], float] = lambda step: warmup_cosine(step, total, warmup, floor)  # noqa: E731
     return torch.optim.lr_scheduler.LambdaLR(optimizer, fn)
+
+
+def epoch_schedule(optimizer: torch.optim.Optimizer, trainer, warmup_epochs: float, lr: float, min_lr: float) -> dict:
+    """The per-step warm-up/cosine of a recipe whose warm-up is given in epochs (fractions allowed) and whose
+    floor is an absolute ``min_lr``, sized from the Lightning ``trainer``; Lightning's scheduler config."""
+    total = max(1, int(trainer.estimated_stepping_batches))
+    epochs = trainer.max_epochs if trainer.max_epochs and trainer.max_epochs > 0 else 1
+    warmup = min(total - 1, round(warmup_epochs * total / epochs))
+    floor = min_lr / lr if lr > 0 else 0.0
+    return {'scheduler': scheduler(optimizer, total, warmup, floor), 'interval': 'step'}

@@ -51,3 +51,12 @@ def _results_db_in_tmp(tmp_path_factory, monkeypatch):
     """Every `zoo fit/validate/test` records itself in the results database: tests write to a temporary
     one (per test), never to ./zoo-results.db in the checkout. Tests may set ZOO_DB themselves."""
     monkeypatch.setenv('ZOO_DB', str(tmp_path_factory.mktemp('zoo_db') / 'results.db'))
+
+
+@pytest.fixture
+def runs(tmp_path, monkeypatch):
+    """Run folders of `zoo fit/validate/...` under tmp; the runs root is also where `--ckpt_path last` looks."""
+    root = tmp_path / 'runs'
+    monkeypatch.setenv('ZOO_RUNS', str(root))
+    monkeypatch.delenv('ZOO_RUN_DIR', raising=False)
+    return root

@@ -7,7 +7,7 @@ import torch
 import zoo
 from zoo.layers.convbn import ConvBN
 
-from test_recipes import ROOT, fit, run_dirs, runs  # noqa: F401  (the runs fixture)
+from test_recipes import ROOT, fit, run_dirs
 
 CONFIG = ROOT / 'recipes' / 'configs' / 'resnet' / 'resnet_tiny_digits_finetune_tune_5e.yaml'
 

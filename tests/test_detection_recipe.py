@@ -19,12 +19,9 @@ pytest.importorskip('faster_coco_eval')
 
 
 @pytest.fixture
-def runs(tmp_path, monkeypatch):
-    root = tmp_path / 'runs'
-    monkeypatch.setenv('ZOO_RUNS', str(root))
+def runs(runs, monkeypatch):
     monkeypatch.setenv('ZOO_RECORD_LATENCY', '0')
-    monkeypatch.delenv('ZOO_RUN_DIR', raising=False)
-    return root
+    return runs
 
 
 def run(command, *args) -> int:

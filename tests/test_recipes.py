@@ -23,15 +23,6 @@ DEMO = ROOT / 'recipes' / 'configs' / 'poolformer' / 'poolformer_tiny_digits_15e
 QUIET = ['--trainer.enable_progress_bar', 'false', '--trainer.enable_model_summary', 'false']
 
 
-@pytest.fixture
-def runs(tmp_path, monkeypatch):
-    """Run folders under tmp; the runs root is also where `--ckpt_path last` looks."""
-    root = tmp_path / 'runs'
-    monkeypatch.setenv('ZOO_RUNS', str(root))
-    monkeypatch.delenv('ZOO_RUN_DIR', raising=False)
-    return root
-
-
 def fit(*args, command='fit') -> int:
     return main([command, *map(str, args), *QUIET])
 

@@ -21,14 +21,6 @@ SHORT = ['-c', str(DEMO), '--seed_everything', '0', '--trainer.max_epochs', '3',
          '--trainer.limit_train_batches', '4', '--trainer.limit_val_batches', '1', *QUIET]
 
 
-@pytest.fixture
-def runs(tmp_path, monkeypatch):
-    root = tmp_path / 'runs'
-    monkeypatch.setenv('ZOO_RUNS', str(root))
-    monkeypatch.delenv('ZOO_RUN_DIR', raising=False)
-    return root
-
-
 def run_dirs(root: Path, stem: str = DEMO.stem) -> list[Path]:
     return sorted(p for p in (root / stem).glob('*') if p.is_dir() and not p.is_symlink())
 
