@@ -23,6 +23,14 @@ from . import optim
 _BLOCK_KEYS = ('token_mixer', 'canon', 'mixer')
 
 
+def require_task(name: str, task: str, system: str) -> None:
+    """A one-line error when the registered model ``name`` is not a ``task`` model (close choices listed)."""
+    info = zoo.model_info(name)
+    if info.task != task:
+        raise ValueError(f'{name} is a {info.task} model; {system} trains task="{task}" models '
+                         f'({", ".join(zoo.list_models(task=task))})')
+
+
 def block_choices(model_args: dict | None) -> dict:
     """The block-selecting entries of ``model_args`` (``token_mixer``, ``*_layer``, ``*_mixer``, ...), as strings."""
     out = {}

@@ -16,7 +16,7 @@ from torchmetrics.image import PeakSignalNoiseRatio, StructuralSimilarityIndexMe
 import zoo
 
 from . import optim
-from .classification import block_choices
+from .classification import block_choices, require_task
 
 __all__ = ['Denoiser', 'add_noise']
 
@@ -46,10 +46,7 @@ class Denoiser(LightningModule):
         super().__init__()
         if sigma <= 0:
             raise ValueError(f'sigma must be > 0 (0-255 scale), got {sigma}')
-        info = zoo.model_info(name)
-        if info.task != 'denoising':
-            raise ValueError(f'{name} is a {info.task} model; Denoiser trains task="denoising" models '
-                             f'({", ".join(zoo.list_models(task="denoising"))})')
+        require_task(name, 'denoising', 'Denoiser')
         self.save_hyperparameters()
         self.model = zoo.create(name, in_chans=in_chans, **(model_args or {}))
         if convbn_mode is not None:

@@ -27,7 +27,7 @@ from zoo.detection import DetectionLoss, postprocess
 from zoo.eval.detection import MeanAveragePrecision, coco_detections
 
 from . import optim
-from .classification import block_choices
+from .classification import block_choices, require_task
 
 __all__ = ['Detection', 'draw_predictions']
 
@@ -85,10 +85,7 @@ class Detection(LightningModule):
         super().__init__()
         if optimizer not in ('adamw', 'sgd'):
             raise ValueError(f"optimizer must be 'adamw' or 'sgd', got {optimizer!r}")
-        info = zoo.model_info(name)
-        if info.task != 'detection':
-            raise ValueError(f'{name} is a {info.task} model; Detection trains task="detection" models '
-                             f'({", ".join(zoo.list_models(task="detection"))})')
+        require_task(name, 'detection', 'Detection')
         self.save_hyperparameters()
         self.model_name = name
         args = dict(model_args or {})
