@@ -238,3 +238,34 @@ def test_coco_folder_with_crowds_validates_like_cocoeval_on_the_file(tmp_path, b
     assert 0.1 < ref['map'] < 0.9
     for k in ('map', 'map50', 'map75', 'mar_1', 'mar_10', 'mar_100'):
         assert ours[k] == pytest.approx(ref[k], abs=1e-6), k
+
+
+# --- the backbone table reads each backbone's mAP from the results database ------------------------------------
+
+def test_backbone_table_reads_the_trained_map_of_each_architecture(tmp_path, capsys):
+    """``detection_bench backbones`` measures the detectors its configs build (tiny sizes here; no timing is
+    asserted) and takes mAP from the newest finished fit run of the same architecture and dataset."""
+    import zoo
+    from zoo.eval import detection_bench as bench
+    from zoo.eval.profile import fingerprint
+    from zoo.eval.results import ResultsDB
+
+    name, args = bench.read_config('resnet_shapes_det.yaml')
+    fp = fingerprint(zoo.create(name, num_classes=6, **args))
+    db = ResultsDB(f'sqlite:///{tmp_path / "r.db"}')
+    for value, status, dataset in ((0.5, 'finished', 'shapes_det'), (0.6, 'finished', 'shapes_det'),
+                                   (0.9, 'failed', 'shapes_det'), (0.95, 'finished', 'digits_det')):
+        rid = db.start_run(name, task='detection', stage='fit', dataset=dataset, arch_fingerprint=fp, max_epochs=6)
+        db.log_metrics(rid, {'val/map': value, 'val/map50': value + 0.3}, final=True)
+        db.finish_run(rid, status)
+    tiny = dict(sizes=(64,), batches=(1,), repeats=2, train_batch=2, train_size=64, train_steps=2)
+    rows, info = bench.backbone_table(['resnet_shapes_det.yaml', 'poolformer_shapes_det.yaml'],
+                                      db=str(tmp_path / 'r.db'), **tiny)
+    res, pool = rows
+    assert res['config'] == 'resnet_shapes_det' and res['val/map'] == 0.6 and res['val/map50'] == pytest.approx(0.9)
+    assert res['mAP per ms (b1 64)'] == pytest.approx(0.6 / res['ms b1 64']) and res['run (epochs)'] == '2 (6)'
+    assert np.isnan(pool['val/map']) and pool['run (epochs)'] == 'none'  # not trained
+    assert res['params (M)'] != pool['params (M)'] and res['ms b1 64 IQR'] >= 0 and res['train img/s (b2, 64)'] > 0
+    assert {'load_before', 'load_after', 'threads'} <= set(info)
+    assert bench.main(['backbones', 'nope.yaml']) == 2
+    assert 'config not found: nope.yaml' in capsys.readouterr().err
