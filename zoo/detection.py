@@ -290,7 +290,8 @@ class DetectionLoss(nn.Module):
 
     Weighted by the task-aligned target scores and divided by their sum; gains box 7.5, cls 0.5, dfl 1.5;
     the total is multiplied by the batch size (YOLOv8's convention). ``forward(maps, targets)`` takes the raw
-    head maps and per-image ``{'boxes': (n, 4) xyxy pixels, 'labels': (n,)}`` and returns
+    head maps and per-image ``{'boxes': (n, 4) xyxy pixels, 'labels': (n,)}`` (boxes flagged by an optional
+    ``'iscrowd'`` are left out: COCO crowd regions are not objects to regress) and returns
     ``(total, {'box': ..., 'cls': ..., 'dfl': ...})`` (the parts detached, after their gains).
     """
 
