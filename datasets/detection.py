@@ -2,8 +2,8 @@
 
 A sample is ``(image, target)``: ``image`` a float (3, S, S) tensor in [0, 1] (``tv_tensors.Image``) and
 ``target`` a dict with ``boxes`` (``tv_tensors.BoundingBoxes``, xyxy pixels of the network input), ``labels``
-(long, contiguous 0..num_classes-1), ``image_id`` (int), ``orig_size`` (H, W) of the file and ``scale``/``pad``
-of the letterbox (input = orig * scale + pad), so predictions map back to the file's pixels with
+(long, contiguous 0..num_classes-1), ``iscrowd`` (bool, True for a COCO crowd region: ignored by the loss, and by
+COCO mAP as COCOeval does), ``image_id`` (int), ``orig_size`` (H, W) of the file and ``scale``/``pad`` of the letterbox (input = orig * scale + pad), so predictions map back to the file's pixels with
 :func:`unletterbox`. :func:`collate` stacks the images and keeps the targets as a list (one per image, any
 number of boxes, zero included).
 
@@ -11,7 +11,8 @@ Sources (``DataModule`` / dataset):
 
 - :class:`CocoDetectionDataModule` -- ``root/annotations/instances_<split>.json`` + images in ``root/<split>/``
   (COCO 2017's layout). Category ids are mapped to contiguous labels (sorted by id); ``categories`` maps back.
-  Crowd annotations are left out of training targets.
+  Crowd annotations (``iscrowd: 1``) are kept with ``iscrowd`` True: the loss skips them, validation mAP
+  ignores detections on them as COCOeval does.
 - :class:`YoloDetectionDataModule` -- an ultralytics-format folder: ``data.yaml`` (``path``, ``train``, ``val``,
   optional ``test``, ``names``), ``images/<split>/*.jpg`` and ``labels/<split>/*.txt`` with one
   ``cls cx cy w h`` line per object (normalised to [0, 1]). An image without a label file has no objects.
@@ -134,9 +135,15 @@ def detection_transforms(train: bool, flip: float = 0.5, scale: tuple[float, flo
             steps.append(RandomScaleTranslate(scale, translate))
         if any(hsv):  # hue costs ~30 ms per 256 px image on CPU (an HSV round trip); 0 skips it
             steps.append(v2.ColorJitter(brightness=hsv[2] or None, saturation=hsv[1] or None, hue=hsv[0] or None))
-    steps += [v2.ClampBoundingBoxes(), v2.SanitizeBoundingBoxes(min_size=min_size),
+    steps += [v2.ClampBoundingBoxes(), v2.SanitizeBoundingBoxes(min_size=min_size, labels_getter=_per_box),
               v2.ToDtype(torch.float32, scale=True)]
     return v2.Compose(steps)
+
+
+def _per_box(inputs) -> tuple[torch.Tensor, ...]:
+    """The per-box tensors of an ``(image, target)`` pair that must be dropped with their boxes."""
+    target = inputs[1]
+    return tuple(target[k] for k in ('labels', 'iscrowd') if k in target)
 
 
 def collate(batch: Sequence[tuple]) -> tuple[torch.Tensor, list[dict]]:
@@ -152,8 +159,8 @@ class DetectionDataset(Dataset):
     """Records -> letterboxed, augmented samples.
 
     A record is ``(load, image_id, source)``: ``load()`` returns ``(image, boxes, labels)`` -- a uint8
-    (3, H, W) tensor, an (n, 4) float xyxy array in that image's pixels and (n,) ints -- and ``source`` names
-    the sample in errors. ``mosaic`` is the probability of a 4-image mosaic (training only).
+    (3, H, W) tensor, an (n, 4) float xyxy array in that image's pixels and (n,) ints -- or those and an (n,)
+    ``iscrowd`` array (COCO), and ``source`` names the sample in errors. ``mosaic`` is the probability of a 4-image mosaic (training only).
     """
 
     def __init__(self, records: list[tuple], img_size: int, transform: Callable | None = None, mosaic: float = 0.0,
@@ -170,11 +177,14 @@ class DetectionDataset(Dataset):
     def load(self, i: int):
         """The letterboxed uint8 image and its target, before augmentation."""
         load, image_id, _ = self.records[i]
-        img, boxes, labels = load()
+        img, boxes, labels, *crowd = load()
         h, w = img.shape[-2:]
+        labels = torch.as_tensor(labels, dtype=torch.long).reshape(-1)
         target = {'boxes': tv_tensors.BoundingBoxes(torch.as_tensor(boxes, dtype=torch.float32).reshape(-1, 4),
                                                     format='XYXY', canvas_size=(h, w)),
-                  'labels': torch.as_tensor(labels, dtype=torch.long).reshape(-1),
+                  'labels': labels,
+                  'iscrowd': torch.as_tensor(crowd[0], dtype=torch.bool).reshape(-1) if crowd
+                  else torch.zeros(len(labels), dtype=torch.bool),
                   'image_id': image_id, 'orig_size': (h, w)}
         return letterbox(tv_tensors.Image(img), target, self.img_size)
 
@@ -183,17 +193,19 @@ class DetectionDataset(Dataset):
         s = self.img_size
         idx = [i] + torch.randint(len(self), (3,)).tolist()
         canvas = torch.full((3, 2 * s, 2 * s), PAD_VALUE, dtype=torch.uint8)
-        boxes, labels = [], []
+        boxes, labels, crowd = [], [], []
         for k, j in enumerate(idx):
             img, t = self.load(j)
             ox, oy = (k % 2) * s, (k // 2) * s
             canvas[:, oy:oy + s, ox:ox + s] = img
             boxes.append(t['boxes'].as_subclass(torch.Tensor) + torch.tensor([ox, oy, ox, oy], dtype=torch.float32))
             labels.append(t['labels'])
+            crowd.append(t['iscrowd'])
         x0, y0 = torch.randint(s // 2, 3 * s // 2 + 1, (2,)).tolist()  # centre of the crop
         x0, y0 = x0 - s // 2, y0 - s // 2
         target = {'boxes': tv_tensors.BoundingBoxes(torch.cat(boxes), format='XYXY', canvas_size=(2 * s, 2 * s)),
-                  'labels': torch.cat(labels), 'image_id': self.records[i][1], 'orig_size': (s, s),
+                  'labels': torch.cat(labels), 'iscrowd': torch.cat(crowd), 'image_id': self.records[i][1],
+                  'orig_size': (s, s),
                   'scale': (1.0, 1.0), 'pad': (0, 0)}
         image = F.crop(tv_tensors.Image(canvas), y0, x0, s, s)
         target['boxes'] = F.clamp_bounding_boxes(F.crop(target['boxes'], y0, x0, s, s))
@@ -207,13 +219,15 @@ class DetectionDataset(Dataset):
         return self.transform(image, target) if self.transform is not None else (image, target)
 
 
-def _image_loader(path: Path, boxes: np.ndarray, labels: np.ndarray) -> Callable[[], tuple]:
+def _image_loader(path: Path, *annotations: np.ndarray) -> Callable[[], tuple]:
+    """``load()`` for one image file: (uint8 image, *annotations) with the annotations as given (boxes, labels
+    and optionally iscrowd)."""
     def load() -> tuple:
         from torchvision.io import ImageReadMode, decode_image
         if not path.is_file():
             raise DetectionDataError(f'{path}: image not found')
         try:
-            return decode_image(str(path), mode=ImageReadMode.RGB), boxes, labels
+            return decode_image(str(path), mode=ImageReadMode.RGB), *annotations
         except (RuntimeError, OSError) as e:
             raise DetectionDataError(f'{path}: could not read the image ({e})') from None
     return load
@@ -258,12 +272,12 @@ def read_coco(ann_file: str | Path, image_dir: str | Path, tolerance: float = 1.
         if not path.is_file():
             raise DetectionDataError(f'{ann_file}: image {im["file_name"]!r} (id {im["id"]}) not found at {path}')
         h, w = (int(im['height']), int(im['width'])) if 'height' in im and 'width' in im else _image_size(path)
-        images[im['id']] = (path, h, w, [], [])
+        images[im['id']] = (path, h, w, [], [], [])
     for a in data['annotations']:
         where = f'{ann_file}: annotation id {a.get("id")}'
         if a.get('image_id') not in images:
             raise DetectionDataError(f'{where}: image_id {a.get("image_id")} is not in "images"')
-        path, h, w, boxes, labels = images[a['image_id']]
+        path, h, w, boxes, labels, crowd = images[a['image_id']]
         if a.get('category_id') not in label_of:
             raise DetectionDataError(f'{where} ({path.name}): category_id {a.get("category_id")} is not one of the '
                                      f'categories {categories}')
@@ -274,12 +288,12 @@ def read_coco(ann_file: str | Path, image_dir: str | Path, tolerance: float = 1.
         if bw < 0 or bh < 0 or x < -tolerance or y < -tolerance or x + bw > w + tolerance or y + bh > h + tolerance:
             raise DetectionDataError(f'{where} ({path.name}): box [x, y, w, h] = {bbox} lies outside the {w}x{h} '
                                      f'image')
-        if a.get('iscrowd', 0):
-            continue  # crowd regions are not objects to regress
         boxes.append([max(0.0, x), max(0.0, y), min(float(w), x + bw), min(float(h), y + bh)])
         labels.append(label_of[a['category_id']])
-    records = [(_image_loader(p, np.asarray(b, np.float32).reshape(-1, 4), np.asarray(l, np.int64)), int(i), str(p))
-               for i, (p, _, _, b, l) in images.items()]
+        crowd.append(bool(a.get('iscrowd', 0)))  # a crowd region: not an object to find, a place to ignore
+    records = [(_image_loader(p, np.asarray(b, np.float32).reshape(-1, 4), np.asarray(l, np.int64),
+                              np.asarray(c, bool)), int(i), str(p))
+               for i, (p, _, _, b, l, c) in images.items()]
     return records, categories, names
 
 

@@ -142,7 +142,7 @@ def test_coco_loads_and_round_trips(tmp_path):
     samples = {dm.val_set[i][1]['image_id']: dm.val_set[i] for i in range(len(dm.val_set))}
     assert set(samples) == {1, 2, 5}
     assert len(samples[5][1]['labels']) == 0  # an image with no objects is valid
-    assert len(samples[2][1]['labels']) == 1  # the crowd annotation is left out
+    assert samples[2][1]['iscrowd'].tolist() == [False, True]  # the crowd region is kept, flagged
     # back to the file's pixels and COCO category ids: the annotations we wrote
     preds = []
     for i in (1, 2):
@@ -150,12 +150,15 @@ def test_coco_loads_and_round_trips(tmp_path):
         preds.append({'boxes': unletterbox(t['boxes'].as_subclass(torch.Tensor), t), 'labels': t['labels'],
                       'scores': torch.ones(len(t['labels']))})
     dets = coco_detections(preds, dm.categories, image_ids=[1, 2])
-    written = [a for a in data['annotations'] if not a['iscrowd']]
+    written = data['annotations']
     assert sorted((d['image_id'], d['category_id']) for d in dets) == sorted((a['image_id'], a['category_id'])
                                                                                for a in written)
+    crowd = {(i, dm.categories[int(l)]): bool(c) for i in (1, 2)
+             for l, c in zip(samples[i][1]['labels'], samples[i][1]['iscrowd'])}
     for d in dets:
         a = next(a for a in written if a['image_id'] == d['image_id'] and a['category_id'] == d['category_id'])
         assert np.allclose(d['bbox'], a['bbox'], atol=0.6)
+        assert crowd[d['image_id'], d['category_id']] == bool(a['iscrowd'])
     x, targets = next(iter(dm.train_dataloader()))
     assert x.shape[1:] == (3, 64, 64) and len(targets) == 2
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import json
 
 import numpy as np
 import pytest
@@ -122,3 +123,149 @@ def test_bad_inputs():
     with pytest.raises(ValueError, match='label 3 of image 0 is outside 0..1'):
         coco_map(preds, targets, num_classes=2)
     assert np.isfinite(coco_map(preds, targets)['map'])
+
+
+# --- crowd regions --------------------------------------------------------------------------------------------
+
+def _with_crowd_regions(preds, targets, seed=0):
+    """Two crowd regions per image, clear of every object (x, y > 440), each with three high-scored detections
+    inside it: COCOeval ignores those detections (neither true nor false positives)."""
+    g = torch.Generator().manual_seed(seed)
+    crowd_preds, crowd_targets = [], []
+    for p, t in zip(preds, targets):
+        xy = 450 + torch.rand(2, 2, generator=g) * 200
+        regions = torch.cat((xy, xy + 60 + torch.rand(2, 2, generator=g) * 80), 1)  # (2, 4) xyxy
+        classes = torch.randint(0, 4, (2,), generator=g)
+        crowd_targets.append({'boxes': torch.cat((t['boxes'], regions)), 'labels': torch.cat((t['labels'], classes)),
+                              'iscrowd': torch.cat((t['iscrowd'], torch.ones(2, dtype=torch.long)))})
+        inside = []
+        for r in regions:  # sub-boxes: IoU with a crowd region is intersection / detection area, here 1
+            a = r[:2] + torch.rand(3, 2, generator=g) * 20
+            inside.append(torch.cat((a, torch.minimum(a + 10 + torch.rand(3, 2, generator=g) * 30, r[2:])), 1))
+        crowd_preds.append({'boxes': torch.cat((p['boxes'], *inside)),
+                            'scores': torch.cat((p['scores'], 0.9 + 0.1 * torch.rand(6, generator=g))),
+                            'labels': torch.cat((p['labels'], classes.repeat_interleave(3)))})
+    return crowd_preds, crowd_targets
+
+
+@pytest.mark.parametrize('backend', ['faster_coco_eval', 'pycocotools'])
+def test_detections_on_crowd_regions_are_ignored_as_cocoeval_does(backend):
+    preds, targets = _case(4)
+    preds, targets = _with_crowd_regions(preds, targets)
+    ref = _pycocotools_reference(preds, targets, 4)
+    ours = coco_map(preds, targets, num_classes=4, backend=backend)
+    for k in STATS:
+        assert ours[k] == pytest.approx(ref[k], abs=1e-9), k
+    # the detections inside crowd regions change nothing ...
+    plain = [{k: v[:-6] for k, v in p.items()} for p in preds]  # the last six of each image are in crowds
+    assert coco_map(plain, targets, num_classes=4, backend=backend)['map'] == pytest.approx(ours['map'])
+    # ... while without the crowd regions in the ground truth they are false positives
+    no_crowd = [{k: v[~t['iscrowd'].bool()] for k, v in t.items()} for t in targets]
+    assert coco_map(preds, no_crowd, num_classes=4, backend=backend)['map'] < ours['map'] - 0.02
+
+
+def _write_coco_with_crowds(root, seed=0):
+    """A COCO folder (``annotations/instances_val.json`` + ``val/*.png``) of non-square images with objects and
+    crowd regions, and detections in the files' pixels: jittered objects, misses, wrong classes, false
+    positives, and detections inside the crowd regions."""
+    from torchvision.io import write_png
+    rng = np.random.default_rng(seed)
+    (root / 'val').mkdir(parents=True)
+    (root / 'annotations').mkdir()
+    images, anns, dets = [], [], []
+    for i, (h, w) in enumerate([(120, 200), (200, 90), (160, 160), (100, 260), (240, 180), (130, 130)], start=1):
+        write_png(torch.zeros(3, h, w, dtype=torch.uint8), str(root / 'val' / f'{i}.png'))
+        images.append({'id': i, 'file_name': f'{i}.png', 'height': h, 'width': w})
+        for k in range(int(rng.integers(1, 7))):
+            bw, bh = rng.uniform(10, w / 2.5), rng.uniform(10, h / 2.5)
+            x, y = rng.uniform(0, w - bw), rng.uniform(0, h - bh)
+            crowd = int(k < 2 and i % 2 == 1)  # crowd regions in every other image
+            cat = int(rng.choice([1, 4, 9]))
+            anns.append({'id': len(anns) + 1, 'image_id': i, 'category_id': cat, 'bbox': [x, y, bw, bh],
+                         'area': bw * bh * 0.7, 'iscrowd': crowd})
+            for _ in range(3 if crowd else int(rng.random() > 0.2)):  # several inside a crowd; ~20 % misses
+                jx, jy, jw, jh = rng.normal(0, 0.08, 4) * [bw, bh, bw, bh]
+                dets.append({'image_id': i, 'category_id': cat if rng.random() > 0.1 else 4,
+                             'bbox': [x + jx, y + jy, bw + jw, bh + jh], 'score': float(rng.random())})
+        for _ in range(2):  # false positives
+            x, y = rng.uniform(0, w - 20), rng.uniform(0, h - 20)
+            dets.append({'image_id': i, 'category_id': int(rng.choice([1, 4, 9])), 'bbox': [x, y, 15.0, 15.0],
+                         'score': float(rng.random())})
+    cats = [{'id': c, 'name': f'c{c}'} for c in (9, 1, 4)]
+    (root / 'annotations' / 'instances_val.json').write_text(json.dumps(
+        {'images': images, 'annotations': anns, 'categories': cats}))
+    return dets
+
+
+@pytest.mark.parametrize('backend', ['faster_coco_eval', 'pycocotools'])
+def test_coco_folder_with_crowds_validates_like_cocoeval_on_the_file(tmp_path, backend):
+    """The loader carries ``iscrowd`` to the evaluator: validation mAP on letterboxed images (the recipe's
+    path: DataModule -> collate -> MeanAveragePrecision) equals pycocotools' COCOeval of the same detections
+    on the original annotation file. The area breakdown is left out: ours uses box areas at network scale
+    (docs/detection.md, Known limitations)."""
+    from pycocotools.coco import COCO
+    from pycocotools.cocoeval import COCOeval
+
+    from zoo.datasets import CocoDetectionDataModule
+
+    dets = _write_coco_with_crowds(tmp_path)
+    ann = json.loads((tmp_path / 'annotations' / 'instances_val.json').read_text())
+    assert sum(a['iscrowd'] for a in ann['annotations']) >= 4
+    dm = CocoDetectionDataModule(str(tmp_path), train_split='val', img_size=128, augment=False, batch_size=4)
+    dm.setup()
+    metric = MeanAveragePrecision(dm.num_classes, backend)
+    label_of = {c: i for i, c in enumerate(dm.categories)}
+    for _, targets in dm.val_dataloader():
+        preds = []
+        for t in targets:  # the file's detections, letterboxed like the image: x * scale + pad
+            mine = [d for d in dets if d['image_id'] == t['image_id']]
+            xywh = torch.tensor([d['bbox'] for d in mine], dtype=torch.float64).reshape(-1, 4)
+            xyxy = torch.cat((xywh[:, :2], xywh[:, :2] + xywh[:, 2:]), 1)
+            (sx, sy), (px, py) = t['scale'], t['pad']
+            preds.append({'boxes': xyxy * torch.tensor([sx, sy, sx, sy]) + torch.tensor([px, py, px, py]),
+                          'scores': torch.tensor([d['score'] for d in mine]),
+                          'labels': torch.tensor([label_of[d['category_id']] for d in mine])})
+        metric.update(preds, targets)
+    ours = metric.compute()
+
+    with contextlib.redirect_stdout(io.StringIO()):
+        gt = COCO(str(tmp_path / 'annotations' / 'instances_val.json'))
+        ev = COCOeval(gt, gt.loadRes(dets), 'bbox')
+        ev.evaluate()
+        ev.accumulate()
+        ev.summarize()
+    ref = dict(zip(STATS, ev.stats))
+    assert 0.1 < ref['map'] < 0.9
+    for k in ('map', 'map50', 'map75', 'mar_1', 'mar_10', 'mar_100'):
+        assert ours[k] == pytest.approx(ref[k], abs=1e-6), k
+
+
+# --- the backbone table reads each backbone's mAP from the results database ------------------------------------
+
+def test_backbone_table_reads_the_trained_map_of_each_architecture(tmp_path, capsys):
+    """``detection_bench backbones`` measures the detectors its configs build (tiny sizes here; no timing is
+    asserted) and takes mAP from the newest finished fit run of the same architecture and dataset."""
+    import zoo
+    from zoo.eval import detection_bench as bench
+    from zoo.eval.profile import fingerprint
+    from zoo.eval.results import ResultsDB
+
+    name, args = bench.read_config('resnet_shapes_det.yaml')
+    fp = fingerprint(zoo.create(name, num_classes=6, **args))
+    db = ResultsDB(f'sqlite:///{tmp_path / "r.db"}')
+    for value, status, dataset in ((0.5, 'finished', 'shapes_det'), (0.6, 'finished', 'shapes_det'),
+                                   (0.9, 'failed', 'shapes_det'), (0.95, 'finished', 'digits_det')):
+        rid = db.start_run(name, task='detection', stage='fit', dataset=dataset, arch_fingerprint=fp, max_epochs=6)
+        db.log_metrics(rid, {'val/map': value, 'val/map50': value + 0.3}, final=True)
+        db.finish_run(rid, status)
+    tiny = dict(sizes=(64,), batches=(1,), repeats=2, train_batch=2, train_size=64, train_steps=2)
+    rows, info = bench.backbone_table(['resnet_shapes_det.yaml', 'poolformer_shapes_det.yaml'],
+                                      db=str(tmp_path / 'r.db'), **tiny)
+    res, pool = rows
+    assert res['config'] == 'resnet_shapes_det' and res['val/map'] == 0.6 and res['val/map50'] == pytest.approx(0.9)
+    assert res['mAP per ms (b1 64)'] == pytest.approx(0.6 / res['ms b1 64']) and res['run (epochs)'] == '2 (6)'
+    assert np.isnan(pool['val/map']) and pool['run (epochs)'] == 'none'  # not trained
+    assert res['params (M)'] != pool['params (M)'] and res['ms b1 64 IQR'] >= 0 and res['train img/s (b2, 64)'] > 0
+    assert {'load_before', 'load_after', 'threads'} <= set(info)
+    assert bench.main(['backbones', 'nope.yaml']) == 2
+    assert 'config not found: nope.yaml' in capsys.readouterr().err

@@ -221,6 +221,25 @@ def test_loss_backward_with_empty_images_and_gains():
         loss(m(torch.randn(1, 3, 64, 64)), [{'boxes': torch.tensor([[0.0, 0, 9, 9]]), 'labels': torch.tensor([3])}])
 
 
+def test_crowd_regions_are_not_training_targets():
+    """COCO crowd regions (``iscrowd``) are left out of the assignment: the loss equals the loss without them,
+    and differs from the loss with them as ordinary objects."""
+    torch.manual_seed(0)
+    m = zoo.create('yolo_det_tiny').train()
+    loss = DetectionLoss(m.head)
+    maps = m(torch.randn(2, 3, 64, 64))
+    obj = {'boxes': torch.tensor([[4.0, 6.0, 40.0, 30.0]]), 'labels': torch.tensor([2])}
+    crowd = {'boxes': torch.tensor([[4.0, 6.0, 40.0, 30.0], [30.0, 30.0, 62.0, 60.0]]), 'labels': torch.tensor([2, 0]),
+             'iscrowd': torch.tensor([False, True])}
+    only_crowd = {'boxes': torch.tensor([[8.0, 8.0, 56.0, 56.0]]), 'labels': torch.tensor([1]),
+                  'iscrowd': torch.tensor([True])}
+    empty = {'boxes': torch.zeros(0, 4), 'labels': torch.zeros(0, dtype=torch.long)}
+    with_crowd, _ = loss(maps, [crowd, only_crowd])
+    without, _ = loss(maps, [obj, empty])
+    as_objects, _ = loss(maps, [{k: crowd[k] for k in ('boxes', 'labels')}, only_crowd | {'iscrowd': None}])
+    assert torch.equal(with_crowd, without) and not torch.allclose(with_crowd, as_objects)
+
+
 def test_postprocess_nms_is_class_aware():
     boxes = torch.tensor([[0.0, 0, 10, 10], [1, 1, 10, 10], [0, 0, 10, 10], [50, 50, 60, 60]])
     scores = torch.tensor([[0.9, 0.0], [0.8, 0.0], [0.0, 0.7], [0.0, 0.1]])

@@ -174,19 +174,32 @@ def postprocess(y: torch.Tensor, conf: float = 0.25, iou: float = 0.7, max_det: 
 # Assignment and loss
 
 
+def _objects(t: dict) -> tuple[torch.Tensor, torch.Tensor]:
+    """One target's boxes (n, 4) and labels (n,) without its crowd regions (``iscrowd``, COCO): a crowd region
+    is a place where detections are not scored, not an object to regress."""
+    boxes = torch.as_tensor(t['boxes'], dtype=torch.float).reshape(-1, 4)
+    labels = torch.as_tensor(t['labels']).long().reshape(-1)
+    if t.get('iscrowd') is not None:
+        keep = ~torch.as_tensor(t['iscrowd'], device=labels.device).bool().reshape(-1)
+        boxes, labels = boxes[keep], labels[keep]
+    return boxes, labels
+
+
 def pad_targets(targets: Sequence[dict], device=None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Per-image ``{'boxes': (n, 4) xyxy, 'labels': (n,)}`` -> padded boxes (B, M, 4), labels (B, M, 1) and a
-    validity mask (B, M, 1), M = the largest n (0 when no image has objects)."""
-    m = max((len(t['labels']) for t in targets), default=0)
+    """Per-image ``{'boxes': (n, 4) xyxy, 'labels': (n,)}`` (optional ``'iscrowd'`` (n,): those boxes are left
+    out) -> padded boxes (B, M, 4), labels (B, M, 1) and a validity mask (B, M, 1), M = the largest number of
+    objects (0 when no image has any)."""
+    objects = [_objects(t) for t in targets]
+    m = max((len(l) for _, l in objects), default=0)
     b = len(targets)
     boxes = torch.zeros(b, m, 4, device=device)
     labels = torch.zeros(b, m, 1, dtype=torch.long, device=device)
     mask = torch.zeros(b, m, 1, dtype=torch.bool, device=device)
-    for i, t in enumerate(targets):
-        n = len(t['labels'])
+    for i, (bx, lb) in enumerate(objects):
+        n = len(lb)
         if n:
-            boxes[i, :n] = torch.as_tensor(t['boxes'], dtype=torch.float, device=device).reshape(n, 4)
-            labels[i, :n, 0] = torch.as_tensor(t['labels'], device=device).long()
+            boxes[i, :n] = bx.to(device)
+            labels[i, :n, 0] = lb.to(device)
             mask[i, :n] = True
     return boxes, labels, mask
 
@@ -277,7 +290,8 @@ class DetectionLoss(nn.Module):
 
     Weighted by the task-aligned target scores and divided by their sum; gains box 7.5, cls 0.5, dfl 1.5;
     the total is multiplied by the batch size (YOLOv8's convention). ``forward(maps, targets)`` takes the raw
-    head maps and per-image ``{'boxes': (n, 4) xyxy pixels, 'labels': (n,)}`` and returns
+    head maps and per-image ``{'boxes': (n, 4) xyxy pixels, 'labels': (n,)}`` (boxes flagged by an optional
+    ``'iscrowd'`` are left out: COCO crowd regions are not objects to regress) and returns
     ``(total, {'box': ..., 'cls': ..., 'dfl': ...})`` (the parts detached, after their gains).
     """
 
