@@ -47,20 +47,20 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _torchrun(tmp_path: Path) -> None:
+def _torchrun(tmp_path: Path, args: list[str] = ARGS) -> None:
     cmd = [sys.executable, '-m', 'torch.distributed.run', '--standalone', '--nproc_per_node', '2',
-           '-m', 'zoo.recipes.main', *ARGS]
+           '-m', 'zoo.recipes.main', *args]
     proc = subprocess.run(cmd, cwd=tmp_path, env=_env(tmp_path), capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
 
 
-def _srun(tmp_path: Path) -> None:
+def _srun(tmp_path: Path, args: list[str] = ARGS) -> None:
     """What ``srun --ntasks-per-node=2 zoo fit ...`` starts on one node: two processes that differ only in
     ``SLURM_PROCID``/``SLURM_LOCALID``."""
     env = {**_env(tmp_path), 'SLURM_JOB_ID': '4242', 'SLURM_JOB_NAME': 'zoo', 'SLURM_NTASKS': '2',
            'SLURM_NTASKS_PER_NODE': '2', 'SLURM_NNODES': '1', 'SLURM_NODEID': '0',
            'SLURM_NODELIST': '127.0.0.1', 'MASTER_PORT': str(_free_port())}
-    procs = [subprocess.Popen([sys.executable, '-m', 'zoo.recipes.main', *ARGS], cwd=tmp_path,
+    procs = [subprocess.Popen([sys.executable, '-m', 'zoo.recipes.main', *args], cwd=tmp_path,
                               env={**env, 'SLURM_PROCID': str(r), 'SLURM_LOCALID': str(r)},
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for r in range(2)]
     outs = [p.communicate(timeout=600) for p in procs]
@@ -112,6 +112,27 @@ def test_a_ddp_job_leaves_one_run_one_checkpoint_set_one_row_and_reduced_metrics
     assert row['val/acc1'] == pytest.approx(whole, abs=1e-6)
     final = results.metrics(int(row['id']), db=db, name='val/acc1', final=True)
     assert final['value'].tolist() == pytest.approx([whole], abs=1e-6)
+
+
+def test_language_model_accuracy_counts_every_rank(tmp_path, monkeypatch):
+    """CausalLM counts exact answers and tokens itself (not torchmetrics): a 2-process `zoo validate` must
+    report the counts of both ranks added up, i.e. what one process reports over the whole split (128
+    windows, 64 per rank). The untrained model gets about 1 token in 67 right, so each rank's share alone
+    gives another token accuracy than the whole (about 30 hits in 2,000 tokens per rank)."""
+    lm = ROOT / 'recipes' / 'configs' / 'lm' / 'llama_tiny_copy.yaml'
+    args = ['validate', '-c', str(lm), '--data.init_args.train_windows', '64', '--trainer.enable_progress_bar',
+            'false', '--trainer.enable_model_summary', 'false']
+    _srun(tmp_path, [*args, '--trainer.devices', '2', '--trainer.strategy', 'ddp'])
+    [ddp] = results.runs(db=str(tmp_path / 'results.db')).to_dict('records')
+
+    from zoo.recipes.main import main
+    monkeypatch.setenv('ZOO_RUNS', str(tmp_path / 'one'))
+    assert main([*args, '--db', str(tmp_path / 'one.db')]) == 0
+    [one] = results.runs(db=str(tmp_path / 'one.db')).to_dict('records')
+    assert ddp['env']['devices'] == 2 and one['env']['devices'] == 1
+    assert ddp['val/token_acc'] == pytest.approx(one['val/token_acc'], abs=1e-9)
+    assert ddp['val/acc'] == pytest.approx(one['val/acc'], abs=1e-9)
+    assert ddp['val/loss'] == pytest.approx(one['val/loss'], rel=1e-5)
 
 
 def test_only_a_multi_process_torchrun_or_srun_launch_shares_rank_0s_folder(monkeypatch):
