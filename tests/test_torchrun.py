@@ -113,6 +113,14 @@ def test_a_ddp_job_leaves_one_run_one_checkpoint_set_one_row_and_reduced_metrics
     final = results.metrics(int(row['id']), db=db, name='val/acc1', final=True)
     assert final['value'].tolist() == pytest.approx([whole], abs=1e-6)
 
+    if launch is _srun:  # a requeued job: every rank resolves --ckpt_path last to the same file and goes on
+        launch(tmp_path, [*ARGS, '--trainer.max_epochs', '3', '--ckpt_path', 'last'])
+        folders = sorted(p for p in stem.iterdir() if p.is_dir() and not p.is_symlink())
+        assert len(folders) == 2 and folders[0] == run and (stem / 'latest').resolve() == folders[1].resolve()
+        last = torch.load(folders[1] / 'checkpoints' / 'last.ckpt', map_location='cpu', weights_only=False)
+        assert (last['epoch'], last['global_step']) == (2, 9)             # epochs 0-1 from the first job
+        assert len(results.runs(db=db)) == 2
+
 
 def test_language_model_accuracy_counts_every_rank(tmp_path, monkeypatch):
     """CausalLM counts exact answers and tokens itself (not torchmetrics): a 2-process `zoo validate` must
