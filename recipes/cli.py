@@ -110,6 +110,18 @@ def shared_run_dir(env, make, backend: str) -> Path:
     return Path(path[0])
 
 
+def _check_world_size(cfg, env) -> None:
+    """Refuse a launch whose process count the trainer does not expect. With ``devices: 1`` (every recipe's
+    default) Lightning would not use DDP at all: each process would train alone, all as rank 0."""
+    trainer = cfg.get('trainer') or {}
+    devices, nodes = trainer.get('devices', 'auto'), trainer.get('num_nodes', 1)
+    if str(devices).isdigit() and str(nodes).isdigit() and int(devices) * int(nodes) != env.world_size():
+        launcher = 'torchrun' if type(env).__name__ == 'TorchElasticEnvironment' else 'SLURM'
+        raise ValueError(f'{launcher} started {env.world_size()} processes but the trainer expects '
+                         f'devices x num_nodes = {devices} x {nodes}; pass --trainer.devices <processes per node> '
+                         f'and --trainer.num_nodes <nodes>')
+
+
 _GLOO = []
 
 
@@ -210,6 +222,7 @@ class ZooCLI(LightningCLI):
         inherited = os.environ.get(_RUN_DIR_ENV)
         launch = external_launch()
         if launch is not None:
+            _check_world_size(cfg, launch)
             self.run_dir = shared_run_dir(launch, lambda: new_run_dir(cfg.run_root, stem), _pg_backend(cfg))
         elif inherited and int(os.environ.get('LOCAL_RANK', '0')) > 0:
             self.run_dir = Path(inherited)

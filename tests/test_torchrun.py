@@ -54,7 +54,7 @@ def _torchrun(tmp_path: Path, args: list[str] = ARGS) -> None:
     assert proc.returncode == 0, proc.stderr[-3000:]
 
 
-def _srun(tmp_path: Path, args: list[str] = ARGS) -> None:
+def _srun(tmp_path: Path, args: list[str] = ARGS, check: bool = True) -> list[tuple[int, str]]:
     """What ``srun --ntasks-per-node=2 zoo fit ...`` starts on one node: two processes that differ only in
     ``SLURM_PROCID``/``SLURM_LOCALID``."""
     env = {**_env(tmp_path), 'SLURM_JOB_ID': '4242', 'SLURM_JOB_NAME': 'zoo', 'SLURM_NTASKS': '2',
@@ -63,9 +63,10 @@ def _srun(tmp_path: Path, args: list[str] = ARGS) -> None:
     procs = [subprocess.Popen([sys.executable, '-m', 'zoo.recipes.main', *args], cwd=tmp_path,
                               env={**env, 'SLURM_PROCID': str(r), 'SLURM_LOCALID': str(r)},
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for r in range(2)]
-    outs = [p.communicate(timeout=600) for p in procs]
-    for p, (_, err) in zip(procs, outs):
-        assert p.returncode == 0, err[-3000:]
+    outs = [(p.communicate(timeout=600)[1], p.returncode) for p in procs]
+    for err, code in outs:
+        assert code == 0 or not check, err[-3000:]
+    return [(code, err) for err, code in outs]
 
 
 def _whole_val_set_accuracy(ckpt: Path) -> tuple[float, float]:
@@ -141,6 +142,18 @@ def test_language_model_accuracy_counts_every_rank(tmp_path, monkeypatch):
     assert ddp['val/token_acc'] == pytest.approx(one['val/token_acc'], abs=1e-9)
     assert ddp['val/acc'] == pytest.approx(one['val/acc'], abs=1e-9)
     assert ddp['val/loss'] == pytest.approx(one['val/loss'], rel=1e-5)
+
+
+def test_a_launch_the_trainer_does_not_expect_is_refused(tmp_path):
+    """Two SLURM tasks and the recipe's ``devices: 1``: Lightning would train two independent single-device
+    runs, each as rank 0, in one folder. Both processes stop at once with one line and exit code 2."""
+    args = [*ARGS, '--trainer.devices', '1', '--trainer.strategy', 'auto']
+    for code, err in _srun(tmp_path, args, check=False):
+        assert code == 2, err[-3000:]
+        assert ('zoo fit: error: SLURM started 2 processes but the trainer expects devices x num_nodes = 1 x 1; '
+                'pass --trainer.devices') in err
+        assert 'Traceback' not in err
+    assert not (tmp_path / 'runs').exists() and not (tmp_path / 'results.db').exists()
 
 
 def test_only_a_multi_process_torchrun_or_srun_launch_shares_rank_0s_folder(monkeypatch):
