@@ -87,6 +87,7 @@ def _whole_val_set_accuracy(ckpt: Path) -> tuple[float, float]:
     return correct.mean().item(), correct[0::2].mean().item()  # DistributedSampler: rank 0 takes 0, 2, 4, ...
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('launch', [_torchrun, _srun], ids=['torchrun', 'srun'])
 def test_a_ddp_job_leaves_one_run_one_checkpoint_set_one_row_and_reduced_metrics(tmp_path, launch):
     launch(tmp_path)
@@ -123,6 +124,22 @@ def test_a_ddp_job_leaves_one_run_one_checkpoint_set_one_row_and_reduced_metrics
         assert len(results.runs(db=db)) == 2
 
 
+@pytest.mark.slow
+def test_seeds_under_torchrun_give_one_folder_and_one_row_per_seed(tmp_path):
+    """``zoo fit --seeds 0,1`` runs two fits in one launch: each gets its own folder, shared by both ranks
+    (the second fit reuses the process group), and its own run row."""
+    _torchrun(tmp_path, [*ARGS, '--trainer.max_epochs', '1', '--trainer.limit_train_batches', '1',
+                         '--trainer.limit_val_batches', '1', '--seeds', '0,1'])
+    stem = tmp_path / 'runs' / DEMO.stem
+    folders = sorted(p for p in stem.iterdir() if p.is_dir() and not p.is_symlink())
+    assert len(folders) == 2, folders
+    for run in folders:
+        assert sorted(p.name.split('-')[0] for p in (run / 'checkpoints').iterdir()) == ['best', 'last.ckpt']
+    rows = results.runs(db=str(tmp_path / 'results.db'))
+    assert sorted(rows['seed']) == [0, 1] and set(rows['status']) == {'finished'}
+
+
+@pytest.mark.slow
 def test_language_model_accuracy_counts_every_rank(tmp_path, monkeypatch):
     """CausalLM counts exact answers and tokens itself (not torchmetrics): a 2-process `zoo validate` must
     report the counts of both ranks added up, i.e. what one process reports over the whole split (128
