@@ -11,7 +11,8 @@ Model and data use LightningCLI's subclass form (``class_path`` + ``init_args``)
 a new folder ``<run_root>/<config stem>/<timestamp>/`` holding the resolved ``config.yaml``,
 ``checkpoints/`` (see ``checkpointing.py``) and ``metrics.csv``; an existing folder is never reused, and
 ``<stem>/latest`` points at the newest fit that wrote a checkpoint. ``num_classes``/``in_chans`` of the model default to the
-DataModule's.
+DataModule's. A DDP job is one run: its processes share rank 0's folder, whether Lightning, ``torchrun`` or
+``srun`` started them (``docs/cluster.md``).
 """
 from __future__ import annotations
 
