@@ -11,7 +11,8 @@ Model and data use LightningCLI's subclass form (``class_path`` + ``init_args``)
 a new folder ``<run_root>/<config stem>/<timestamp>/`` holding the resolved ``config.yaml``,
 ``checkpoints/`` (see ``checkpointing.py``) and ``metrics.csv``; an existing folder is never reused, and
 ``<stem>/latest`` points at the newest fit that wrote a checkpoint. ``num_classes``/``in_chans`` of the model default to the
-DataModule's.
+DataModule's. A DDP job is one run: its processes share rank 0's folder, whether Lightning, ``torchrun`` or
+``srun`` started them (``docs/cluster.md``).
 """
 from __future__ import annotations
 
@@ -74,6 +75,78 @@ def new_run_dir(root: str | Path, stem: str) -> Path:
         except FileExistsError:
             continue
     raise RuntimeError(f'could not create a new run folder under {base}')
+
+
+def external_launch():
+    """Lightning's cluster environment when ``torchrun`` or ``srun`` started this process as one of several,
+    else None. Such processes start together, so none can inherit rank 0's run folder through the
+    environment (as the processes Lightning launches itself do); ``shared_run_dir`` sends it to them.
+    TorchElastic is checked before SLURM, as Lightning does (torchrun may run inside a SLURM job)."""
+    from lightning.fabric.plugins.environments import SLURMEnvironment, TorchElasticEnvironment
+
+    for env_type in (TorchElasticEnvironment, SLURMEnvironment):
+        if env_type.detect():
+            env = env_type()
+            return env if env.world_size() > 1 else None
+    return None
+
+
+def shared_run_dir(env, make, backend: str) -> Path:
+    """Global rank 0 calls ``make()`` for a new run folder; every rank returns its path.
+
+    The path travels by ``broadcast_object_list`` over the process group, which is set up here from
+    Lightning's cluster environment (the address, port and ranks torchrun or SLURM give) with the backend
+    Lightning would choose, and which Lightning's DDP strategy then reuses (it skips its own set-up when one
+    exists). A folder name derived from the launch instead (``TORCHELASTIC_RUN_ID``, ``SLURM_JOB_ID``) would
+    not be new for every run: torchrun's default run id is ``none``, a requeued SLURM job keeps its id, and
+    ``--seeds`` runs several fits in one launch."""
+    import torch.distributed as dist
+    from lightning.fabric.utilities.distributed import _init_dist_connection
+    from torch.distributed.constants import default_pg_timeout
+
+    _init_dist_connection(env, backend, timeout=default_pg_timeout)  # a no-op when the group exists
+    path = [str(make()) if env.global_rank() == 0 else None]
+    # A Python object goes over gloo (CPU memory); NCCL would need each rank's CUDA device chosen first.
+    dist.broadcast_object_list(path, src=0, group=None if dist.get_backend() == 'gloo' else _gloo_group())
+    return Path(path[0])
+
+
+def _check_world_size(cfg, env) -> None:
+    """Refuse a launch whose process count the trainer does not expect. With ``devices: 1`` (every recipe's
+    default) Lightning would not use DDP at all: each process would train alone, all as rank 0."""
+    trainer = cfg.get('trainer') or {}
+    devices, nodes = trainer.get('devices', 'auto'), trainer.get('num_nodes', 1)
+    if str(devices).isdigit() and str(nodes).isdigit() and int(devices) * int(nodes) != env.world_size():
+        launcher = 'torchrun' if type(env).__name__ == 'TorchElasticEnvironment' else 'SLURM'
+        raise ValueError(f'{launcher} started {env.world_size()} processes but the trainer expects '
+                         f'devices x num_nodes = {devices} x {nodes}; pass --trainer.devices <processes per node> '
+                         f'and --trainer.num_nodes <nodes>')
+
+
+_GLOO = []
+
+
+def _gloo_group():
+    """One gloo group beside an NCCL default group, made once per process (every rank must make it)."""
+    import torch.distributed as dist
+
+    if not _GLOO:
+        _GLOO.append(dist.new_group(backend='gloo'))
+    return _GLOO[0]
+
+
+def _pg_backend(cfg) -> str:
+    """The process-group backend Lightning's DDP strategy would pick: the config's
+    ``--trainer.strategy.process_group_backend``, else NCCL on CUDA devices and gloo otherwise."""
+    import torch
+
+    trainer = cfg.get('trainer') or {}
+    strategy = trainer.get('strategy')
+    backend = _init_args(strategy).get('process_group_backend') if hasattr(strategy, 'get') else None
+    if backend:
+        return backend
+    accelerator = str(trainer.get('accelerator') or 'auto')
+    return 'nccl' if accelerator in ('auto', 'gpu', 'cuda') and torch.cuda.is_available() else 'gloo'
 
 
 def _point_latest(run_dir: Path) -> None:
@@ -145,9 +218,14 @@ class ZooCLI(LightningCLI):
         stem = self._stem(cfg)
         self.run_stem = stem
         self._check_model_name(model_cfg)  # before making a run folder
-        # One run folder for all processes of a DDP job: rank 0 makes it, the ranks it launches inherit it.
+        # One run folder for all processes of a DDP job: rank 0 makes it; the ranks torchrun or srun started
+        # receive its path, the ranks Lightning launches itself inherit it.
         inherited = os.environ.get(_RUN_DIR_ENV)
-        if inherited and int(os.environ.get('LOCAL_RANK', '0')) > 0:
+        launch = external_launch()
+        if launch is not None:
+            _check_world_size(cfg, launch)
+            self.run_dir = shared_run_dir(launch, lambda: new_run_dir(cfg.run_root, stem), _pg_backend(cfg))
+        elif inherited and int(os.environ.get('LOCAL_RANK', '0')) > 0:
             self.run_dir = Path(inherited)
         else:
             self.run_dir = new_run_dir(cfg.run_root, stem)

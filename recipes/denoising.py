@@ -78,7 +78,8 @@ class Denoiser(LightningModule):
         psnr, ssim = (self.val_psnr, self.val_ssim) if split == 'val' else (self.test_psnr, self.test_ssim)
         psnr(out.clamp(0, 1), clean)
         ssim(out.clamp(0, 1), clean)
-        self.log(f'{split}/loss', F.mse_loss(out, clean), on_step=False, on_epoch=True, batch_size=clean.shape[0])
+        self.log(f'{split}/loss', F.mse_loss(out, clean), on_step=False, on_epoch=True, batch_size=clean.shape[0],
+                 sync_dist=True)
         self.log(f'{split}/psnr', psnr, on_step=False, on_epoch=True, prog_bar=True, batch_size=clean.shape[0])
         self.log(f'{split}/ssim', ssim, on_step=False, on_epoch=True, batch_size=clean.shape[0])
 

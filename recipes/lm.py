@@ -94,7 +94,7 @@ class CausalLM(L.LightningModule):
 
     def _eval_step(self, batch, split: str):
         logits = self(batch['input'])
-        self.log(f'{split}/loss', self._loss(logits, batch), prog_bar=True)
+        self.log(f'{split}/loss', self._loss(logits, batch), prog_bar=True, sync_dist=True)
         ok, tag, tok_ok = answer_accuracy(logits, batch)
         acc = self._acc.setdefault(split, {'tok': [0, 0]})
         acc['tok'][0] += int(tok_ok.sum()); acc['tok'][1] += tok_ok.numel()  # noqa: E702
@@ -109,7 +109,7 @@ class CausalLM(L.LightningModule):
         self._eval_step(batch, 'test')
 
     def _eval_end(self, split: str):
-        acc = self._acc.pop(split, None)
+        acc = self._counts(self._acc.pop(split, None) or {})
         if not acc:
             return
         tok = acc.pop('tok')
@@ -128,6 +128,20 @@ class CausalLM(L.LightningModule):
             self.log(f'{split}/acc_generated', overall, prog_bar=True)
             for d, a in by_depth.items():
                 self.log(f'{split}/acc_depth{d}', a)
+
+    def _counts(self, acc: dict) -> dict:
+        """The (correct, total) counts of every process added up: under DDP each one saw its share of the split."""
+        if self.trainer.world_size == 1:
+            return acc
+        import torch.distributed as dist
+        parts = [None] * self.trainer.world_size
+        dist.all_gather_object(parts, acc)
+        total = {}
+        for part in parts:
+            for k, (c, n) in part.items():
+                t = total.setdefault(k, [0, 0])
+                t[0] += c; t[1] += n  # noqa: E702
+        return total
 
     @torch.no_grad()
     def generated_accuracy(self, dm) -> tuple[float, dict[int, float]]:
