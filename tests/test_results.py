@@ -513,6 +513,43 @@ def test_bench_db_writes_latency_rows(zoo_db, capsys):
     assert lat.model.tolist() == ['poolformer_tiny'] and lat.batch_size.tolist() == [1]
     assert lat.median_ms[0] > 0 and lat.params[0] > 0 and lat.macs[0] > 0 and lat.arch_fingerprint[0]
     assert lat.input_shape[0] == 'x'.join(map(str, __import__('zoo').model_info('poolformer_tiny').input_size))
+    assert lat.source[0] == 'bench' and lat.warmup[0] == 1 and lat.load_1m.notna()[0] and lat.cpus[0] >= 1
+
+
+def test_results_on_a_missing_database_is_one_line_and_creates_nothing(zoo_db, tmp_path, capsys):
+    missing = tmp_path / 'typo.db'
+    assert main(['results', '--db', str(missing)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count('\n') == 0 and 'no results database at' in err and 'nothing was created' in err
+    assert not missing.exists() and not zoo_db.exists()            # nor the default ($ZOO_DB)
+    assert main(['results']) == 2 and not zoo_db.exists()
+    # writers still create it
+    assert main(['bench', 'poolformer_tiny', '--repeats', '2', '--time', '0', '--db', str(missing)]) == 0
+    assert missing.exists() and main(['results', '--db', str(missing)]) == 0
+
+
+def test_a_database_with_damaged_pages_is_one_line_and_kept(zoo_db, capsys):
+    """A real store whose header and schema are intact but whose row pages are damaged (a disk fault, a
+    partial copy): the error shows only when a query reaches them. issue 15: a 74-line traceback."""
+    db = R.ResultsDB(str(zoo_db))
+    for i in range(150):
+        rid = db.start_run(f'net_{i % 5}', task='classification', dataset='digits', seed=i,
+                           config={'pad': 'x' * 500})
+        db.log_metrics(rid, {'val/acc1': 0.5}, final=True)
+        db.finish_run(rid)
+    db.close()
+    data = bytearray(zoo_db.read_bytes())
+    pages = len(data) // 4096
+    assert pages > 40
+    for pg in range(pages // 2, pages // 2 + 10):                   # ten row pages in the middle
+        data[pg * 4096:(pg + 1) * 4096] = bytes((i * 37 + pg) % 256 for i in range(4096))
+    zoo_db.write_bytes(bytes(data))
+    for argv in (['results', '--db', str(zoo_db)], ['results', '--runs', '--db', str(zoo_db)]):
+        R._DBS.clear()
+        assert main(argv) == 2
+        err = capsys.readouterr().err.strip()
+        assert err.count('\n') == 0 and 'corrupt' in err and 'left untouched' in err, err
+        assert zoo_db.read_bytes() == bytes(data)
 
 
 def test_import_zoo_does_not_load_sqlalchemy():
@@ -604,6 +641,9 @@ def test_callback_records_run_metrics_and_latency(monkeypatch):
     assert 'train/loss' in final
     lat = R.latency()
     assert lat.run_id.tolist() == [cb.run_id] and lat.input_shape.tolist() == ['1x4x4'] and lat.macs[0] == 144
+    # the controlled protocol: warm-up, at least the asked repeats, the load it was taken at, marked 'fit'
+    assert lat.source[0] == 'fit' and lat.warmup[0] == 1 and lat.repeats[0] >= 2 and lat.load_1m.notna()[0]
+    assert lat.cpus[0] >= 1 and lat.duration_s[0] > 0 and lat.threads[0] == torch.get_num_threads()
 
     trainer2, cb2 = _trainer()
     trainer2.test(system, loader)
