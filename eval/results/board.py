@@ -10,6 +10,11 @@ from .schema import ResultsDBError, runs_table
 from .stats import AGGREGATE_STATISTICS, iqm, stratified_bootstrap, t_interval
 from .store import open_db
 
+# Fewer seeds than this get no interval: with two values a "95 % interval" is only their range (a bootstrap
+# of two values returns min and max), and a Student-t interval on one degree of freedom is 12.7 standard
+# errors wide. From three seeds on, the Student-t interval of the mean is given.
+MIN_SEEDS_FOR_INTERVAL = 3
+
 AGGREGATE_COLUMNS = ['model', 'n_tasks', 'n_runs', 'runs_per_task', 'iqm', 'iqm_low', 'iqm_high', 'mean',
                      'mean_low', 'mean_high', 'note']
 
@@ -28,8 +33,8 @@ def aggregate(metric: str = 'val/acc1', *, db=None, model: str | None = None, ta
     resamples runs within each task independently. ``common=True`` keeps only the tasks every compared
     model has, so the numbers are comparable. Scores of different tasks must share a scale: pass
     ``normalize={'digits': (0.1, 1.0), ...}`` (stratum label -> (low, high), e.g. chance and perfect
-    accuracy) to map each task to [0, 1]. A model with fewer than two runs in some task gets no
-    interval (NaN) and says so in ``note``. Returns a DataFrame sorted best first."""
+    accuracy) to map each task to [0, 1]. A model with fewer than three runs in some task gets no
+    interval (NaN; resampling two runs only spans their range) and says so in ``note``. Returns a DataFrame sorted best first."""
     import numpy as np
     import pandas as pd
 
@@ -78,10 +83,15 @@ def aggregate(metric: str = 'val/acc1', *, db=None, model: str | None = None, ta
                    note='')
         for stat, fn in AGGREGATE_STATISTICS.items():
             row[stat] = float(fn(pooled))
-            row[f'{stat}_low'], row[f'{stat}_high'] = stratified_bootstrap(strata, fn, n_boot, level, seed)
+            row[f'{stat}_low'], row[f'{stat}_high'] = (
+                stratified_bootstrap(strata, fn, n_boot, level, seed) if min(counts) >= MIN_SEEDS_FOR_INTERVAL
+                else (float('nan'), float('nan')))
         if min(counts) < 2:
             row['note'] = (f'no interval: {sum(c < 2 for c in counts)} of {len(counts)} task(s) have a single run '
                            '(run more seeds, e.g. zoo fit --seeds 0,1,2)')
+        elif min(counts) < MIN_SEEDS_FOR_INTERVAL:     # resampling 2 runs only spans their range
+            row['note'] = (f'no interval: {sum(c < MIN_SEEDS_FOR_INTERVAL for c in counts)} of {len(counts)} task(s) '
+                           'have n=2 runs, too few for an interval (run more seeds, e.g. zoo fit --seeds 0,1,2)')
         elif len(pooled) < 4:
             row['note'] = 'IQM of fewer than 4 runs trims nothing (it equals the mean)'
         rows.append(row)
@@ -118,10 +128,6 @@ LEADERBOARD_COLUMNS = ['model', 'family', 'model_args', 'block_choices', 'budget
                        'latency_source', 'latency_load', 'latency_repeats', 'latency_id', 'arch_fingerprint',
                        'aliases', 'config_key', 'run_ids']
 
-# Fewer seeds than this get no interval: with two values a "95 % interval" is only their range (a bootstrap
-# of two values returns min and max), and a Student-t interval on one degree of freedom is 12.7 standard
-# errors wide. From three seeds on, the Student-t interval of the mean is given.
-MIN_SEEDS_FOR_INTERVAL = 3
 INTERVAL = 'Student-t 95 % interval of the mean over seeds (n >= 3)'
 
 
