@@ -78,7 +78,7 @@ class ResultsCallback(Callback):
     """
 
     def __init__(self, db: str | None = None, latency: bool | None = None, latency_repeats: int = 20,
-                 latency_warmup: int = 5, latency_budget_s: float = 2.0, study_name: str | None = None,
+                 latency_warmup: int = 5, latency_budget_s: float = 1.0, study_name: str | None = None,
                  trial_number: int | None = None,
                  recipe: str | None = None, config: dict | None = None, trial: TrialContext | None = None):
         self.db = db

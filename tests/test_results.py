@@ -509,7 +509,7 @@ def test_cli_results_formats_and_plot(fixture_db, tmp_path, capsys):
 
 
 def test_bench_db_writes_latency_rows(zoo_db, capsys):
-    assert main(['bench', 'poolformer_tiny', '--repeats', '2', '--warmup', '1', '--db', str(zoo_db)]) == 0
+    assert main(['bench', 'poolformer_tiny', '--repeats', '2', '--warmup', '1', '--time', '0', '--db', str(zoo_db)]) == 0
     lat = R.latency()
     assert lat.model.tolist() == ['poolformer_tiny'] and lat.batch_size.tolist() == [1]
     assert lat.median_ms[0] > 0 and lat.params[0] > 0 and lat.macs[0] > 0 and lat.arch_fingerprint[0]
