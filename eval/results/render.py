@@ -139,11 +139,16 @@ def plot_pareto(board, path: str | os.PathLike | None = None, *, title: str | No
         ax.errorbar(lat[on], mean[on], xerr=xerr[:, on], yerr=yerr[:, on], fmt='o', color='C3', capsize=3,
                     label='Pareto front')
         ax.step(lat[front], mean[front], where='post', color='C3', alpha=0.6)
+        few = [(x, float(v)) for x, vals, n in zip(lat, b['values'], b.n_seeds) if 1 < n < 3
+               for v in str(vals).split(', ')]
+        if few:                 # no interval below 3 seeds: the seeds' own values instead
+            ax.plot(*zip(*few), linestyle='none', marker='_', markersize=10, color='0.3', label='seed values (n < 3)')
         labels = [f'{m} ({a})' if a else m for m, a in zip(b.model, b.model_args)]
         for x, y, name, n in zip(lat, mean, labels, b.n_seeds):
             ax.annotate(name if n >= 3 else f'{name}, n={n}', (x, y), textcoords='offset points', xytext=(4, 4),
                         fontsize=8)
-        ax.legend(loc='lower right' if higher else 'upper right')
+        ax.margins(x=0.25, y=0.12)      # room for the labels
+        ax.legend(loc='best', fontsize=8)
     threads = board.attrs.get('threads')
     ax.set_xlabel(f'CPU latency, batch 1{f", {threads} thread(s)" if threads else ""} (ms; median, bar: IQR)')
     ax.set_ylabel(f'{metric} (mean over seeds; bar: 95 % t-interval, n ≥ 3)')
