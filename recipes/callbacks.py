@@ -105,6 +105,7 @@ class ResultsCallback(Callback):
         self._store = _results.open_db(self.db or (self._trial.db if self._trial is not None else None))
         self._stage, self._closed, self._final = stage, False, None
         fields = self._describe(trainer, pl_module, stage)
+        self._hparams, self._fingerprint = fields['hparams'], fields.get('arch_fingerprint')
         if self._trial is not None and self._trial.run_id is not None and not self._trial.claimed:
             self.run_id = self._trial.run_id            # the row the sweep wrote when the trial started
             self._store.update_run(self.run_id, **fields)
@@ -195,6 +196,33 @@ class ResultsCallback(Callback):
             if isinstance(m, torch.nn.Module):
                 return m
         return pl_module
+
+    def _refresh_hparams(self, pl_module) -> None:
+        """Store the system's hyper-parameters and network fingerprint again once its own ``setup`` has run:
+        some systems build their network only then (``CausalLM`` takes ``vocab_size`` from the data module),
+        and ``zoo bench --db`` rebuilds the network from these. The configuration key stays the one computed
+        at the start."""
+        if self.run_id is None or getattr(self, '_hparams', None) is None:
+            return
+        fields = {}
+        hparams = _results._jsonable(dict(getattr(pl_module, 'hparams', {}) or {}))
+        if hparams != self._hparams:
+            fields['hparams'] = hparams
+        net = self._network(pl_module)
+        if net is not None and _results.fingerprint(net) != self._fingerprint:
+            fields.update(arch_fingerprint=_results.fingerprint(net), params=sum(p.numel() for p in net.parameters()))
+        if fields:
+            self._store.update_run(self.run_id, **fields)
+        self._hparams = None                            # once per stage
+
+    def on_fit_start(self, trainer, pl_module) -> None:
+        self._refresh_hparams(pl_module)
+
+    def on_validation_start(self, trainer, pl_module) -> None:
+        self._refresh_hparams(pl_module)
+
+    def on_test_start(self, trainer, pl_module) -> None:
+        self._refresh_hparams(pl_module)
 
     # ------------------------------------------------------------------------------------------ metrics
     def on_train_epoch_end(self, trainer, pl_module) -> None:

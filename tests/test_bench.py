@@ -94,3 +94,22 @@ def test_bench_db_remeasures_every_recorded_network(zoo_db, capsys):
     assert main(['bench', 'poolformer_tiny', '--dataset', 'digits']) == 2
     assert main(['bench', '--db', str(zoo_db.parent / 'missing.db')]) == 2
     assert not (zoo_db.parent / 'missing.db').exists()
+
+
+def test_the_after_training_record_feeds_token_ids_to_a_language_model():
+    """The recording callback draws its example input like ``zoo bench``: a (1, context) long tensor for a
+    language model (the data module's context length), an image for the rest."""
+    from types import SimpleNamespace
+
+    from zoo.recipes.callbacks import ResultsCallback
+
+    cb, net = ResultsCallback(latency=False), zoo.create('llama_tiny', vocab_size=67)
+    lm = SimpleNamespace(model_name='llama_tiny', task=None)
+    x = cb._example_input(SimpleNamespace(datamodule=SimpleNamespace(context_length=130)), lm, net)
+    assert x.shape == (1, 130) and x.dtype == torch.long and int(x.max()) < 67
+    x = cb._example_input(SimpleNamespace(datamodule=None), lm, net)        # no data module: the registry's
+    assert x.shape == (1, *zoo.model_info('llama_tiny').input_size) and x.dtype == torch.long
+    img = SimpleNamespace(model_name='poolformer_tiny', task=None)
+    x = cb._example_input(SimpleNamespace(datamodule=SimpleNamespace(img_size=16, in_chans=1)), img,
+                          zoo.create('poolformer_tiny', in_chans=1))
+    assert x.shape == (1, 1, 16, 16) and x.is_floating_point()

@@ -653,6 +653,31 @@ def test_callback_records_run_metrics_and_latency(monkeypatch):
     assert len(R.latency()) == 1                     # latency is measured after training only
 
 
+def test_callback_records_a_network_built_in_setup():
+    """A system that builds its network in ``setup`` (``CausalLM`` takes vocab_size from the data module):
+    the run's hparams and fingerprint are those of the network that trained, so ``zoo bench --db`` can
+    rebuild it."""
+    System, loader = _tiny_system()
+
+    class LateSystem(System):
+        def __init__(self, width: int | None = None):
+            super().__init__()
+            self.model = None
+
+        def setup(self, stage):
+            if self.model is None:
+                self.hparams.width = 8
+                self.model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(16, self.hparams.width),
+                                                 torch.nn.ReLU(), torch.nn.Linear(self.hparams.width, 2))
+
+    trainer, cb = _trainer(latency=False)
+    system = LateSystem()
+    trainer.fit(system, loader, loader)
+    run = R.runs(id=cb.run_id).iloc[0]
+    assert run.hparams['width'] == 8 and run.arch_fingerprint == R.fingerprint(system.model)
+    assert run.params == sum(p.numel() for p in system.model.parameters())
+
+
 def test_callback_marks_failed_and_pruned_runs():
     System, loader = _tiny_system()
     trainer, cb = _trainer(latency=False)

@@ -217,7 +217,9 @@ def _model_args(hparams, block_choices) -> str:
     """The row identity beside the model name: the run's ``model_args`` (the arguments its system passed to
     ``zoo.create``), else its block choices, as sorted ``key=value`` pairs ('' for the defaults)."""
     args = hparams.get('model_args') if isinstance(hparams, dict) else None
-    return _fmt_choices(args if args else block_choices, sort=True)
+    if not args and isinstance(block_choices, dict):
+        args = {k: v for k, v in block_choices.items() if v not in ('', None)}
+    return _fmt_choices(args or block_choices, sort=True)
 
 
 def _budget(max_epochs, config) -> str:
