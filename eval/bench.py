@@ -140,14 +140,32 @@ def recorded_networks(db, task: str | None = None, dataset: str | None = None, m
             warn(f'zoo bench: skipped {r.model} (run {r.id}): rebuilt from its recorded arguments it is not the '
                  f'recorded network (fingerprint {fingerprint(net)} != {fp})')
             continue
-        mine = lat[(lat.arch_fingerprint == fp) if fp else (lat.model == r.model)]
-        own = mine[mine.run_id.notna()]
-        shape = (own if not own.empty else mine).input_shape
-        size = (tuple(int(s) for s in shape.iloc[-1].split('x')) if len(shape)
-                else tuple(zoo.model_info(r.model).input_size) if not r.model.startswith('timm/') else (3, 224, 224))
+        size = _trained_input_size(r, kwargs, lat[(lat.arch_fingerprint == fp) if fp else (lat.model == r.model)])
         label = r.model + (f' ({", ".join(f"{k}={v}" for k, v in sorted(args.items()))})' if args else '')
         out.append(dict(name=r.model, label=label, model=net, input_size=size, task=r.task, fingerprint=fp))
     return out
+
+
+def _trained_input_size(run, create_kwargs: dict, records) -> tuple:
+    """The shape one sample had in training: the after-training latency record's, else the data module's
+    ``img_size``/``context_length`` from the resolved config with the run's ``in_chans``, else the registry's."""
+    own = records[records.run_id.notna()]
+    shapes = (own if not own.empty else records).input_shape
+    if len(shapes):
+        return tuple(int(s) for s in shapes.iloc[-1].split('x'))
+    size = list(input_size_of(run.model, None))
+    data = (run.config or {}).get('data') if isinstance(run.config, dict) else None
+    data = (data.get('init_args') or data) if isinstance(data, dict) else {}
+    if len(size) == 1 and isinstance(data.get('context_length'), int):
+        return (data['context_length'],)
+    if len(size) == 3:
+        img = data.get('img_size')
+        if isinstance(img, int):
+            size[1:] = [img, img]
+        elif isinstance(img, (list, tuple)) and len(img) == 2:
+            size[1:] = list(img)
+        size[0] = create_kwargs.get('in_chans') or size[0]
+    return tuple(size)
 
 
 def remeasure(db, task: str | None = None, dataset: str | None = None, model: str | None = None,

@@ -55,16 +55,18 @@ def test_language_models_get_token_ids():
     assert main(['bench', 'llama_tiny', '--repeats', '2', '--warmup', '1', '--time', '0']) == 0
 
 
-def _record(db, mixer, seed, shape='1x16x16'):
+def _record(db, mixer, seed, shape='1x16x16', latency=True):
     net = zoo.create('metaformer_tiny', token_mixer=mixer, num_classes=10, in_chans=1)
     fp = R.fingerprint(net)
     rid = db.start_run('metaformer_tiny', task='classification', dataset='digits', seed=seed, arch_fingerprint=fp,
                        hparams={'name': 'metaformer_tiny', 'model_args': {'token_mixer': mixer}, 'num_classes': 10,
-                                'in_chans': 1, 'lr': 0.01}, block_choices={'token_mixer': mixer})
+                                'in_chans': 1, 'lr': 0.01}, block_choices={'token_mixer': mixer},
+                       config={'data': {'class_path': 'x', 'init_args': {'img_size': 12}}})
     db.log_metrics(rid, {'val/acc1': 0.9}, final=True)
     db.finish_run(rid)
-    db.add_latency('metaformer_tiny', 50.0, input_shape=shape, batch_size=1, run_id=rid, arch_fingerprint=fp,
-                   source='fit', load_1m=6.0, cpus=2, threads=1)
+    if latency:
+        db.add_latency('metaformer_tiny', 50.0, input_shape=shape, batch_size=1, run_id=rid, arch_fingerprint=fp,
+                       source='fit', load_1m=6.0, cpus=2, threads=1)
     return rid, fp
 
 
@@ -73,16 +75,18 @@ def test_bench_db_remeasures_every_recorded_network(zoo_db, capsys):
     _, fp_pool = _record(db, 'pooling', 0)
     _record(db, 'pooling', 1)                                        # a second seed: same network, measured once
     _, fp_attn = _record(db, 'attention', 0)
+    _, fp_id = _record(db, 'identity', 0, latency=False)             # recorded with ZOO_RECORD_LATENCY=0
     rid = db.start_run('metaformer_tiny', task='classification', dataset='digits', arch_fingerprint='0' * 16,
                        hparams={'model_args': {'token_mixer': 'raft'}})   # not what its arguments build
     db.log_metrics(rid, {'val/acc1': 0.5}, final=True)
     db.finish_run(rid)
     assert main(['bench', '--db', str(zoo_db), '--repeats', '2', '--warmup', '1', '--time', '0', '--threads', '1']) == 0
     err = capsys.readouterr().err
-    assert 'skipped metaformer_tiny (run 4)' in err and 'not the recorded network' in err and '2 latency rows' in err
-    new = R.latency(source='bench').sort_values('arch_fingerprint')
-    assert sorted(new.arch_fingerprint) == sorted([fp_pool, fp_attn])
-    assert new.input_shape.tolist() == ['1x16x16'] * 2                # the shape the runs trained at
+    assert 'skipped metaformer_tiny (run 5)' in err and 'not the recorded network' in err and '3 latency rows' in err
+    new = R.latency(source='bench').set_index('arch_fingerprint')
+    assert sorted(new.index) == sorted([fp_pool, fp_attn, fp_id])
+    # the shape the runs trained at: their after-training record's, else the config's img_size and in_chans
+    assert new.input_shape.to_dict() == {fp_pool: '1x16x16', fp_attn: '1x16x16', fp_id: '1x12x12'}
     assert (new.threads == 1).all() and new.load_1m.notna().all() and (new.repeats == 2).all()
     board = R.leaderboard('classification', 'digits', threads=1).set_index('model_args')
     assert board.loc['token_mixer=pooling'].latency_source == 'bench'
