@@ -85,7 +85,7 @@ class ResultsDB:
         except (sa_exc.ArgumentError, sa_exc.NoSuchModuleError, ImportError) as e:
             raise ResultsDBError(f'cannot use results database URL {url!r}: {e}') from e
         if self._sqlite:
-            self._sqlite_events()
+            self._sqlite_events(wal=create)
         try:
             self._migrate()
             if check_crashed:
@@ -110,7 +110,7 @@ class ResultsDB:
     def _safe_url(self) -> str:
         return sa.engine.make_url(self.url).render_as_string(hide_password=True)
 
-    def _sqlite_events(self) -> None:
+    def _sqlite_events(self, wal: bool = True) -> None:
         # pysqlite's own transaction handling starts transactions lazily and deferred, so two writers
         # can deadlock upgrading their locks ("database is locked" without waiting). We issue BEGIN
         # IMMEDIATE for writes ourselves, which waits on the busy timeout instead (SQLAlchemy's recipe).
@@ -122,7 +122,9 @@ class ResultsDB:
             # WAL: readers never block the writer (a notebook open while a sweep runs), and with
             # synchronous=NORMAL a commit needs no fsync (durable across process crashes; a power cut may
             # lose the last commits, never corrupt the file). Not for network file systems (use a server URL).
-            if cur.execute('PRAGMA journal_mode').fetchone()[0].lower() != 'wal':
+            # Readers (create=False) leave the journal mode as it is: switching rewrites the file header, and
+            # a reader must not change a file it may be about to find damaged.
+            if wal and cur.execute('PRAGMA journal_mode').fetchone()[0].lower() != 'wal':
                 cur.execute('PRAGMA journal_mode=WAL')
             cur.execute('PRAGMA synchronous=NORMAL')
             cur.close()
