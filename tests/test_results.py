@@ -287,7 +287,7 @@ def fixture_db():
         db.add_latency(model, lat, input_shape=(3, 32, 32), batch_size=1, params=1000 * len(model), macs=5_000_000)
         db.add_latency(model, lat * 10, input_shape=(3, 32, 32), batch_size=16)      # not latency: ignored
     _run(db, 'fast', 0.99, 7, status='failed', block_choices={'token_mixer': 'pooling'})
-    _run(db, 'fast', 0.5, 0, dataset='cifar10')
+    _run(db, 'fast', 0.5, 0, dataset='cifar10', block_choices={'token_mixer': 'pooling'})
     # a worse configuration of 'mid' (other lr, same blocks): the board keeps the better one
     rid = db.start_run('mid', task='classification', dataset='digits', seed=0, hparams={'lr': 1.0},
                        block_choices={'token_mixer': 'pooling'})
@@ -458,6 +458,20 @@ def test_aggregate_interval_contains_the_truth_and_shrinks_with_more_seeds():
     assert widths[40] < widths[5] / 2               # ~1/sqrt(n): eight times the seeds, under half the width
 
 
+def test_aggregate_rows_per_model_arguments():
+    """As on the leaderboard, two token mixers of one model are two rows, never pooled into one."""
+    db = R.open_db()
+    for mixer, base in (('pooling', 0.5), ('attention', 0.8)):
+        for dataset in ('t1', 't2'):
+            for seed in range(3):
+                _run(db, 'metaformer_tiny', base + 0.01 * seed, seed, dataset=dataset,
+                     block_choices={'token_mixer': mixer})
+    agg = R.aggregate()
+    assert agg.model_args.tolist() == ['token_mixer=attention', 'token_mixer=pooling']
+    assert agg['mean'].tolist() == pytest.approx([0.81, 0.51]) and agg.n_runs.tolist() == [6, 6]
+    assert 'token_mixer=attention' in R.format_aggregate(agg)
+
+
 def test_aggregate_too_few_runs_common_tasks_and_bad_input(capsys):
     _multi_task_db({'one_seed': {'t1': [0.5], 't2': [0.6]}, 'three': {'t1': [0.5, 0.6, 0.7], 't2': [0.6, 0.7, 0.8]},
                     'elsewhere': {'t3': [0.9, 0.9]}})
@@ -481,7 +495,7 @@ def test_aggregate_too_few_runs_common_tasks_and_bad_input(capsys):
     assert 'three' in cap.out and 'IQM 95% CI' in cap.out and 'stratified bootstrap' in cap.out
     assert 'too few runs' in cap.err
     assert main(['results', '--aggregate', '--model', 'three', '--format', 'csv']) == 0
-    assert capsys.readouterr().out.startswith('model,n_tasks,n_runs,runs_per_task,iqm,iqm_low,iqm_high')
+    assert capsys.readouterr().out.startswith('model,model_args,n_tasks,n_runs,runs_per_task,iqm,iqm_low,iqm_high')
     assert main(['results', '--aggregate']) == 2                              # no common task: one-line error
     assert 'no task in common' in capsys.readouterr().err
 

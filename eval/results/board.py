@@ -15,7 +15,7 @@ from .store import open_db
 # errors wide. From three seeds on, the Student-t interval of the mean is given.
 MIN_SEEDS_FOR_INTERVAL = 3
 
-AGGREGATE_COLUMNS = ['model', 'n_tasks', 'n_runs', 'runs_per_task', 'iqm', 'iqm_low', 'iqm_high', 'mean',
+AGGREGATE_COLUMNS = ['model', 'model_args', 'n_tasks', 'n_runs', 'runs_per_task', 'iqm', 'iqm_low', 'iqm_high', 'mean',
                      'mean_low', 'mean_high', 'note']
 
 
@@ -24,7 +24,8 @@ def aggregate(metric: str = 'val/acc1', *, db=None, model: str | None = None, ta
               common: bool = True, normalize: dict | None = None, higher_is_better: bool | None = None,
               n_boot: int = 2000, level: float = 0.95, seed: int = 0):
     """Compare models over several tasks and seeds: interquartile mean and mean of the final ``metric``
-    with stratified-bootstrap confidence intervals (Agarwal et al. 2021), one row per model.
+    with stratified-bootstrap confidence intervals (Agarwal et al. 2021), one row per model and model
+    arguments (as on the leaderboard: two token mixers of one MetaFormer are two rows).
 
     A task (stratum) is a distinct value of the ``by`` columns of the finished runs, by default each
     (task, dataset). For every model and task the runs of its best configuration (``configs='best'``, the
@@ -56,6 +57,8 @@ def aggregate(metric: str = 'val/acc1', *, db=None, model: str | None = None, ta
         return out
     df = df[df[metric].notna()].copy()
     df['_task'] = df[list(by)].astype(str).agg('/'.join, axis=1)
+    df['_args'] = [_model_args(h, b) for h, b in zip(df.hparams, df.block_choices)]
+    ident = ['model', '_args']                       # what a row is
     if normalize:
         missing = sorted(set(df._task) - set(normalize))
         if missing:
@@ -63,22 +66,22 @@ def aggregate(metric: str = 'val/acc1', *, db=None, model: str | None = None, ta
         lo = df._task.map(lambda t: float(normalize[t][0]))
         hi = df._task.map(lambda t: float(normalize[t][1]))
         df[metric] = (df[metric] - lo) / (hi - lo)
-    if configs == 'best':     # per model and task, the runs of the configuration with the best mean
-        means = df.groupby(['model', '_task', 'config_key'], dropna=False)[metric].mean().reset_index()
-        best = means.sort_values(metric, ascending=not higher, kind='stable').drop_duplicates(['model', '_task'])
-        df = df.merge(best[['model', '_task', 'config_key']], on=['model', '_task', 'config_key'])
-    tasks = {m: set(g._task) for m, g in df.groupby('model')}
+    if configs == 'best':     # per row and task, the runs of the configuration with the best mean
+        means = df.groupby([*ident, '_task', 'config_key'], dropna=False)[metric].mean().reset_index()
+        best = means.sort_values(metric, ascending=not higher, kind='stable').drop_duplicates([*ident, '_task'])
+        df = df.merge(best[[*ident, '_task', 'config_key']], on=[*ident, '_task', 'config_key'])
+    tasks = {k: set(g._task) for k, g in df.groupby(ident)}
     shared = set.intersection(*tasks.values()) if common else set().union(*tasks.values())
     if not shared:
         raise ResultsDBError('the models have no task in common: ' + '; '.join(
-            f'{m}: {", ".join(sorted(t))}' for m, t in sorted(tasks.items())) + ' (pass common=False to aggregate '
-            'each model over its own tasks, or filter with model=/task=/dataset=)')
+            f'{m}{f" ({a})" if a else ""}: {", ".join(sorted(t))}' for (m, a), t in sorted(tasks.items()))
+            + ' (pass common=False to aggregate each model over its own tasks, or filter with model=/task=/dataset=)')
     rows = []
-    for name, g in df[df._task.isin(shared)].groupby('model', sort=False):
+    for (name, args), g in df[df._task.isin(shared)].groupby(ident, sort=False):
         strata = [t[metric].to_numpy(dtype=float) for _, t in g.groupby('_task', sort=True)]
         pooled = np.concatenate(strata)
         counts = [len(x) for x in strata]
-        row = dict(model=name, n_tasks=len(strata), n_runs=len(pooled),
+        row = dict(model=name, model_args=args, n_tasks=len(strata), n_runs=len(pooled),
                    runs_per_task=str(counts[0]) if min(counts) == max(counts) else f'{min(counts)}-{max(counts)}',
                    note='')
         for stat, fn in AGGREGATE_STATISTICS.items():

@@ -20,7 +20,7 @@ def format_aggregate(agg, fmt: str = 'table') -> str:
         return '' if lo != lo else f'[{lo:.4f}, {hi:.4f}]'
 
     pct = f"{round(100 * agg.attrs.get('level', 0.95))}%"
-    rows = [{'model': r.model, 'tasks': r.n_tasks, 'runs': r.n_runs, 'runs/task': r.runs_per_task,
+    rows = [{'model': r.model, 'model args': r.model_args, 'tasks': r.n_tasks, 'runs': r.n_runs, 'runs/task': r.runs_per_task,
              'IQM': f'{r.iqm:.4f}', f'IQM {pct} CI': ci(r.iqm_low, r.iqm_high), 'mean': f'{r.mean:.4f}',
              f'mean {pct} CI': ci(r.mean_low, r.mean_high), 'note': r.note} for r in agg.itertuples()]
     import pandas as pd
@@ -28,7 +28,7 @@ def format_aggregate(agg, fmt: str = 'table') -> str:
         return pd.DataFrame(rows).to_markdown(index=False)
     tasks = agg.attrs.get('tasks') or []
     return _rich_table(f"{agg.attrs.get('metric')} over {len(tasks)} task(s): {', '.join(tasks)} "
-                       f'(stratified bootstrap, Agarwal et al. 2021)', rows, left=('model', 'note'))
+                       f'(stratified bootstrap, Agarwal et al. 2021)', rows, left=('model', 'model args', 'note'))
 
 
 # ---------------------------------------------------------------------------------------------------- tables
