@@ -1,19 +1,33 @@
-"""``zoo bench``: parameters, MACs and CPU latency of models, optionally against a reference.
+"""``zoo bench``: parameters, MACs and CPU latency of models, optionally against a reference, and the
+re-measurement of every model recorded in a results database.
+
+Every latency is taken with the controlled protocol of ``zoo.eval.profile`` (warm-up, at least
+``--repeats`` timed calls and more while the ``--time`` budget lasts, median and IQR, the load average
+before and after), so the rows ``--db`` writes are the ones the leaderboard trusts most.
 
 With ``--vs timm/<name>`` the zoo model and the reference run in one process, interleaved, and
 the table gives the throughput ratio. When the zoo model declares a timm equivalent, the
 reference's weights are loaded into it first and the largest logit difference is reported, so
 the speed comparison is between models that compute the same function.
+
+``zoo bench --db URL`` without model names re-measures the networks of that database's leaderboard (every
+distinct architecture among its finished runs, optionally filtered by ``--task/--dataset/--model``), each
+rebuilt from its run's recorded model arguments at the input shape it was trained at, interleaved in one
+process, and writes the rows (``source='bench'``): one command to refresh latency on a quiet machine.
 """
 from __future__ import annotations
+
+import sys
 
 import torch
 
 import zoo
 
-from .profile import Latency, benchmark, count_macs, count_params, fingerprint
+from .profile import (BUDGET_S, MAX_REPEATS, MIN_REPEATS, WARMUP, WARMUP_S, Latency, benchmark, count_macs,
+                      count_params, example_input, fingerprint)
 
 
+# ------------------------------------------------------------------------------------------ reference (--vs)
 def _build(name: str, vs: str | None, num_classes: int | None):
     """Build ``name``; when it has a timm equivalent equal to ``vs``, build it in that form."""
     kwargs = {'num_classes': num_classes}
@@ -24,43 +38,63 @@ def _build(name: str, vs: str | None, num_classes: int | None):
     return zoo.create(name, **kwargs).eval()
 
 
-def input_size_of(name: str, img_size: int | None) -> tuple:
-    if name.startswith('timm/'):
-        size = (3, 224, 224)
-    else:
-        size = zoo.model_info(name).input_size
-    return (size[0], img_size, img_size) if img_size else tuple(size)
-
-
-def max_logit_diff(model, reference, input_size) -> float | None:
+def max_logit_diff(model, reference, input_size, task: str | None = None) -> float | None:
     """Copy the reference's weights into ``model`` (through its key mapping) and compare outputs."""
     try:
         zoo.load_checkpoint(model, reference.state_dict())
     except ValueError:  # not the same network
         return None
-    x = torch.randn(2, *input_size, generator=torch.Generator().manual_seed(0))
+    x = example_input(model, input_size, 2, task, generator=torch.Generator().manual_seed(0))
     with torch.inference_mode():
         return (model(x) - reference(x)).abs().max().item()
 
 
-def run(names: list[str], vs: str | None = None, batch_sizes=(1,), img_size: int | None = None, repeats: int = 10,
-        warmup: int = 3, threads: int | None = None, dtype: str = 'float32', mode: str = 'inference',
-        num_classes: int | None = None) -> list[dict]:
+# ------------------------------------------------------------------------------------------ named models
+def task_of(name: str) -> str | None:
+    return None if name.startswith('timm/') else zoo.model_info(name).task
+
+
+def input_size_of(name: str, img_size: int | None) -> tuple:
+    """One sample's shape: (C, H, W) for image models (``img_size`` overrides H and W), (T,) for a language
+    model (its registered context length; ``img_size`` is not used)."""
+    if name.startswith('timm/'):
+        size = (3, 224, 224)
+    else:
+        size = zoo.model_info(name).input_size
+    if len(size) != 3:
+        return tuple(size)
+    return (size[0], img_size, img_size) if img_size else tuple(size)
+
+
+def _timing(repeats: int, warmup: int, budget_s: float | None, max_repeats: int | None) -> dict:
+    """The ``benchmark`` keywords of the controlled protocol (``budget_s=0``: exactly ``repeats`` calls)."""
+    return dict(repeats=repeats, warmup=warmup, budget_s=budget_s or None,
+                max_repeats=max_repeats if max_repeats is not None else MAX_REPEATS,
+                warmup_s=WARMUP_S if budget_s else 0.0)
+
+
+def run(names: list[str], vs: str | None = None, batch_sizes=(1,), img_size: int | None = None,
+        repeats: int = MIN_REPEATS, warmup: int = WARMUP, threads: int | None = None, dtype: str = 'float32',
+        mode: str = 'inference', num_classes: int | None = None, budget_s: float | None = BUDGET_S,
+        max_repeats: int | None = None) -> list[dict]:
     """Benchmark each model (and the reference) at each batch size; one dict per (model, batch)."""
     rows = []
     for name in names:
         models = {name: _build(name, vs, num_classes)}
         if vs:
             models[vs] = _build(vs, None, num_classes)
-        size = input_size_of(name, img_size)
-        diff = max_logit_diff(models[name], models[vs], size) if vs else None
-        static = {n: {**count_params(m), 'macs': count_macs(m, size), 'arch_fingerprint': fingerprint(m)}
-                  for n, m in models.items()}
+        size, task = input_size_of(name, img_size), task_of(name)
+        diff = max_logit_diff(models[name], models[vs], size, task) if vs else None
+        static = {n: {**count_params(m), 'arch_fingerprint': fingerprint(m),
+                      'macs': count_macs(m, example=example_input(m, size, 1, task))} for n, m in models.items()}
         for bs in batch_sizes:
-            lat: dict[str, Latency] = benchmark(models, input_size=size, batch_size=bs, warmup=warmup,
-                                                repeats=repeats, threads=threads, dtype=dtype, mode=mode)
+            inputs = {n: example_input(m, size, bs, task) for n, m in models.items()}
+            lat: dict[str, Latency] = benchmark(models, input_size=size, batch_size=bs, threads=threads, dtype=dtype,
+                                                mode=mode, inputs=inputs,
+                                                **_timing(repeats, warmup, budget_s * len(models) if budget_s else None,
+                                                          max_repeats))
             for n, res in lat.items():
-                row = {**static[n], **res.as_dict()}
+                row = {**static[n], **res.as_dict(), 'source': 'bench'}
                 if vs and n == name:
                     row['vs'] = vs
                     row['speedup'] = res.throughput / lat[vs].throughput
@@ -69,6 +103,96 @@ def run(names: list[str], vs: str | None = None, batch_sizes=(1,), img_size: int
     return rows
 
 
+# ------------------------------------------------------------------------------- re-measure a results database
+_CREATE_KEYS = ('num_classes', 'in_chans', 'vocab_size')      # hparams a system passes to zoo.create beside model_args
+
+
+def recorded_networks(db, task: str | None = None, dataset: str | None = None, model: str | None = None,
+                      warn=None) -> list[dict]:
+    """The distinct networks of a database's finished runs (one per architecture fingerprint, or per model
+    name for runs without one): ``{'name', 'label', 'model', 'input_size', 'task', 'fingerprint'}``, each
+    rebuilt from the newest run's recorded ``model_args`` (and num_classes / in_chans / vocab_size) and
+    checked against the recorded fingerprint; a network that cannot be rebuilt exactly is skipped with a
+    line to ``warn``. The input shape is the one measured after that architecture's training (the shape
+    it was trained at), else the registry's."""
+    from .results import open_db
+
+    warn = warn or (lambda msg: print(msg, file=sys.stderr))
+    store = open_db(db, create=False)
+    runs = store.runs(model=model, task=task, dataset=dataset, status='finished')
+    lat = store.latency()
+    out, seen = [], set()
+    for _, r in runs.sort_values('id', ascending=False).iterrows():
+        fp = r.arch_fingerprint if isinstance(r.arch_fingerprint, str) else None
+        key = fp or f'name:{r.model}'
+        if key in seen:
+            continue
+        seen.add(key)
+        hp = r.hparams if isinstance(r.hparams, dict) else {}
+        args = dict(hp.get('model_args') or {})
+        kwargs = {k: hp[k] for k in _CREATE_KEYS if hp.get(k) is not None}
+        try:
+            net = zoo.create(r.model, **kwargs, **args).eval()
+        except (KeyError, ValueError, TypeError) as e:
+            warn(f'zoo bench: skipped {r.model} (run {r.id}): cannot rebuild it: {e}')
+            continue
+        if fp and fingerprint(net) != fp:
+            warn(f'zoo bench: skipped {r.model} (run {r.id}): rebuilt from its recorded arguments it is not the '
+                 f'recorded network (fingerprint {fingerprint(net)} != {fp})')
+            continue
+        size = _trained_input_size(r, kwargs, lat[(lat.arch_fingerprint == fp) if fp else (lat.model == r.model)])
+        label = r.model + (f' ({", ".join(f"{k}={v}" for k, v in sorted(args.items()))})' if args else '')
+        out.append(dict(name=r.model, label=label, model=net, input_size=size, task=r.task, fingerprint=fp))
+    return out
+
+
+def _trained_input_size(run, create_kwargs: dict, records) -> tuple:
+    """The shape one sample had in training: the after-training latency record's, else the data module's
+    ``img_size``/``context_length`` from the resolved config with the run's ``in_chans``, else the registry's."""
+    own = records[records.run_id.notna()]
+    shapes = (own if not own.empty else records).input_shape
+    if len(shapes):
+        return tuple(int(s) for s in shapes.iloc[-1].split('x'))
+    size = list(input_size_of(run.model, None))
+    data = (run.config or {}).get('data') if isinstance(run.config, dict) else None
+    data = (data.get('init_args') or data) if isinstance(data, dict) else {}
+    if len(size) == 1 and isinstance(data.get('context_length'), int):
+        return (data['context_length'],)
+    if len(size) == 3:
+        img = data.get('img_size')
+        if isinstance(img, int):
+            size[1:] = [img, img]
+        elif isinstance(img, (list, tuple)) and len(img) == 2:
+            size[1:] = list(img)
+        size[0] = create_kwargs.get('in_chans') or size[0]
+    return tuple(size)
+
+
+def remeasure(db, task: str | None = None, dataset: str | None = None, model: str | None = None,
+              repeats: int = MIN_REPEATS, warmup: int = WARMUP, threads: int | None = None,
+              budget_s: float | None = BUDGET_S, max_repeats: int | None = None, warn=None) -> list[dict]:
+    """Measure every network ``recorded_networks`` finds, interleaved in one process (each gets
+    ``budget_s`` seconds of the shared budget), at batch 1; one row per network, ready for ``record``."""
+    nets = recorded_networks(db, task, dataset, model, warn)
+    if not nets:
+        raise ValueError('no finished run in the database matches'
+                         + ''.join(f' {k}={v!r}' for k, v in (('task', task), ('dataset', dataset), ('model', model))
+                                   if v) + '; nothing to measure')
+    models = {n['label']: n['model'] for n in nets}
+    inputs = {n['label']: example_input(n['model'], n['input_size'], 1, n['task']) for n in nets}
+    lat = benchmark(models, inputs=inputs, threads=threads,
+                    **_timing(repeats, warmup, budget_s * len(nets) if budget_s else None, max_repeats))
+    rows = []
+    for n in nets:
+        res = lat[n['label']].as_dict()
+        res['model'] = n['name']
+        rows.append({**count_params(n['model']), **res, 'label': n['label'], 'source': 'bench',
+                     'arch_fingerprint': fingerprint(n['model']),
+                     'macs': count_macs(n['model'], example=inputs[n['label']])})
+    return rows
+
+
+# ------------------------------------------------------------------------------------------ output
 def record(rows: list[dict], db=None) -> int:
     """Write ``run()``'s rows to the results database (one latency row each); returns how many."""
     from .results import open_db
@@ -83,13 +207,16 @@ def print_table(rows: list[dict]) -> None:
     from zoo._console import console
     from rich.table import Table
 
-    table = Table(title='zoo bench (CPU, medians over repeats, models interleaved)')
-    for col in ('model', 'params (M)', 'MACs (G)', 'batch', 'threads', 'median ms', 'IQR ms', 'img/s',
-                'speedup', 'max |Δ| logits'):
+    r0 = rows[0] if rows else {}
+    load = f", load {r0['load_1m']:.2f} on {r0['cpus']} CPUs before" if r0.get('load_1m') is not None else ''
+    table = Table(title=f'zoo bench (CPU, median and IQR over repeats, models interleaved{load})')
+    for col in ('model', 'input', 'params (M)', 'MACs (G)', 'batch', 'threads', 'repeats', 'median ms', 'IQR ms',
+                'samples/s', 'speedup', 'max |Δ| logits'):
         table.add_column(col, justify='left' if col == 'model' else 'right')
     for r in rows:
-        table.add_row(r['model'], f"{r['params'] / 1e6:.2f}", f"{r['macs'] / 1e9:.3f}", str(r['batch_size']),
-                      str(r['threads']), f"{r['median_ms']:.2f}", f"{r['iqr_ms']:.2f}", f"{r['throughput']:.1f}",
+        table.add_row(r.get('label', r['model']), 'x'.join(map(str, r['input_size'])), f"{r['params'] / 1e6:.2f}",
+                      '' if r['macs'] is None else f"{r['macs'] / 1e9:.3f}", str(r['batch_size']), str(r['threads']),
+                      str(r['repeats']), f"{r['median_ms']:.2f}", f"{r['iqr_ms']:.2f}", f"{r['throughput']:.1f}",
                       f"{r['speedup']:.2f}x" if 'speedup' in r else '',
                       '' if r.get('max_abs_diff') is None else f"{r['max_abs_diff']:.1e}")
     console().print(table)

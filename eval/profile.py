@@ -11,6 +11,7 @@ no memory and almost no time.
 from __future__ import annotations
 
 import hashlib
+import os
 import statistics
 import time
 from dataclasses import asdict, dataclass, field
@@ -66,7 +67,9 @@ def _register_cpu_sdpa_flops() -> None:
 
 @dataclass
 class Latency:
-    """One latency measurement: the keys the results database stores it under, and the figures."""
+    """One latency measurement: the keys the results database stores it under, the figures, and the
+    conditions it was taken in (warm-up calls, the machine's 1-minute load average before and after, the
+    number of CPUs, how long the timed part lasted), so a reader can tell a quiet-machine number from a busy one."""
     model: str
     batch_size: int
     input_size: tuple
@@ -76,6 +79,11 @@ class Latency:
     channels_last: bool = False
     compiled: bool = False
     mode: str = 'inference'
+    warmup: int = 0
+    load_1m: float | None = None          # os.getloadavg()[0] just before the warm-up
+    load_1m_after: float | None = None    # ... and after the timed rounds (includes this process)
+    cpus: int | None = None
+    duration_s: float | None = None       # wall time of the timed rounds (all interleaved models)
     times_ms: list = field(default_factory=list, repr=False)
 
     @property
@@ -92,6 +100,7 @@ class Latency:
 
     @property
     def iqr_ms(self) -> float:
+        """Interquartile range of the per-call times (0 below 4 calls: no quartiles to speak of)."""
         if len(self.times_ms) < 4:
             return 0.0
         q = statistics.quantiles(self.times_ms, n=4)
@@ -108,6 +117,23 @@ class Latency:
         d.update(median_ms=self.median_ms, min_ms=self.min_ms, max_ms=self.max_ms, iqr_ms=self.iqr_ms,
                  throughput=self.throughput, repeats=len(self.times_ms))
         return d
+
+
+# The controlled protocol of every recorded latency (``zoo bench`` and the after-training record): warm up
+# for at least WARMUP calls *and* WARMUP_S seconds (allocator, oneDNN kernel choice, caches), then time
+# interleaved rounds until BUDGET_S seconds are spent, with at least MIN_REPEATS and at most MAX_REPEATS
+# rounds; report the median and the IQR, and record the load average around it. A slow model gets
+# MIN_REPEATS rounds whatever the budget; a fast one gets as many as fit in the budget.
+WARMUP, WARMUP_S = 5, 0.5
+MIN_REPEATS, MAX_REPEATS, BUDGET_S = 20, 500, 2.0
+
+
+def load_average() -> float | None:
+    """The 1-minute load average (runnable + waiting processes), None where the OS has none (Windows)."""
+    try:
+        return round(os.getloadavg()[0], 2)
+    except (AttributeError, OSError):
+        return None
 
 
 _DTYPES = {'float32': torch.float32, 'fp32': torch.float32, 'bfloat16': torch.bfloat16, 'bf16': torch.bfloat16,
@@ -140,33 +166,64 @@ def _step_fn(model: nn.Module, x: torch.Tensor, mode: str) -> Callable[[], None]
     return step
 
 
-def interleave(fns: dict[str, Callable[[], object]], repeats: int = 10, warmup: int = 3) -> dict[str, list[float]]:
-    """The one timer of every benchmark: call each function ``warmup`` times, then ``repeats`` rounds of
-    A, B, A, B, ... (interleaved, so machine noise hits all of them alike). Returns every call's ms."""
+def interleave(fns: dict[str, Callable[[], object]], repeats: int = 10, warmup: int = 3, *,
+               budget_s: float | None = None, max_repeats: int | None = None,
+               warmup_s: float = 0.0) -> dict[str, list[float]]:
+    """The one timer of every benchmark: call each function ``warmup`` times (and until ``warmup_s`` seconds
+    have passed), then rounds of A, B, A, B, ... (interleaved, so machine noise hits all of them alike).
+    Without ``budget_s``: exactly ``repeats`` rounds. With it: at least ``repeats`` rounds, then more until
+    ``budget_s`` seconds of rounds are spent or ``max_repeats`` rounds are done. Returns every call's ms."""
     times: dict[str, list[float]] = {name: [] for name in fns}
-    for _ in range(warmup):
+    start, n = time.perf_counter(), 0
+    while n < warmup or time.perf_counter() - start < warmup_s:
         for fn in fns.values():
             fn()
-    for _ in range(repeats):
+        n += 1
+    cap = repeats if budget_s is None else max(repeats, max_repeats or repeats)
+    start, n = time.perf_counter(), 0
+    while n < cap and (n < repeats or time.perf_counter() - start < budget_s):
         for name, fn in fns.items():
             t0 = time.perf_counter()
             fn()
             times[name].append((time.perf_counter() - t0) * 1000.0)
+        n += 1
     return times
+
+
+def example_input(model: nn.Module, input_size, batch_size: int = 1, task: str | None = None,
+                  generator: torch.Generator | None = None) -> torch.Tensor:
+    """A random input of ``batch_size`` samples of ``input_size`` for ``model``: token ids for a language
+    model (``task='language_modeling'``, or a model with a ``vocab_size``), whose ``input_size`` is
+    ``(seq_len,)`` -> a (batch, seq_len) long tensor below the vocabulary size; else a float image batch."""
+    vocab = getattr(model, 'vocab_size', None)
+    if task == 'language_modeling' or (task is None and isinstance(vocab, int)):
+        if not isinstance(vocab, int):
+            emb = next((m for m in model.modules() if isinstance(m, nn.Embedding)), None)
+            if emb is None:
+                raise ValueError(f'{type(model).__name__}: a language model needs a vocab_size attribute or an '
+                                 'nn.Embedding to draw token ids from')
+            vocab = emb.num_embeddings
+        return torch.randint(0, vocab, (batch_size, *input_size), generator=generator)   # (B, T) token ids
+    return torch.randn(batch_size, *input_size, generator=generator)
 
 
 def benchmark(models: dict[str, nn.Module], input_size=(3, 224, 224), batch_size: int = 1, warmup: int = 3,
               repeats: int = 10, threads: int | None = None, dtype: str = 'float32', channels_last: bool = False,
-              mode: str = 'inference', inputs: dict[str, torch.Tensor] | None = None) -> dict[str, Latency]:
+              mode: str = 'inference', inputs: dict[str, torch.Tensor] | None = None, *,
+              budget_s: float | None = None, max_repeats: int | None = None, warmup_s: float = 0.0,
+              task: str | None = None) -> dict[str, Latency]:
     """Time several models in one process, interleaved (A, B, A, B, ...), so that machine noise
-    hits all of them alike. Returns a ``Latency`` per model with every repeat's time."""
+    hits all of them alike. Returns a ``Latency`` per model with every repeat's time and the load average
+    before and after. ``repeats``/``budget_s``/``max_repeats``/``warmup``/``warmup_s``: see ``interleave``
+    (the recorded measurements use the protocol constants above). ``inputs`` overrides a model's input;
+    otherwise ``example_input`` draws one (token ids for a language model)."""
     if threads is not None:
         torch.set_num_threads(threads)
     threads = torch.get_num_threads()
     tdtype = resolve_dtype(dtype)
     steps, results = {}, {}
     for name, model in models.items():
-        x = inputs[name] if inputs and name in inputs else torch.randn(batch_size, *input_size)
+        x = inputs[name] if inputs and name in inputs else example_input(model, input_size, batch_size, task)
         if x.is_floating_point():
             x = x.to(tdtype)
         model = model.to(tdtype) if tdtype != torch.float32 else model
@@ -174,11 +231,26 @@ def benchmark(models: dict[str, nn.Module], input_size=(3, 224, 224), batch_size
             model = model.to(memory_format=torch.channels_last)
             x = x.contiguous(memory_format=torch.channels_last)
         steps[name] = _step_fn(model, x, mode)
-        results[name] = Latency(name, batch_size, tuple(input_size), 'cpu', threads, str(tdtype).replace('torch.', ''),
-                                channels_last, False, mode)
-    for name, times in interleave(steps, repeats, warmup).items():
-        results[name].times_ms.extend(times)
+        results[name] = Latency(name, batch_size, tuple(x.shape[1:]), 'cpu', threads,
+                                str(tdtype).replace('torch.', ''), channels_last, False, mode)
+    load_before, cpus = load_average(), os.cpu_count()
+    t0 = time.perf_counter()
+    times = interleave(steps, repeats, warmup, budget_s=budget_s, max_repeats=max_repeats, warmup_s=warmup_s)
+    duration = time.perf_counter() - t0
+    load_after = load_average()
+    for name, t in times.items():
+        r = results[name]
+        r.times_ms.extend(t)
+        r.warmup, r.load_1m, r.load_1m_after, r.cpus, r.duration_s = warmup, load_before, load_after, cpus, duration
     return results
+
+
+def controlled_benchmark(models: dict[str, nn.Module], input_size=(3, 224, 224), batch_size: int = 1,
+                         budget_s: float = BUDGET_S, **kw) -> dict[str, Latency]:
+    """``benchmark`` with the recorded-latency protocol (WARMUP/WARMUP_S, MIN_REPEATS..MAX_REPEATS rounds
+    within ``budget_s``); keyword arguments override single settings."""
+    kw = {'warmup': WARMUP, 'warmup_s': WARMUP_S, 'repeats': MIN_REPEATS, 'max_repeats': MAX_REPEATS, **kw}
+    return benchmark(models, input_size=input_size, batch_size=batch_size, budget_s=budget_s, **kw)
 
 
 def profile(model: nn.Module, name: str = 'model', input_size=(3, 224, 224), batch_size: int = 1,

@@ -3,7 +3,8 @@
 ``ResultsCallback`` records a run in the results database (``zoo.eval.results``): the run row when
 fit / validate / test starts, metrics per epoch and at the end, the final status (``finished``,
 ``failed`` on an exception, ``pruned`` when an Optuna pruner stops it) and, after training, the
-model's batch-1 CPU latency with its parameters, MACs and architecture fingerprint. While the run lasts,
+model's batch-1 CPU latency (controlled: warm-up, time-bounded repeats, median and IQR, load average)
+with its parameters, MACs and architecture fingerprint. While the run lasts,
 a heartbeat thread refreshes its ``heartbeat_at`` every ``$ZOO_HEARTBEAT_S`` seconds (default 60). A run
 killed outright stays ``running`` with its host and pid, and the next process that opens the store marks
 it ``crashed``: at once on the same host (its pid is gone), within 5 heartbeat intervals elsewhere.
@@ -67,19 +68,23 @@ class ResultsCallback(Callback):
     Args:
         db: path or SQLAlchemy URL (default ``$ZOO_DB`` or ``./zoo-results.db``).
         latency: measure the trained model's latency at batch 1 when fit ends.
-        latency_repeats / latency_warmup: timing iterations (medians are recorded).
+        latency_repeats / latency_warmup / latency_budget_s: the least timed calls, the warm-up calls and the
+            time budget of that measurement (``zoo.eval.profile``'s protocol: more calls while time remains;
+            median and IQR recorded with the load average).
         study_name / trial_number: link the run to an Optuna trial (set by ``zoo sweep``).
         trial: the ``TrialContext`` of the sweep trial this run belongs to.
         recipe / config: the config file and the resolved config; when not given they are taken from
             LightningCLI's ``SaveConfigCallback`` if the trainer has one, else the system's hparams.
     """
 
-    def __init__(self, db: str | None = None, latency: bool | None = None, latency_repeats: int = 10,
-                 latency_warmup: int = 3, study_name: str | None = None, trial_number: int | None = None,
+    def __init__(self, db: str | None = None, latency: bool | None = None, latency_repeats: int = 20,
+                 latency_warmup: int = 5, latency_budget_s: float = 1.0, study_name: str | None = None,
+                 trial_number: int | None = None,
                  recipe: str | None = None, config: dict | None = None, trial: TrialContext | None = None):
         self.db = db
         self.latency = os.environ.get(LATENCY_ENV, '1') != '0' if latency is None else latency
         self.latency_repeats, self.latency_warmup = latency_repeats, latency_warmup
+        self.latency_budget_s = latency_budget_s
         self.study_name, self.trial_number = study_name, trial_number
         self.recipe, self.config = recipe, config
         self.run_id: int | None = None
@@ -100,6 +105,7 @@ class ResultsCallback(Callback):
         self._store = _results.open_db(self.db or (self._trial.db if self._trial is not None else None))
         self._stage, self._closed, self._final = stage, False, None
         fields = self._describe(trainer, pl_module, stage)
+        self._hparams, self._fingerprint = fields['hparams'], fields.get('arch_fingerprint')
         if self._trial is not None and self._trial.run_id is not None and not self._trial.claimed:
             self.run_id = self._trial.run_id            # the row the sweep wrote when the trial started
             self._store.update_run(self.run_id, **fields)
@@ -191,6 +197,33 @@ class ResultsCallback(Callback):
                 return m
         return pl_module
 
+    def _refresh_hparams(self, pl_module) -> None:
+        """Store the system's hyper-parameters and network fingerprint again once its own ``setup`` has run:
+        some systems build their network only then (``CausalLM`` takes ``vocab_size`` from the data module),
+        and ``zoo bench --db`` rebuilds the network from these. The configuration key stays the one computed
+        at the start."""
+        if self.run_id is None or getattr(self, '_hparams', None) is None:
+            return
+        fields = {}
+        hparams = _results._jsonable(dict(getattr(pl_module, 'hparams', {}) or {}))
+        if hparams != self._hparams:
+            fields['hparams'] = hparams
+        net = self._network(pl_module)
+        if net is not None and _results.fingerprint(net) != self._fingerprint:
+            fields.update(arch_fingerprint=_results.fingerprint(net), params=sum(p.numel() for p in net.parameters()))
+        if fields:
+            self._store.update_run(self.run_id, **fields)
+        self._hparams = None                            # once per stage
+
+    def on_fit_start(self, trainer, pl_module) -> None:
+        self._refresh_hparams(pl_module)
+
+    def on_validation_start(self, trainer, pl_module) -> None:
+        self._refresh_hparams(pl_module)
+
+    def on_test_start(self, trainer, pl_module) -> None:
+        self._refresh_hparams(pl_module)
+
     # ------------------------------------------------------------------------------------------ metrics
     def on_train_epoch_end(self, trainer, pl_module) -> None:
         # Runs after the epoch's validation, so val/* of this epoch are in callback_metrics.
@@ -236,25 +269,40 @@ class ResultsCallback(Callback):
 
     # ------------------------------------------------------------------------------------------ latency
     def _example_input(self, trainer, pl_module, net) -> torch.Tensor | None:
+        """One sample as the run saw it: the system's ``example_input_array``, else the data module's image
+        size or context length, else the registry's input size; token ids for a language model."""
+        from zoo.eval.profile import example_input
+
         x = getattr(pl_module, 'example_input_array', None)
         if isinstance(x, torch.Tensor):
             return x[:1]
+        task = getattr(pl_module, 'task', None)
+        size = info = None
+        try:
+            import zoo
+            info = zoo.model_info(getattr(pl_module, 'model_name', ''))
+            task = task or info.task
+        except (KeyError, ValueError, TypeError):
+            pass
         dm = trainer.datamodule
-        size = None
-        if dm is not None and getattr(dm, 'img_size', None):
+        if task == 'language_modeling' and getattr(dm, 'context_length', None):
+            size = (int(dm.context_length),)                                    # (T,): token ids
+        elif dm is not None and getattr(dm, 'img_size', None):
             s = dm.img_size
             s = (s, s) if isinstance(s, int) else tuple(s)
             size = (getattr(dm, 'in_chans', 3), *s)
+        elif info is not None:
+            size = tuple(info.input_size)
         if size is None:
-            try:
-                import zoo
-                size = zoo.model_info(getattr(pl_module, 'model_name', '')).input_size
-            except (KeyError, ValueError, TypeError):
-                return None
-        return torch.randn(1, *size)
+            return None
+        return example_input(net, size, 1, task)
 
     def _record_latency(self, trainer, pl_module) -> None:
-        from zoo.eval.profile import benchmark, count_macs, count_params
+        """The trained network's batch-1 CPU latency with the controlled protocol of ``zoo bench``
+        (``eval.profile.controlled_benchmark``: warm-up, at least ``latency_repeats`` timed calls within
+        ``latency_budget_s`` seconds, median and IQR, the load average before and after), recorded as
+        ``source='fit'``: the leaderboard prefers a later ``zoo bench`` record of the same network."""
+        from zoo.eval.profile import controlled_benchmark, count_macs, count_params
 
         net = self._network(pl_module)
         x = self._example_input(trainer, pl_module, net)
@@ -266,10 +314,11 @@ class ResultsCallback(Callback):
             macs = count_macs(net, example=x)
         except Exception:       # a model the FLOP counter cannot trace still gets its latency
             macs = None
-        lat = benchmark({name: net}, input_size=tuple(x.shape[1:]), batch_size=1, inputs={name: x},
-                        warmup=self.latency_warmup, repeats=self.latency_repeats)[name]
+        lat = controlled_benchmark({name: net}, input_size=tuple(x.shape[1:]), inputs={name: x},
+                                   budget_s=self.latency_budget_s, warmup=self.latency_warmup,
+                                   repeats=self.latency_repeats)[name]
         params = count_params(net)['params']
-        self._store.add_latency_record(lat.as_dict(), params=params, macs=macs, run_id=self.run_id,
+        self._store.add_latency_record(lat.as_dict(), params=params, macs=macs, run_id=self.run_id, source='fit',
                                        arch_fingerprint=_results.fingerprint(net))
         self._store.update_run(self.run_id, macs=macs, params=params)
         self.latency_ms = lat.median_ms

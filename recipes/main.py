@@ -3,6 +3,7 @@
     zoo list [PATTERN] [--family F] [--task T] [--blocks]
     zoo info NAME
     zoo bench NAME... [--batch-size 1 16] [--img-size 224] [--vs timm/NAME] [--db URL]
+    zoo bench --db URL [--task T] [--dataset D] [--model PATTERN]      (re-measure the models recorded there)
     zoo results [--task T] [--dataset D] [--model PATTERN] [--metric val/acc1] [--format table|csv|json|markdown]
                 [--plot pareto.png] [--aggregate] [--runs] [--db URL]
     zoo sweep recipes/sweeps/NAME.py [--n-trials N] [--n-jobs J] [--study-name S] [--db URL] [--trial-args '...']
@@ -61,9 +62,27 @@ def _cmd_info(args) -> int:
 def _cmd_bench(args) -> int:
     from ..eval import bench
 
-    rows = bench.run(args.names, vs=args.vs, batch_sizes=args.batch_size, img_size=args.img_size,
-                     repeats=args.repeats, warmup=args.warmup, threads=args.threads, dtype=args.dtype, mode=args.mode,
-                     num_classes=args.num_classes)
+    timing = dict(repeats=args.repeats, warmup=args.warmup, threads=args.threads, budget_s=args.time,
+                  max_repeats=args.max_repeats)
+    if args.names:
+        if args.task or args.dataset or args.model:
+            raise ValueError('--task/--dataset/--model choose the recorded models to re-measure; '
+                             'they do not combine with model names')
+        rows = bench.run(args.names, vs=args.vs, batch_sizes=args.batch_size, img_size=args.img_size,
+                         dtype=args.dtype, mode=args.mode, num_classes=args.num_classes, **timing)
+    elif args.db:
+        from zoo.eval.results import resolve_url
+        if resolve_url(args.db) is None:
+            raise ValueError('--db none records nothing; give the database whose models to re-measure')
+        if args.vs or args.img_size or args.num_classes or args.batch_size != [1] or args.dtype != 'float32' \
+                or args.mode != 'inference':
+            raise ValueError('re-measuring a database uses each run\'s own network and input at batch 1 '
+                             '(float32, inference); --vs/--img-size/--num-classes/--batch-size/--dtype/--mode '
+                             'need model names')
+        rows = bench.remeasure(args.db, task=args.task, dataset=args.dataset, model=args.model, **timing)
+    else:
+        raise ValueError('name the models to measure (zoo bench poolformer_tiny), or give --db URL to '
+                         're-measure every model recorded there')
     bench.print_table(rows)
     if args.json:
         print(json.dumps(rows, indent=2, default=str))
@@ -78,11 +97,12 @@ def _cmd_bench(args) -> int:
 def _cmd_results(args) -> int:
     from zoo.eval import results
 
+    store = results.open_db(args.db, create=False)      # reading must not leave an empty database behind
     board = None
     if args.aggregate:
         if args.plot:
             raise ValueError('--plot draws the leaderboard; it does not combine with --aggregate')
-        agg = results.aggregate(args.metric, db=args.db, model=args.model, task=args.task, dataset=args.dataset)
+        agg = results.aggregate(args.metric, db=store, model=args.model, task=args.task, dataset=args.dataset)
         print(results.format_aggregate(agg, args.format))
         if agg.empty:
             print(f'zoo results: no finished run has a final {args.metric!r}', file=sys.stderr)
@@ -90,16 +110,18 @@ def _cmd_results(args) -> int:
             print('zoo results: some models have too few runs per task for an interval (see note)', file=sys.stderr)
         return 0
     if args.runs:
-        df = results.runs(db=args.db, model=args.model, task=args.task, dataset=args.dataset)
+        df = results.runs(db=store, model=args.model, task=args.task, dataset=args.dataset)
         print(df.to_string(max_colwidth=40) if args.format == 'table' else
               df.to_csv(index=False) if args.format == 'csv' else df.to_json(orient='records', indent=2, default_handler=str)
               if args.format == 'json' else df.to_markdown(index=False))
     else:
-        board = results.leaderboard(args.task, args.dataset, args.metric, db=args.db, model=args.model)
+        board = results.leaderboard(args.task, args.dataset, args.metric, db=store, model=args.model,
+                                    threads=args.threads)
         print(results.format_board(board, args.format))
     if args.plot:
         if board is None:
-            board = results.leaderboard(args.task, args.dataset, args.metric, db=args.db, model=args.model)
+            board = results.leaderboard(args.task, args.dataset, args.metric, db=store, model=args.model,
+                                        threads=args.threads)
         results.plot_pareto(board, args.plot)
         print(f'Pareto plot written to {args.plot}', file=sys.stderr)
     return 0
@@ -159,33 +181,53 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument('name')
     p.set_defaults(func=_cmd_info)
 
-    p = sub.add_parser('bench', help='params, MACs and CPU latency, optionally against a reference')
-    p.add_argument('names', nargs='+', metavar='NAME')
+    p = sub.add_parser('bench', help='params, MACs and CPU latency (median, IQR); --db without names re-measures '
+                                     'the models of a results database',
+                       description='Measure models with a controlled protocol (warm-up, at least --repeats timed '
+                                   'calls and more while --time lasts, median and IQR, load average recorded). '
+                                   'zoo bench --db URL with no names re-measures every network of that database '
+                                   '(filter with --task/--dataset/--model) in one process and writes the rows: '
+                                   'run it on a quiet machine to refresh the leaderboard\'s latency.')
+    p.add_argument('names', nargs='*', metavar='NAME',
+                   help='registered models (or timm/NAME); none with --db: the models recorded in that database')
     p.add_argument('--vs', help='reference model, e.g. timm/poolformer_s12 (run interleaved in one process)')
-    p.add_argument('--batch-size', type=int, nargs='+', default=[1])
-    p.add_argument('--img-size', type=int)
-    p.add_argument('--repeats', type=int, default=10)
-    p.add_argument('--warmup', type=int, default=3)
+    p.add_argument('--batch-size', type=int, nargs='+', default=[1], help='batch sizes to time (default 1)')
+    p.add_argument('--img-size', type=int, help='image height and width (default: the model\'s input size)')
+    p.add_argument('--repeats', type=int, default=20, help='at least this many timed calls per model (default 20)')
+    p.add_argument('--time', type=float, default=2.0, metavar='SECONDS',
+                   help='time budget per model: keep timing while it lasts, up to --max-repeats (default 2; '
+                        '0: exactly --repeats calls)')
+    p.add_argument('--max-repeats', type=int, default=500, help='at most this many timed calls (default 500)')
+    p.add_argument('--warmup', type=int, default=5, help='untimed calls before timing (default 5, and 0.5 s)')
     p.add_argument('--threads', type=int, help='torch threads (default: all cores)')
-    p.add_argument('--dtype', default='float32', choices=['float32', 'bfloat16'])
-    p.add_argument('--mode', default='inference', choices=['inference', 'train'])
-    p.add_argument('--num-classes', type=int)
+    p.add_argument('--dtype', default='float32', choices=['float32', 'bfloat16'], help='weights and inputs dtype')
+    p.add_argument('--mode', default='inference', choices=['inference', 'train'],
+                   help='inference (forward under inference_mode) or train (forward + backward)')
+    p.add_argument('--num-classes', type=int, help='classifier head size (default: the model\'s)')
     p.add_argument('--json', action='store_true', help='also print the rows as JSON')
-    p.add_argument('--db', help='also write the rows to this results database (path or SQLAlchemy URL)')
+    p.add_argument('--db', help='write the rows to this results database (path or SQLAlchemy URL); without '
+                                'names: re-measure the models recorded there')
+    p.add_argument('--task', help='with --db and no names: only runs of this task')
+    p.add_argument('--dataset', help='with --db and no names: only runs on this dataset')
+    p.add_argument('--model', help="with --db and no names: only these models (glob, e.g. 'poolformer*')")
     p.set_defaults(func=_cmd_bench)
 
-    p = sub.add_parser('results', help='leaderboard from the results database (best per model, CI over seeds)')
-    p.add_argument('--task')
-    p.add_argument('--dataset')
+    p = sub.add_parser('results', help='leaderboard from the results database (best per model and model arguments, '
+                                       'interval over seeds, latency with its spread)')
+    p.add_argument('--task', help='only runs of this task, e.g. classification')
+    p.add_argument('--dataset', help='only runs on this dataset, e.g. digits')
     p.add_argument('--model', help="glob pattern, e.g. 'poolformer*'")
     p.add_argument('--metric', default='val/acc1', help='final metric to rank by (default val/acc1)')
-    p.add_argument('--format', default='table', choices=['table', 'csv', 'json', 'markdown'])
+    p.add_argument('--format', default='table', choices=['table', 'csv', 'json', 'markdown'], help='output format')
     p.add_argument('--plot', metavar='PNG', help='also draw metric vs latency with the Pareto front to this file')
+    p.add_argument('--threads', type=int,
+                   help='use latency records taken at this many threads (default: the count most models have)')
     p.add_argument('--runs', action='store_true', help='list the runs instead of the leaderboard')
     p.add_argument('--aggregate', action='store_true',
                    help='compare models over all their tasks/datasets and seeds: IQM and mean with stratified '
                         'bootstrap 95%% intervals (Agarwal et al. 2021)')
-    p.add_argument('--db', help='results database path or SQLAlchemy URL (default $ZOO_DB or ./zoo-results.db)')
+    p.add_argument('--db', help='results database path or SQLAlchemy URL (default $ZOO_DB or ./zoo-results.db); '
+                                'it must exist')
     p.set_defaults(func=_cmd_results)
 
     p = sub.add_parser('sweep', help='an Optuna sweep from recipes/sweeps/NAME.py, stored in the results database')

@@ -80,17 +80,22 @@ def test_an_older_file_is_migrated_and_keeps_its_rows(zoo_db, version):
         conn.exec_driver_sql("INSERT INTO zoo_latency (model, input_shape, batch_size, device, median_ms, "
                              "measured_at) VALUES ('net_old', '3x8x8', 1, 'cpu', 2.5, '2026-01-01 00:00:00')")
     cols = [c['name'] for c in sa.inspect(engine).get_columns('zoo_runs')]
-    assert 'heartbeat_s' not in cols and ('arch_fingerprint' in cols) == (version >= 2)
+    assert ('heartbeat_s' in cols) == (version >= 3) and ('arch_fingerprint' in cols) == (version >= 2)
+    assert 'source' not in [c['name'] for c in sa.inspect(engine).get_columns('zoo_latency')]
     engine.dispose()
 
     db = R.open_db()
-    assert db.schema_version() == R.SCHEMA_VERSION == 3
+    assert db.schema_version() == R.SCHEMA_VERSION == 4
     reference = sa.create_engine(f'sqlite:///{zoo_db.parent / "reference.db"}')
     R.metadata.create_all(reference)
     assert _describe(db.engine) == _describe(reference)
     old = db.runs(model='net_old')
     assert old.seed.tolist() == [3] and old['val/acc1'].tolist() == [0.5] and old.heartbeat_s.isna().all()
-    assert db.latency(model='net_old').median_ms.tolist() == [2.5]
+    old_lat = db.latency(model='net_old')
+    assert old_lat.median_ms.tolist() == [2.5] and old_lat.source.isna().all() and old_lat.load_1m.isna().all()
+    # the old latency row still serves the leaderboard, marked as having no recorded conditions
+    row = R.leaderboard(db=db).iloc[0]
+    assert (row.latency_ms, row.latency_source, row.latency_load) == (2.5, 'unrecorded', None)
     # a run from before the heartbeat interval existed keeps the 24 h rule: one hour of silence is not a crash
     assert db.runs(model='net_live').status.tolist() == ['running']
     rid = db.start_run('net_new', arch_fingerprint='abc', study_name='s', trial_number=0, heartbeat_s=30.0)
@@ -272,7 +277,7 @@ def test_fingerprint_recognises_two_names_for_the_same_network():
 # -------------------------------------------------------------------------------------- leaderboard and plots
 @pytest.fixture
 def fixture_db():
-    """Three models, some with several seeds, one failed run, latency for each."""
+    """Four models, some with several seeds, one failed run, latency for each."""
     db = R.open_db()
     spec = {'fast': ([0.80, 0.82, 0.84], 2.0), 'slow_good': ([0.90, 0.91, 0.92, 0.93], 8.0),
             'slow_bad': ([0.70], 9.0), 'mid': ([0.86, 0.88], 4.0)}
@@ -282,28 +287,99 @@ def fixture_db():
         db.add_latency(model, lat, input_shape=(3, 32, 32), batch_size=1, params=1000 * len(model), macs=5_000_000)
         db.add_latency(model, lat * 10, input_shape=(3, 32, 32), batch_size=16)      # not latency: ignored
     _run(db, 'fast', 0.99, 7, status='failed', block_choices={'token_mixer': 'pooling'})
-    _run(db, 'fast', 0.5, 0, dataset='cifar10')
-    # a worse configuration of 'mid' (other lr): the board keeps the better one
-    rid = db.start_run('mid', task='classification', dataset='digits', seed=0, hparams={'lr': 1.0})
+    _run(db, 'fast', 0.5, 0, dataset='cifar10', block_choices={'token_mixer': 'pooling'})
+    # a worse configuration of 'mid' (other lr, same blocks): the board keeps the better one
+    rid = db.start_run('mid', task='classification', dataset='digits', seed=0, hparams={'lr': 1.0},
+                       block_choices={'token_mixer': 'pooling'})
     db.log_metrics(rid, {'val/acc1': 0.1}, final=True)
     db.finish_run(rid)
     return db
 
 
-def test_leaderboard_best_per_model_with_bootstrap_ci(fixture_db):
+def test_leaderboard_best_per_model_with_t_interval_from_three_seeds(fixture_db):
+    from scipy import stats
+
     board = R.leaderboard('classification', 'digits', 'val/acc1')
     assert board.model.tolist() == ['slow_good', 'mid', 'fast', 'slow_bad']
-    row = board.set_index('model').loc['slow_good']
-    assert row.n_seeds == 4 and row['mean'] == pytest.approx(0.915)
-    assert 0.90 <= row.ci_low < 0.915 < row.ci_high <= 0.93
+    b = board.set_index('model')
+    row = b.loc['slow_good']
+    accs = np.array([0.90, 0.91, 0.92, 0.93])
+    half = stats.t.ppf(0.975, 3) * accs.std(ddof=1) / 2           # Student-t, 3 degrees of freedom, sqrt(4) = 2
+    assert row.n_seeds == 4 and row['mean'] == pytest.approx(0.915) and row.interval_note == ''
+    assert (row.ci_low, row.ci_high) == (pytest.approx(0.915 - half), pytest.approx(0.915 + half))
     assert row.iqm == pytest.approx(0.915) and row.latency_ms == 8.0
-    assert board.set_index('model').loc['slow_bad'].ci_low is None            # one seed: no interval
-    assert board.set_index('model').loc['fast', 'mean'] == pytest.approx(0.82)  # the failed 0.99 is not counted
+    # two seeds: no interval (a 95 % interval of two values would be their range), the values instead
+    assert b.loc['mid'].ci_low is None and b.loc['mid'].interval_note == 'n=2, too few for an interval'
+    assert b.loc['mid']['values'] == '0.86, 0.88'
+    assert b.loc['slow_bad'].ci_low is None and b.loc['slow_bad'].interval_note == 'n=1, no interval'
+    assert b.loc['fast'].ci_low is not None                                    # three seeds: an interval
+    assert b.loc['fast', 'mean'] == pytest.approx(0.82)                         # the failed 0.99 is not counted
     assert R.leaderboard('classification', 'cifar10').model.tolist() == ['fast']
     assert R.leaderboard(model='slow*').model.tolist() == ['slow_good', 'slow_bad']
     with pytest.raises(R.ResultsDBError, match="no final metric 'val/psnr'"):
         R.leaderboard('classification', 'digits', 'val/psnr')
     assert R.leaderboard('denoising').empty
+
+
+def test_leaderboard_rows_per_model_arguments_with_their_budget():
+    """MetaFormer with two token mixers is two rows; each shows its epoch budget and the steps it took.
+    Within one row the better configuration (here: the better learning rate) is kept."""
+    db = R.open_db()
+
+    def run(mixer, acc, seed, lr=0.01, epochs=15, max_steps=-1):
+        rid = db.start_run('metaformer_tiny', task='classification', dataset='digits', seed=seed,
+                           hparams={'name': 'metaformer_tiny', 'lr': lr, 'model_args': {'token_mixer': mixer}},
+                           block_choices={'token_mixer': mixer}, max_epochs=epochs,
+                           config={'trainer': {'max_epochs': epochs, 'max_steps': max_steps}})
+        db.log_metrics(rid, {'val/acc1': acc}, epoch=epochs - 1, step=epochs * 40)
+        db.log_metrics(rid, {'val/acc1': acc}, epoch=epochs - 1, step=epochs * 40, final=True)
+        db.finish_run(rid)
+
+    for seed in range(3):
+        run('pooling', 0.90 + 0.01 * seed, seed)
+        run('attention', 0.93 + 0.01 * seed, seed, epochs=30, max_steps=1000)
+        run('attention', 0.50, seed, lr=1.0)                                   # a worse lr: not shown
+    board = R.leaderboard('classification', 'digits')
+    assert board.model.tolist() == ['metaformer_tiny', 'metaformer_tiny']
+    assert board.model_args.tolist() == ['token_mixer=attention', 'token_mixer=pooling']
+    assert board.budget.tolist() == ['30 ep / 1000 steps', '15 ep'] and board.steps.tolist() == [1200, 600]
+    assert board.n_seeds.tolist() == [3, 3] and board['mean'].tolist() == pytest.approx([0.94, 0.91])
+    out = R.format_board(board)
+    assert 'token_mixer=attention' in out and '30 ep / 1000 steps' in out and 'Student-t' in out
+
+
+def _lat(db, model, ms, fp=None, **kw):
+    return db.add_latency(model, ms, input_shape=kw.pop('shape', (3, 32, 32)), batch_size=kw.pop('bs', 1),
+                          arch_fingerprint=fp, threads=kw.pop('threads', 2), cpus=2, **kw)
+
+
+def test_leaderboard_uses_the_most_trusted_latency_record():
+    """zoo bench before after-training records, then the lowest load per CPU; other fingerprints, batch
+    sizes, train-mode and compiled rows never count; the record's IQR travels with it."""
+    db = R.open_db()
+    rid = _run(db, 'net', 0.9, arch_fingerprint='fp_net')
+    _lat(db, 'net', 21.6, 'fp_net', run_id=rid, source='fit', load_1m=0.1, iqr_ms=9.0, repeats=20)
+    _lat(db, 'net', 1.50, 'fp_net', source='bench', load_1m=3.0, iqr_ms=0.4, repeats=200)
+    best = _lat(db, 'net', 1.13, 'fp_net', source='bench', load_1m=0.4, iqr_ms=0.05, repeats=300)
+    _lat(db, 'net', 0.10, 'fp_net', source='bench', load_1m=0.0, bs=16)              # batch 16
+    _lat(db, 'net', 0.20, 'fp_net', source='bench', load_1m=0.0, mode='train')       # training step
+    _lat(db, 'net', 0.30, 'fp_net', source='bench', load_1m=0.0, compiled=True)      # compiled
+    _lat(db, 'net', 0.40, 'fp_other', source='bench', load_1m=0.0)                   # another architecture
+    _lat(db, 'net', 0.50, 'fp_net', source='bench', load_1m=0.0, shape=(3, 224, 224))  # not the trained shape
+    row = R.leaderboard('classification', 'digits').iloc[0]
+    assert (row.latency_id, row.latency_ms, row.latency_iqr_ms) == (best, 1.13, 0.05)
+    assert (row.latency_source, row.latency_load, row.latency_threads, row.latency_shape) == ('bench', 0.4, 2, '3x32x32')
+    out = R.format_board(R.leaderboard('classification', 'digits'))
+    assert 'bench, 2 thr, load 0.40' in out and '0.05' in out
+
+    # without bench records the after-training record is used; the board's thread count is the one most
+    # rows have a record at, unless asked
+    other = _run(db, 'other', 0.8, arch_fingerprint='fp_other2')
+    _lat(db, 'other', 3.0, 'fp_other2', run_id=other, source='fit', load_1m=1.0, threads=1)
+    _lat(db, 'other', 2.0, 'fp_other2', run_id=other, source='fit', load_1m=1.0, threads=2)
+    board = R.leaderboard('classification', 'digits').set_index('model')
+    assert board.attrs['threads'] == 2 and board.loc['other'].latency_ms == 2.0
+    assert R.leaderboard('classification', 'digits', threads=1).set_index('model').loc['other'].latency_ms == 3.0
 
 
 def test_pareto_front_and_plot(fixture_db, tmp_path):
@@ -315,7 +391,10 @@ def test_pareto_front_and_plot(fixture_db, tmp_path):
     fig = R.plot_pareto(board, out)
     assert out.read_bytes()[:8] == b'\x89PNG\r\n\x1a\n'
     labels = [t.get_text() for t in fig.axes[0].texts]
-    assert sorted(labels) == sorted(board.model)
+    assert sorted(labels) == sorted(['fast (token_mixer=pooling)', 'slow_good (token_mixer=pooling)',
+                                     'mid (token_mixer=pooling), n=2', 'slow_bad (token_mixer=pooling), n=1'])
+    ax = fig.axes[0]
+    assert 'IQR' in ax.get_xlabel() and 't-interval' in ax.get_ylabel()
 
 
 def test_bootstrap_and_iqm():
@@ -379,6 +458,20 @@ def test_aggregate_interval_contains_the_truth_and_shrinks_with_more_seeds():
     assert widths[40] < widths[5] / 2               # ~1/sqrt(n): eight times the seeds, under half the width
 
 
+def test_aggregate_rows_per_model_arguments():
+    """As on the leaderboard, two token mixers of one model are two rows, never pooled into one."""
+    db = R.open_db()
+    for mixer, base in (('pooling', 0.5), ('attention', 0.8)):
+        for dataset in ('t1', 't2'):
+            for seed in range(3):
+                _run(db, 'metaformer_tiny', base + 0.01 * seed, seed, dataset=dataset,
+                     block_choices={'token_mixer': mixer})
+    agg = R.aggregate()
+    assert agg.model_args.tolist() == ['token_mixer=attention', 'token_mixer=pooling']
+    assert agg['mean'].tolist() == pytest.approx([0.81, 0.51]) and agg.n_runs.tolist() == [6, 6]
+    assert 'token_mixer=attention' in R.format_aggregate(agg)
+
+
 def test_aggregate_too_few_runs_common_tasks_and_bad_input(capsys):
     _multi_task_db({'one_seed': {'t1': [0.5], 't2': [0.6]}, 'three': {'t1': [0.5, 0.6, 0.7], 't2': [0.6, 0.7, 0.8]},
                     'elsewhere': {'t3': [0.9, 0.9]}})
@@ -387,7 +480,8 @@ def test_aggregate_too_few_runs_common_tasks_and_bad_input(capsys):
     agg = R.aggregate(model='[ot]*').set_index('model')            # one_seed and three: t1, t2 in common
     assert agg.loc['one_seed'].iqm_low != agg.loc['one_seed'].iqm_low       # NaN: nothing to resample
     assert 'single run' in agg.loc['one_seed', 'note'] and agg.loc['three', 'note'] == ''
-    assert R.aggregate(common=False).set_index('model').loc['elsewhere', 'n_tasks'] == 1
+    two = R.aggregate(common=False).set_index('model').loc['elsewhere']
+    assert two.n_tasks == 1 and two.iqm_low != two.iqm_low and 'n=2 runs, too few for an interval' in two.note
     norm = R.aggregate(model='three', normalize={'classification/t1': (0.5, 1.0), 'classification/t2': (0.6, 1.0)})
     assert norm.iloc[0]['mean'] == pytest.approx(np.mean([0, 0.2, 0.4, 0, 0.25, 0.5]))
     with pytest.raises(R.ResultsDBError, match='normalize has no'):
@@ -401,7 +495,7 @@ def test_aggregate_too_few_runs_common_tasks_and_bad_input(capsys):
     assert 'three' in cap.out and 'IQM 95% CI' in cap.out and 'stratified bootstrap' in cap.out
     assert 'too few runs' in cap.err
     assert main(['results', '--aggregate', '--model', 'three', '--format', 'csv']) == 0
-    assert capsys.readouterr().out.startswith('model,n_tasks,n_runs,runs_per_task,iqm,iqm_low,iqm_high')
+    assert capsys.readouterr().out.startswith('model,model_args,n_tasks,n_runs,runs_per_task,iqm,iqm_low,iqm_high')
     assert main(['results', '--aggregate']) == 2                              # no common task: one-line error
     assert 'no task in common' in capsys.readouterr().err
 
@@ -409,10 +503,10 @@ def test_aggregate_too_few_runs_common_tasks_and_bad_input(capsys):
 def test_cli_results_formats_and_plot(fixture_db, tmp_path, capsys):
     assert main(['results', '--task', 'classification', '--dataset', 'digits']) == 0
     out = capsys.readouterr().out
-    assert 'slow_good' in out and '0.9150' in out and '95% CI' in out
+    assert 'slow_good' in out and '0.9150' in out and '95% CI' in out and 'n=2, too few for an interval' in out
     assert main(['results', '--dataset', 'digits', '--format', 'csv']) == 0
     csv = capsys.readouterr().out
-    assert csv.splitlines()[0].startswith('model,family,block_choices,n_seeds,mean')
+    assert csv.splitlines()[0].startswith('model,family,model_args,block_choices,budget,max_epochs,steps,n_seeds,mean')
     assert main(['results', '--dataset', 'digits', '--format', 'json']) == 0
     rows = json.loads(capsys.readouterr().out)
     assert [r['model'] for r in rows][0] == 'slow_good' and rows[0]['n_seeds'] == 4
@@ -429,11 +523,55 @@ def test_cli_results_formats_and_plot(fixture_db, tmp_path, capsys):
 
 
 def test_bench_db_writes_latency_rows(zoo_db, capsys):
-    assert main(['bench', 'poolformer_tiny', '--repeats', '2', '--warmup', '1', '--db', str(zoo_db)]) == 0
+    assert main(['bench', 'poolformer_tiny', '--repeats', '2', '--warmup', '1', '--time', '0', '--db', str(zoo_db)]) == 0
     lat = R.latency()
     assert lat.model.tolist() == ['poolformer_tiny'] and lat.batch_size.tolist() == [1]
     assert lat.median_ms[0] > 0 and lat.params[0] > 0 and lat.macs[0] > 0 and lat.arch_fingerprint[0]
     assert lat.input_shape[0] == 'x'.join(map(str, __import__('zoo').model_info('poolformer_tiny').input_size))
+    assert lat.source[0] == 'bench' and lat.warmup[0] == 1 and lat.load_1m.notna()[0] and lat.cpus[0] >= 1
+
+
+def test_results_on_a_missing_database_is_one_line_and_creates_nothing(zoo_db, tmp_path, capsys):
+    missing = tmp_path / 'typo.db'
+    assert main(['results', '--db', str(missing)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count('\n') == 0 and 'no results database at' in err and 'nothing was created' in err
+    assert not missing.exists() and not zoo_db.exists()            # nor the default ($ZOO_DB)
+    assert main(['results']) == 2 and not zoo_db.exists()
+    # writers still create it
+    assert main(['bench', 'poolformer_tiny', '--repeats', '2', '--time', '0', '--db', str(missing)]) == 0
+    assert missing.exists() and main(['results', '--db', str(missing)]) == 0
+
+
+@pytest.mark.parametrize('journal', ['wal', 'delete'])
+def test_a_database_with_damaged_pages_is_one_line_and_kept(zoo_db, capsys, journal):
+    """A real store whose header and schema are intact but whose row pages are damaged (a disk fault, a
+    partial copy): the error shows only when a query reaches them. issue 15: a 74-line traceback. In a
+    rollback-journal file (copied from elsewhere) a reader must not even switch the journal mode to WAL,
+    which rewrites the header."""
+    db = R.ResultsDB(str(zoo_db))
+    for i in range(150):
+        rid = db.start_run(f'net_{i % 5}', task='classification', dataset='digits', seed=i,
+                           config={'pad': 'x' * 500})
+        db.log_metrics(rid, {'val/acc1': 0.5}, final=True)
+        db.finish_run(rid)
+    db.close()
+    import sqlite3
+    con = sqlite3.connect(zoo_db)
+    assert con.execute(f'PRAGMA journal_mode={journal}').fetchone()[0] == journal
+    con.close()
+    data = bytearray(zoo_db.read_bytes())
+    pages = len(data) // 4096
+    assert pages > 40
+    for pg in range(pages // 2, pages // 2 + 10):                   # ten row pages in the middle
+        data[pg * 4096:(pg + 1) * 4096] = bytes((i * 37 + pg) % 256 for i in range(4096))
+    zoo_db.write_bytes(bytes(data))
+    for argv in (['results', '--db', str(zoo_db)], ['results', '--runs', '--db', str(zoo_db)]):
+        R._DBS.clear()
+        assert main(argv) == 2
+        err = capsys.readouterr().err.strip()
+        assert err.count('\n') == 0 and 'corrupt' in err and 'left untouched' in err, err
+        assert zoo_db.read_bytes() == bytes(data)
 
 
 def test_import_zoo_does_not_load_sqlalchemy():
@@ -525,12 +663,40 @@ def test_callback_records_run_metrics_and_latency(monkeypatch):
     assert 'train/loss' in final
     lat = R.latency()
     assert lat.run_id.tolist() == [cb.run_id] and lat.input_shape.tolist() == ['1x4x4'] and lat.macs[0] == 144
+    # the controlled protocol: warm-up, at least the asked repeats, the load it was taken at, marked 'fit'
+    assert lat.source[0] == 'fit' and lat.warmup[0] == 1 and lat.repeats[0] >= 2 and lat.load_1m.notna()[0]
+    assert lat.cpus[0] >= 1 and lat.duration_s[0] > 0 and lat.threads[0] == torch.get_num_threads()
 
     trainer2, cb2 = _trainer()
     trainer2.test(system, loader)
     test_run = R.runs(id=cb2.run_id).iloc[0]
     assert test_run.stage == 'test' and test_run.status == 'finished' and 0 <= test_run['test/acc1'] <= 1
     assert len(R.latency()) == 1                     # latency is measured after training only
+
+
+def test_callback_records_a_network_built_in_setup():
+    """A system that builds its network in ``setup`` (``CausalLM`` takes vocab_size from the data module):
+    the run's hparams and fingerprint are those of the network that trained, so ``zoo bench --db`` can
+    rebuild it."""
+    System, loader = _tiny_system()
+
+    class LateSystem(System):
+        def __init__(self, width: int | None = None):
+            super().__init__()
+            self.model = None
+
+        def setup(self, stage):
+            if self.model is None:
+                self.hparams.width = 8
+                self.model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(16, self.hparams.width),
+                                                 torch.nn.ReLU(), torch.nn.Linear(self.hparams.width, 2))
+
+    trainer, cb = _trainer(latency=False)
+    system = LateSystem()
+    trainer.fit(system, loader, loader)
+    run = R.runs(id=cb.run_id).iloc[0]
+    assert run.hparams['width'] == 8 and run.arch_fingerprint == R.fingerprint(system.model)
+    assert run.params == sum(p.numel() for p in system.model.parameters())
 
 
 def test_callback_marks_failed_and_pruned_runs():

@@ -11,7 +11,10 @@ LEMUR misses done differently:
 - latency is keyed by model, architecture fingerprint, input shape, batch, device, threads, dtype,
   layout and compilation (LEMUR keys it by model name);
 - Optuna studies live in the same database (its own tables beside ours), so sweeps resume;
-- every run records its seed, and comparisons report a bootstrap interval over seeds;
+- every run records its seed, and comparisons report an interval over seeds (Student-t from 3 seeds on;
+  fewer get the values and no interval);
+- every latency records how it was taken (source, warm-up, repeats, load average, threads), and the
+  leaderboard uses the most trusted record (``pick_latency``);
 - a schema version with a migration list, and an architecture fingerprint that recognises two
   names for the same network.
 
@@ -37,7 +40,7 @@ from .store import resolve_url, ResultsDB, Heartbeat, open_db, runs, metrics, la
 from .store import _DBS, _now, _jsonable  # noqa: F401  (the tests and the recording callback use them)
 from .stats import AGGREGATE_STATISTICS, bootstrap_ci, iqm, stratified_bootstrap, t_interval
 from .board import (AGGREGATE_COLUMNS, aggregate, HIGHER_IS_BETTER, LOWER_IS_BETTER, is_higher_better,
-                    LEADERBOARD_COLUMNS, leaderboard)
+                    LEADERBOARD_COLUMNS, MIN_SEEDS_FOR_INTERVAL, SOURCE_RANK, leaderboard, pick_latency)
 from .render import format_aggregate, format_board, pareto_front, plot_pareto
 
 __all__ = ['fingerprint', 'SCHEMA_VERSION', 'DEFAULT_PATH', 'STATUSES', 'DISABLED', 'HEARTBEAT_ENV',
@@ -46,4 +49,4 @@ __all__ = ['fingerprint', 'SCHEMA_VERSION', 'DEFAULT_PATH', 'STATUSES', 'DISABLE
            'config_key', 'git_commit', 'environment', 'resolve_url', 'ResultsDB', 'Heartbeat', 'open_db', 'runs',
            'metrics', 'latency', 'bootstrap_ci', 'iqm', 'AGGREGATE_STATISTICS', 'stratified_bootstrap', 't_interval',
            'AGGREGATE_COLUMNS', 'aggregate', 'HIGHER_IS_BETTER', 'LOWER_IS_BETTER', 'is_higher_better',
-           'LEADERBOARD_COLUMNS', 'leaderboard', 'format_aggregate', 'format_board', 'pareto_front', 'plot_pareto']
+           'LEADERBOARD_COLUMNS', 'MIN_SEEDS_FOR_INTERVAL', 'SOURCE_RANK', 'leaderboard', 'pick_latency', 'format_aggregate', 'format_board', 'pareto_front', 'plot_pareto']

@@ -7,10 +7,15 @@ import json
 import re
 
 from .schema import ResultsDBError, runs_table
-from .stats import AGGREGATE_STATISTICS, bootstrap_ci, iqm, stratified_bootstrap
+from .stats import AGGREGATE_STATISTICS, iqm, stratified_bootstrap, t_interval
 from .store import open_db
 
-AGGREGATE_COLUMNS = ['model', 'n_tasks', 'n_runs', 'runs_per_task', 'iqm', 'iqm_low', 'iqm_high', 'mean',
+# Fewer seeds than this get no interval: with two values a "95 % interval" is only their range (a bootstrap
+# of two values returns min and max), and a Student-t interval on one degree of freedom is 12.7 standard
+# errors wide. From three seeds on, the Student-t interval of the mean is given.
+MIN_SEEDS_FOR_INTERVAL = 3
+
+AGGREGATE_COLUMNS = ['model', 'model_args', 'n_tasks', 'n_runs', 'runs_per_task', 'iqm', 'iqm_low', 'iqm_high', 'mean',
                      'mean_low', 'mean_high', 'note']
 
 
@@ -19,7 +24,8 @@ def aggregate(metric: str = 'val/acc1', *, db=None, model: str | None = None, ta
               common: bool = True, normalize: dict | None = None, higher_is_better: bool | None = None,
               n_boot: int = 2000, level: float = 0.95, seed: int = 0):
     """Compare models over several tasks and seeds: interquartile mean and mean of the final ``metric``
-    with stratified-bootstrap confidence intervals (Agarwal et al. 2021), one row per model.
+    with stratified-bootstrap confidence intervals (Agarwal et al. 2021), one row per model and model
+    arguments (as on the leaderboard: two token mixers of one MetaFormer are two rows).
 
     A task (stratum) is a distinct value of the ``by`` columns of the finished runs, by default each
     (task, dataset). For every model and task the runs of its best configuration (``configs='best'``, the
@@ -28,8 +34,8 @@ def aggregate(metric: str = 'val/acc1', *, db=None, model: str | None = None, ta
     resamples runs within each task independently. ``common=True`` keeps only the tasks every compared
     model has, so the numbers are comparable. Scores of different tasks must share a scale: pass
     ``normalize={'digits': (0.1, 1.0), ...}`` (stratum label -> (low, high), e.g. chance and perfect
-    accuracy) to map each task to [0, 1]. A model with fewer than two runs in some task gets no
-    interval (NaN) and says so in ``note``. Returns a DataFrame sorted best first."""
+    accuracy) to map each task to [0, 1]. A model with fewer than three runs in some task gets no
+    interval (NaN; resampling two runs only spans their range) and says so in ``note``. Returns a DataFrame sorted best first."""
     import numpy as np
     import pandas as pd
 
@@ -51,6 +57,8 @@ def aggregate(metric: str = 'val/acc1', *, db=None, model: str | None = None, ta
         return out
     df = df[df[metric].notna()].copy()
     df['_task'] = df[list(by)].astype(str).agg('/'.join, axis=1)
+    df['_args'] = [_model_args(h, b) for h, b in zip(df.hparams, df.block_choices)]
+    ident = ['model', '_args']                       # what a row is
     if normalize:
         missing = sorted(set(df._task) - set(normalize))
         if missing:
@@ -58,30 +66,35 @@ def aggregate(metric: str = 'val/acc1', *, db=None, model: str | None = None, ta
         lo = df._task.map(lambda t: float(normalize[t][0]))
         hi = df._task.map(lambda t: float(normalize[t][1]))
         df[metric] = (df[metric] - lo) / (hi - lo)
-    if configs == 'best':     # per model and task, the runs of the configuration with the best mean
-        means = df.groupby(['model', '_task', 'config_key'], dropna=False)[metric].mean().reset_index()
-        best = means.sort_values(metric, ascending=not higher, kind='stable').drop_duplicates(['model', '_task'])
-        df = df.merge(best[['model', '_task', 'config_key']], on=['model', '_task', 'config_key'])
-    tasks = {m: set(g._task) for m, g in df.groupby('model')}
+    if configs == 'best':     # per row and task, the runs of the configuration with the best mean
+        means = df.groupby([*ident, '_task', 'config_key'], dropna=False)[metric].mean().reset_index()
+        best = means.sort_values(metric, ascending=not higher, kind='stable').drop_duplicates([*ident, '_task'])
+        df = df.merge(best[[*ident, '_task', 'config_key']], on=[*ident, '_task', 'config_key'])
+    tasks = {k: set(g._task) for k, g in df.groupby(ident)}
     shared = set.intersection(*tasks.values()) if common else set().union(*tasks.values())
     if not shared:
         raise ResultsDBError('the models have no task in common: ' + '; '.join(
-            f'{m}: {", ".join(sorted(t))}' for m, t in sorted(tasks.items())) + ' (pass common=False to aggregate '
-            'each model over its own tasks, or filter with model=/task=/dataset=)')
+            f'{m}{f" ({a})" if a else ""}: {", ".join(sorted(t))}' for (m, a), t in sorted(tasks.items()))
+            + ' (pass common=False to aggregate each model over its own tasks, or filter with model=/task=/dataset=)')
     rows = []
-    for name, g in df[df._task.isin(shared)].groupby('model', sort=False):
+    for (name, args), g in df[df._task.isin(shared)].groupby(ident, sort=False):
         strata = [t[metric].to_numpy(dtype=float) for _, t in g.groupby('_task', sort=True)]
         pooled = np.concatenate(strata)
         counts = [len(x) for x in strata]
-        row = dict(model=name, n_tasks=len(strata), n_runs=len(pooled),
+        row = dict(model=name, model_args=args, n_tasks=len(strata), n_runs=len(pooled),
                    runs_per_task=str(counts[0]) if min(counts) == max(counts) else f'{min(counts)}-{max(counts)}',
                    note='')
         for stat, fn in AGGREGATE_STATISTICS.items():
             row[stat] = float(fn(pooled))
-            row[f'{stat}_low'], row[f'{stat}_high'] = stratified_bootstrap(strata, fn, n_boot, level, seed)
+            row[f'{stat}_low'], row[f'{stat}_high'] = (
+                stratified_bootstrap(strata, fn, n_boot, level, seed) if min(counts) >= MIN_SEEDS_FOR_INTERVAL
+                else (float('nan'), float('nan')))
         if min(counts) < 2:
             row['note'] = (f'no interval: {sum(c < 2 for c in counts)} of {len(counts)} task(s) have a single run '
                            '(run more seeds, e.g. zoo fit --seeds 0,1,2)')
+        elif min(counts) < MIN_SEEDS_FOR_INTERVAL:     # resampling 2 runs only spans their range
+            row['note'] = (f'no interval: {sum(c < MIN_SEEDS_FOR_INTERVAL for c in counts)} of {len(counts)} task(s) '
+                           'have n=2 runs, too few for an interval (run more seeds, e.g. zoo fit --seeds 0,1,2)')
         elif len(pooled) < 4:
             row['note'] = 'IQM of fewer than 4 runs trims nothing (it equals the mean)'
         rows.append(row)
@@ -112,19 +125,34 @@ def is_higher_better(metric: str) -> bool:
                          f'higher {", ".join(sorted(HIGHER_IS_BETTER))}; lower {", ".join(sorted(LOWER_IS_BETTER))})')
 
 
-LEADERBOARD_COLUMNS = ['model', 'family', 'block_choices', 'n_seeds', 'mean', 'ci_low', 'ci_high', 'iqm', 'std',
-                       'best', 'params', 'macs', 'latency_ms', 'latency_batch', 'arch_fingerprint', 'aliases',
-                       'config_key', 'run_ids']
+LEADERBOARD_COLUMNS = ['model', 'family', 'model_args', 'block_choices', 'budget', 'max_epochs', 'steps', 'n_seeds',
+                       'mean', 'ci_low', 'ci_high', 'interval_note', 'values', 'iqm', 'std', 'best', 'params', 'macs',
+                       'latency_ms', 'latency_iqr_ms', 'latency_batch', 'latency_threads', 'latency_shape',
+                       'latency_source', 'latency_load', 'latency_repeats', 'latency_id', 'arch_fingerprint',
+                       'aliases', 'config_key', 'run_ids']
+
+INTERVAL = 'Student-t 95 % interval of the mean over seeds (n >= 3)'
 
 
 def leaderboard(task: str | None = None, dataset: str | None = None, metric: str = 'val/acc1', *, db=None,
-                model: str | None = None, higher_is_better: bool | None = None, n_boot: int = 2000):
-    """Best configuration per model on (task, dataset) by the final ``metric`` of finished runs.
+                model: str | None = None, higher_is_better: bool | None = None, threads: int | None = None,
+                device: str = 'cpu'):
+    """One row per model *and model arguments* on (task, dataset), by the final ``metric`` of finished runs.
 
-    Runs of one configuration (same model, hyper-parameters, blocks and epoch budget; different seeds)
-    are pooled: ``mean``, a 95 % percentile-bootstrap ``ci_low``/``ci_high`` over seeds (NaN with one
-    seed), ``iqm``, ``std``. Latency is the median at batch 1 measured for the run, else for the same
-    architecture fingerprint, else for the model name (the fastest such measurement on record)."""
+    Rows: runs with different ``model_args`` (``metaformer_tiny`` with ``token_mixer=pooling`` and with
+    ``token_mixer=attention``) are different rows; among the configurations of one row (other learning
+    rates, budgets, ...) the one with the best mean over seeds is shown, with its training budget
+    (``budget``: max epochs and/or max steps; ``steps``: optimizer steps the runs actually took).
+
+    Interval: runs of one configuration (different seeds) are pooled: ``mean``, ``iqm``, ``std`` and, from
+    three seeds on, the Student-t 95 % interval of the mean (``ci_low``/``ci_high``). With one or two seeds
+    there is no interval (None): ``interval_note`` says ``n=2, too few for an interval`` and ``values``
+    lists the per-seed values.
+
+    Latency (batch 1, inference, float32, ``device``): the most trustworthy record among those measured
+    for the row's runs or for the same architecture fingerprint (or, for runs without a fingerprint, the
+    model name); see ``pick_latency`` for the rule. ``threads`` chooses the thread count; by default the
+    one most rows have a record at. ``latency_iqr_ms`` is the spread of that record."""
     import numpy as np
     import pandas as pd
 
@@ -136,29 +164,143 @@ def leaderboard(task: str | None = None, dataset: str | None = None, metric: str
         if not df.empty and known:
             raise ResultsDBError(f'no final metric {metric!r} among the finished runs; recorded: {", ".join(known)}')
         return pd.DataFrame(columns=LEADERBOARD_COLUMNS)
-    df = df[df[metric].notna()]
-    lat = store.latency()
-    lat1 = lat[lat.batch_size == 1] if not lat.empty else lat
-    rows = []
+    df = df[df[metric].notna()].copy()
+    df['_args'] = [_model_args(h, b) for h, b in zip(df.hparams, df.block_choices)]
+    steps = _trained_steps(store, df.id.tolist())
+    lat = _latency_candidates(store.latency(), device)
+    rows, candidates = [], []
     for (name, key), g in df.groupby(['model', 'config_key'], dropna=False, sort=False):
         vals = g[metric].to_numpy(dtype=float)
-        lo, hi = bootstrap_ci(vals, n_boot=n_boot)
         fp = g.arch_fingerprint.dropna().iloc[0] if g.arch_fingerprint.notna().any() else None
+        n = len(vals)
+        if n >= MIN_SEEDS_FOR_INTERVAL:
+            mean, half = t_interval(vals)
+            lo, hi, note = mean - half, mean + half, ''
+        else:
+            lo = hi = None
+            note = f'n={n}, too few for an interval' if n > 1 else 'n=1, no interval'
+        candidates.append(_matching(lat, g.id.tolist(), fp, name))
+        max_epochs = _first(g.max_epochs)
+        run_steps = [steps[i] for i in g.id if i in steps]
         rows.append(dict(
-            model=name, family=g.family.iloc[0], block_choices=_fmt_choices(g.block_choices.iloc[0]),
+            model=name, family=g.family.iloc[0], model_args=g._args.iloc[0],
+            block_choices=_fmt_choices(g.block_choices.iloc[0]),
+            budget=_budget(max_epochs, g.config.iloc[0]), max_epochs=max_epochs,
+            steps=max(run_steps) if run_steps else None,
             n_seeds=int(g.seed.nunique(dropna=False)), mean=float(vals.mean()), ci_low=lo, ci_high=hi,
-            iqm=iqm(vals), std=float(vals.std(ddof=1)) if len(vals) > 1 else float('nan'),
+            interval_note=note, values=', '.join(f'{v:.4g}' for v in sorted(vals)),
+            iqm=iqm(vals), std=float(vals.std(ddof=1)) if n > 1 else float('nan'),
             best=float(vals.max() if higher else vals.min()),
             params=_first(g.params), macs=_first(g.macs),
-            **_latency_for(lat1, g.id.tolist(), fp, name),
+            _i=len(rows),
             arch_fingerprint=fp, aliases=', '.join(a for a in store.aliases(fp) if a != name) if fp else '',
             config_key=key, run_ids=','.join(map(str, g.id.tolist()))))
-    board = pd.DataFrame(rows, columns=LEADERBOARD_COLUMNS)
+    board = pd.DataFrame(rows)
     board = board.sort_values('mean', ascending=not higher, kind='stable')
-    board = board.drop_duplicates('model', keep='first').reset_index(drop=True)
-    board.attrs.update(metric=metric, higher_is_better=higher, task=task, dataset=dataset)
+    board = board.drop_duplicates(['model', 'model_args'], keep='first').reset_index(drop=True)
+    mine = [candidates[i] for i in board._i]
+    if threads is None:          # the thread count most rows have a record at (ties: the fewer threads)
+        counts = pd.Series([t for m in mine if not m.empty for t in set(m.threads.dropna().astype(int))],
+                           dtype=int).value_counts()
+        threads = int(min(counts.index[counts == counts.max()])) if len(counts) else None
+    picked = [pick_latency(m, threads) for m in mine]
+    for col, key in (('latency_ms', 'median_ms'), ('latency_iqr_ms', 'iqr_ms'), ('latency_threads', 'threads'),
+                     ('latency_shape', 'input_shape'), ('latency_source', 'source'), ('latency_load', 'load_1m'),
+                     ('latency_repeats', 'repeats'), ('latency_id', 'id')):
+        board[col] = [None if p is None else p[key] for p in picked]
+    board['latency_batch'] = [None if p is None else 1 for p in picked]
+    board = board[LEADERBOARD_COLUMNS]
+    board.attrs.update(metric=metric, higher_is_better=higher, task=task, dataset=dataset, threads=threads,
+                       interval=INTERVAL)
     board[['params', 'macs']] = board[['params', 'macs']].astype('Float64')
     return board.replace({np.nan: None}).astype({'mean': float})
+
+
+def _model_args(hparams, block_choices) -> str:
+    """The row identity beside the model name: the run's ``model_args`` (the arguments its system passed to
+    ``zoo.create``), else its block choices, as sorted ``key=value`` pairs ('' for the defaults)."""
+    args = hparams.get('model_args') if isinstance(hparams, dict) else None
+    if not args and isinstance(block_choices, dict):
+        args = {k: v for k, v in block_choices.items() if v not in ('', None)}
+    return _fmt_choices(args or block_choices, sort=True)
+
+
+def _budget(max_epochs, config) -> str:
+    """'15 ep', '2000 steps' or '15 ep / 2000 steps' from the run's epoch budget and its trainer config."""
+    parts = [f'{max_epochs} ep'] if max_epochs is not None and max_epochs > 0 else []
+    trainer = config.get('trainer') if isinstance(config, dict) else None
+    max_steps = trainer.get('max_steps') if isinstance(trainer, dict) else None
+    if isinstance(max_steps, int) and max_steps > 0:
+        parts.append(f'{max_steps} steps')
+    return ' / '.join(parts)
+
+
+def _trained_steps(store, run_ids: list[int]) -> dict[int, int]:
+    """The optimizer steps each run took (the step of its last recorded metric row)."""
+    m = store.metrics(final=None)
+    m = m[m.run_id.isin(run_ids) & m.step.notna()]
+    return {int(k): int(v) for k, v in m.groupby('run_id').step.max().items()}
+
+
+# ------------------------------------------------------------------------------------------ latency records
+# How much a latency record is trusted, by source: ``zoo bench`` (a process that only measures, with the
+# controlled protocol) before the after-training record (the trainer's process, right after an epoch), before
+# rows without a source (written before schema 4 or through the API, with no load recorded).
+SOURCE_RANK = {'bench': 0, 'fit': 1}
+
+
+def _latency_candidates(lat, device: str):
+    """The rows a leaderboard may use: batch 1, inference, float32, eager, contiguous, on ``device``."""
+    if lat.empty:
+        return lat
+    ok = (lat.batch_size == 1) & (lat.device == device)
+    for col, want in (('mode', 'inference'), ('dtype', 'float32')):
+        ok &= lat[col].isna() | (lat[col] == want)
+    for col in ('compiled', 'channels_last'):
+        ok &= lat[col].isna() | ~lat[col].astype('boolean').fillna(False)
+    return lat[ok]
+
+
+def _matching(lat, run_ids: list[int], fp: str | None, model: str):
+    """The candidate records of one leaderboard row: measured for its runs or for the same architecture;
+    by name only where the fingerprint is unknown on either side. When the row's own runs recorded a shape
+    (the input they trained at), records of other shapes are left out."""
+    if lat.empty:
+        return lat
+    sel = lat.run_id.isin(run_ids)
+    if fp:
+        sel |= lat.arch_fingerprint == fp
+        sel |= (lat.model == model) & lat.arch_fingerprint.isna()
+    else:
+        sel |= lat.model == model
+    m = lat[sel]
+    own = m[m.run_id.isin(run_ids)]
+    if not own.empty:
+        m = m[m.input_shape.isin(set(own.input_shape))]
+    return m
+
+
+def pick_latency(records, threads: int | None = None) -> dict | None:
+    """The most trustworthy latency record among ``records`` (rows of ``zoo_latency``), or None.
+
+    Rule: (1) records at ``threads`` threads if there are any (else every thread count); (2) by source,
+    ``zoo bench`` records first, then after-training (``fit``) records, then records without a source
+    (older than schema 4, or written through the API); (3) then the lowest load: the 1-minute load average
+    per CPU before the measurement (unknown load last); (4) then the most repeats, then the newest."""
+    import numpy as np
+
+    if records is None or records.empty:
+        return None
+    r = records
+    if threads is not None and (r.threads == threads).any():
+        r = r[r.threads == threads]
+    load = r.load_1m.astype(float) / r.cpus.astype(float).where(r.cpus.astype(float) > 0, 1.0)
+    r = r.assign(_src=r.source.map(SOURCE_RANK).fillna(len(SOURCE_RANK)), _load=load.fillna(np.inf),
+                 _rep=-r.repeats.astype(float).fillna(0), _new=-r.id)
+    best = r.sort_values(['_src', '_load', '_rep', '_new'], kind='stable').iloc[0]
+    out = {k: (None if v is None or (isinstance(v, float) and v != v) else v) for k, v in best.items()}
+    out['source'] = out.get('source') or 'unrecorded'
+    return out
 
 
 def _first(s):
@@ -166,19 +308,13 @@ def _first(s):
     return int(s.iloc[0]) if len(s) else None
 
 
-def _fmt_choices(c) -> str:
+def _fmt_choices(c, sort: bool = False) -> str:
     if isinstance(c, str):
         with contextlib.suppress(ValueError):
             c = json.loads(c)
     if not c:
         return ''
-    return ', '.join(f'{k}={v}' for k, v in c.items()) if isinstance(c, dict) else str(c)
-
-
-def _latency_for(lat, run_ids: list[int], fp: str | None, model: str) -> dict:
-    if lat.empty:
-        return dict(latency_ms=None, latency_batch=None)
-    for sel in (lat.run_id.isin(run_ids), (lat.arch_fingerprint == fp) if fp else None, lat.model == model):
-        if sel is not None and sel.any():
-            return dict(latency_ms=float(lat[sel].median_ms.min()), latency_batch=1)
-    return dict(latency_ms=None, latency_batch=None)
+    if not isinstance(c, dict):
+        return str(c)
+    items = sorted(c.items()) if sort else c.items()
+    return ', '.join(f'{k}={v}' for k, v in items)

@@ -20,7 +20,7 @@ def format_aggregate(agg, fmt: str = 'table') -> str:
         return '' if lo != lo else f'[{lo:.4f}, {hi:.4f}]'
 
     pct = f"{round(100 * agg.attrs.get('level', 0.95))}%"
-    rows = [{'model': r.model, 'tasks': r.n_tasks, 'runs': r.n_runs, 'runs/task': r.runs_per_task,
+    rows = [{'model': r.model, 'model args': r.model_args, 'tasks': r.n_tasks, 'runs': r.n_runs, 'runs/task': r.runs_per_task,
              'IQM': f'{r.iqm:.4f}', f'IQM {pct} CI': ci(r.iqm_low, r.iqm_high), 'mean': f'{r.mean:.4f}',
              f'mean {pct} CI': ci(r.mean_low, r.mean_high), 'note': r.note} for r in agg.itertuples()]
     import pandas as pd
@@ -28,7 +28,7 @@ def format_aggregate(agg, fmt: str = 'table') -> str:
         return pd.DataFrame(rows).to_markdown(index=False)
     tasks = agg.attrs.get('tasks') or []
     return _rich_table(f"{agg.attrs.get('metric')} over {len(tasks)} task(s): {', '.join(tasks)} "
-                       f'(stratified bootstrap, Agarwal et al. 2021)', rows, left=('model', 'note'))
+                       f'(stratified bootstrap, Agarwal et al. 2021)', rows, left=('model', 'model args', 'note'))
 
 
 # ---------------------------------------------------------------------------------------------------- tables
@@ -46,7 +46,9 @@ def format_board(board, fmt: str = 'table') -> str:
         raise ResultsDBError(f'unknown format {fmt!r}; expected table, csv, json or markdown')
     metric = board.attrs.get('metric', 'metric')
     title = f"leaderboard: {metric} ({'higher' if board.attrs.get('higher_is_better', True) else 'lower'} is better)"
-    return _rich_table(title, rows, left=('model', 'blocks', 'aliases'))
+    title += ('; 95% CI: Student-t over seeds, none below 3 seeds; latency: median and IQR of the most trusted '
+              'record (zoo bench first, then the lowest load)')
+    return _rich_table(title, rows, left=('model', 'model args', 'budget', '95% CI (t)', 'latency from', 'aliases'))
 
 
 def _rich_table(title: str, rows: list[dict], left: tuple[str, ...]) -> str:
@@ -73,11 +75,21 @@ def _display_rows(board) -> list[dict]:
     metric = board.attrs.get('metric', 'metric')
     rows = []
     for r in board.itertuples():
-        ci = f'[{num(r.ci_low, "{:.4f}")}, {num(r.ci_high, "{:.4f}")}]' if r.ci_low is not None and r.ci_low == r.ci_low else ''
-        rows.append({'model': r.model, 'blocks': r.block_choices, 'seeds': r.n_seeds, metric: num(r.mean, '{:.4f}'),
-                     '95% CI': ci, 'params (M)': num(None if r.params is None else r.params / 1e6, '{:.3f}'),
+        if r.ci_low is not None and r.ci_low == r.ci_low:
+            ci = f'[{num(r.ci_low, "{:.4f}")}, {num(r.ci_high, "{:.4f}")}]'
+        else:                          # too few seeds: the values themselves, and why there is no interval
+            ci = f'{r.interval_note}: {r.values}' if r.n_seeds > 1 else f'{r.interval_note}'
+        lat_from = ''
+        if r.latency_ms is not None:
+            load = '' if r.latency_load is None else f', load {r.latency_load:.2f}'
+            lat_from = f'{r.latency_source}, {r.latency_threads} thr{load}'
+        rows.append({'model': r.model, 'model args': r.model_args, 'budget': r.budget,
+                     'steps': '' if r.steps is None else str(r.steps), 'seeds': r.n_seeds,
+                     metric: num(r.mean, '{:.4f}'), '95% CI (t)': ci,
+                     'params (M)': num(None if r.params is None else r.params / 1e6, '{:.3f}'),
                      'MACs (M)': num(None if r.macs is None else r.macs / 1e6, '{:.1f}'),
-                     'latency ms (bs 1)': num(r.latency_ms, '{:.2f}'), 'aliases': r.aliases})
+                     'latency ms (bs 1)': num(r.latency_ms, '{:.2f}'), 'IQR ms': num(r.latency_iqr_ms, '{:.2f}'),
+                     'latency from': lat_from, 'aliases': r.aliases})
     return rows
 
 
@@ -95,8 +107,9 @@ def pareto_front(latency_ms, score, higher_is_better: bool = True) -> list[int]:
 
 
 def plot_pareto(board, path: str | os.PathLike | None = None, *, title: str | None = None):
-    """Accuracy (or any metric) against batch-1 latency, one point per model with its 95 % CI, the Pareto
-    front drawn as a step line. Saves to ``path`` when given; returns the matplotlib Figure."""
+    """Accuracy (or any metric) against batch-1 latency, one point per leaderboard row: vertical bar the 95 %
+    Student-t interval over seeds (none below 3 seeds; the label then says n), horizontal bar the latency
+    record's IQR. The Pareto front is drawn as a step line. Saves to ``path`` when given; returns the matplotlib Figure."""
     import matplotlib
     if path is not None:
         matplotlib.use('Agg', force=False)
@@ -114,19 +127,31 @@ def plot_pareto(board, path: str | os.PathLike | None = None, *, title: str | No
         lat, mean = b.latency_ms.astype(float).to_numpy(), b['mean'].astype(float).to_numpy()
         lo = b.ci_low.astype(float).to_numpy()
         hi = b.ci_high.astype(float).to_numpy()
+        iqr = b.latency_iqr_ms.astype(float).fillna(0).to_numpy()
         import numpy as np
         yerr = np.vstack([np.where(np.isnan(lo), 0, mean - lo), np.where(np.isnan(hi), 0, hi - mean)])
+        xerr = np.vstack([iqr / 2, iqr / 2])          # the IQR's width, centred on the median
         front = pareto_front(lat, mean, higher)
         on = np.zeros(len(b), bool)
         on[front] = True
-        ax.errorbar(lat[~on], mean[~on], yerr=yerr[:, ~on], fmt='o', color='0.55', capsize=3, label='dominated')
-        ax.errorbar(lat[on], mean[on], yerr=yerr[:, on], fmt='o', color='C3', capsize=3, label='Pareto front')
+        ax.errorbar(lat[~on], mean[~on], xerr=xerr[:, ~on], yerr=yerr[:, ~on], fmt='o', color='0.55', capsize=3,
+                    label='dominated')
+        ax.errorbar(lat[on], mean[on], xerr=xerr[:, on], yerr=yerr[:, on], fmt='o', color='C3', capsize=3,
+                    label='Pareto front')
         ax.step(lat[front], mean[front], where='post', color='C3', alpha=0.6)
-        for x, y, name in zip(lat, mean, b.model):
-            ax.annotate(name, (x, y), textcoords='offset points', xytext=(4, 4), fontsize=8)
-        ax.legend(loc='lower right' if higher else 'upper right')
-    ax.set_xlabel('latency, batch 1 (ms, median)')
-    ax.set_ylabel(f'{metric} (mean over seeds, 95 % CI)')
+        few = [(x, float(v)) for x, vals, n in zip(lat, b['values'], b.n_seeds) if 1 < n < 3
+               for v in str(vals).split(', ')]
+        if few:                 # no interval below 3 seeds: the seeds' own values instead
+            ax.plot(*zip(*few), linestyle='none', marker='_', markersize=10, color='0.3', label='seed values (n < 3)')
+        labels = [f'{m} ({a})' if a else m for m, a in zip(b.model, b.model_args)]
+        for x, y, name, n in zip(lat, mean, labels, b.n_seeds):
+            ax.annotate(name if n >= 3 else f'{name}, n={n}', (x, y), textcoords='offset points', xytext=(4, 4),
+                        fontsize=8)
+        ax.margins(x=0.25, y=0.12)      # room for the labels
+        ax.legend(loc='best', fontsize=8)
+    threads = board.attrs.get('threads')
+    ax.set_xlabel(f'CPU latency, batch 1{f", {threads} thread(s)" if threads else ""} (ms; median, bar: IQR)')
+    ax.set_ylabel(f'{metric} (mean over seeds; bar: 95 % t-interval, n ≥ 3)')
     parts = [board.attrs.get('task'), board.attrs.get('dataset')]
     ax.set_title(title or ' / '.join(p for p in parts if p) or 'accuracy vs latency')
     ax.grid(alpha=0.3)

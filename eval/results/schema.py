@@ -5,7 +5,7 @@ import datetime as _dt
 
 import sqlalchemy as sa
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 DEFAULT_PATH = 'zoo-results.db'
 STATUSES = ('running', 'finished', 'failed', 'pruned', 'crashed')
 DISABLED = ('none', 'off', '0', 'false', '')
@@ -115,7 +115,17 @@ latency_table = sa.Table(
     sa.Column('measured_at', sa.DateTime, nullable=False),
     # v2
     sa.Column('arch_fingerprint', sa.String(16), index=True),
+    # v4: how and in what conditions the number was taken (rows written before v4 leave them NULL)
+    sa.Column('source', sa.String(20)),                       # bench (zoo bench) | fit (after training) | api
+    sa.Column('warmup', sa.Integer),                          # warm-up calls before the timed rounds
+    sa.Column('load_1m', sa.Float),                           # 1-minute load average before the measurement
+    sa.Column('load_1m_after', sa.Float),                     # ... and after it (includes the measuring process)
+    sa.Column('cpus', sa.Integer),                            # os.cpu_count() of the host
+    sa.Column('duration_s', sa.Float),                        # wall time of the timed rounds
 )
+
+# The columns of zoo_latency that version 4 added, in order.
+LATENCY_V4 = ('source', 'warmup', 'load_1m', 'load_1m_after', 'cpus', 'duration_s')
 
 architectures_table = sa.Table(                               # v2: every name a fingerprint was seen under
     'zoo_architectures', metadata,
@@ -137,7 +147,7 @@ def _col(table: sa.Table, name: str) -> sa.Column:
 def _v1(op) -> None:
     """Version 1: runs, metrics and latency, without fingerprints or sweep links."""
     later = {'zoo_runs': {'arch_fingerprint', 'params', 'macs', 'study_name', 'trial_number', 'heartbeat_s'},
-             'zoo_latency': {'arch_fingerprint'}, 'zoo_metrics': set()}
+             'zoo_latency': {'arch_fingerprint', *LATENCY_V4}, 'zoo_metrics': set()}
     fks = {'zoo_runs': [], 'zoo_metrics': [sa.ForeignKeyConstraint(['run_id'], ['zoo_runs.id'], ondelete='CASCADE')],
            'zoo_latency': [sa.ForeignKeyConstraint(['run_id'], ['zoo_runs.id'], ondelete='SET NULL')]}
     for table in (runs_table, metrics_table, latency_table):
@@ -165,5 +175,12 @@ def _v3(op) -> None:
     op.add_column('zoo_runs', _col(runs_table, 'heartbeat_s'))
 
 
-MIGRATIONS = [_v1, _v2, _v3]          # MIGRATIONS[i] takes the schema from version i to version i + 1
+def _v4(op) -> None:
+    """Version 4: the conditions of a latency measurement (source, warm-up, load average, CPUs, duration), so
+    the leaderboard can prefer the most trustworthy record (see ``board.pick_latency``)."""
+    for name in LATENCY_V4:
+        op.add_column('zoo_latency', _col(latency_table, name))
+
+
+MIGRATIONS = [_v1, _v2, _v3, _v4]          # MIGRATIONS[i] takes the schema from version i to version i + 1
 assert len(MIGRATIONS) == SCHEMA_VERSION

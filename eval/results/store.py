@@ -60,17 +60,24 @@ def _pid_alive(pid: int, proc_start: str | None) -> bool:
 class ResultsDB:
     """One results store. Writes are transactions; opening it marks runs whose process died ``crashed``."""
 
-    def __init__(self, url: str | None = None, *, check_crashed: bool = True):
+    def __init__(self, url: str | None = None, *, check_crashed: bool = True, create: bool = True):
+        """``create=False`` (readers such as ``zoo results``): a SQLite file that does not exist is an error and
+        nothing is created; writers (``zoo fit``, ``zoo bench --db``) create it."""
         url = resolve_url(url)
         if url is None:
             raise ResultsDBError('the results database is disabled (ZOO_DB=none); pass a path or URL')
         self.url = url
         self._sqlite = url.startswith('sqlite')
+        self._path = None
         if self._sqlite:
             path = sa.engine.make_url(url).database
             if path and path != ':memory:':
+                self._path = path
                 if Path(path).is_dir():
                     raise ResultsDBError(f'results database path {path} is a directory; expected a SQLite file')
+                if not create and not Path(path).exists():
+                    raise ResultsDBError(f'no results database at {path} (nothing was created); record runs there '
+                                         'with zoo fit/zoo bench --db, or point --db/ZOO_DB at an existing file')
                 Path(path).parent.mkdir(parents=True, exist_ok=True)
         kw = {'connect_args': {'timeout': 120}} if self._sqlite else {'pool_pre_ping': True}
         try:
@@ -78,23 +85,32 @@ class ResultsDB:
         except (sa_exc.ArgumentError, sa_exc.NoSuchModuleError, ImportError) as e:
             raise ResultsDBError(f'cannot use results database URL {url!r}: {e}') from e
         if self._sqlite:
-            self._sqlite_events()
+            self._sqlite_events(wal=create)
         try:
             self._migrate()
             if check_crashed:
                 self.mark_crashed()
+        except ResultsDBError:
+            self.engine.dispose()
+            raise
         except sa_exc.DatabaseError as e:
             self.engine.dispose()
-            orig = getattr(e, 'orig', e)
-            if self._sqlite and any(m in str(orig) for m in ('not a database', 'malformed')):
-                raise ResultsDBError(f'{path} is not a SQLite database (or it is corrupt); it was left untouched. '
-                                     'Point ZOO_DB/--db at another file.') from e
-            raise ResultsDBError(f'cannot open results database {self._safe_url()}: {orig}') from e
+            raise ResultsDBError(f'cannot open results database {self._safe_url()}: {getattr(e, "orig", e)}') from e
+
+    def _damaged(self, e: sa_exc.DatabaseError) -> ResultsDBError | None:
+        """The one-line error for a SQLite file that is not a database or has damaged pages (which may show
+        only when a query reaches them), or None for any other database error."""
+        orig = str(getattr(e, 'orig', e))
+        if not self._sqlite or not any(m in orig for m in ('not a database', 'malformed', 'disk image')):
+            return None
+        return ResultsDBError(f'{self._path} is not a SQLite database (or it is corrupt); it was left untouched '
+                              f'(SQLite: {orig}). Point ZOO_DB/--db at another file; `sqlite3 FILE .recover` may '
+                              'save its rows.')
 
     def _safe_url(self) -> str:
         return sa.engine.make_url(self.url).render_as_string(hide_password=True)
 
-    def _sqlite_events(self) -> None:
+    def _sqlite_events(self, wal: bool = True) -> None:
         # pysqlite's own transaction handling starts transactions lazily and deferred, so two writers
         # can deadlock upgrading their locks ("database is locked" without waiting). We issue BEGIN
         # IMMEDIATE for writes ourselves, which waits on the busy timeout instead (SQLAlchemy's recipe).
@@ -106,7 +122,9 @@ class ResultsDB:
             # WAL: readers never block the writer (a notebook open while a sweep runs), and with
             # synchronous=NORMAL a commit needs no fsync (durable across process crashes; a power cut may
             # lose the last commits, never corrupt the file). Not for network file systems (use a server URL).
-            if cur.execute('PRAGMA journal_mode').fetchone()[0].lower() != 'wal':
+            # Readers (create=False) leave the journal mode as it is: switching rewrites the file header, and
+            # a reader must not change a file it may be about to find damaged.
+            if wal and cur.execute('PRAGMA journal_mode').fetchone()[0].lower() != 'wal':
                 cur.execute('PRAGMA journal_mode=WAL')
             cur.execute('PRAGMA synchronous=NORMAL')
             cur.close()
@@ -118,13 +136,25 @@ class ResultsDB:
     @contextlib.contextmanager
     def write(self):
         """A write transaction (committed on exit, rolled back on error)."""
-        with self.engine.connect().execution_options(write=True) as conn, conn.begin():
-            yield conn
+        try:
+            with self.engine.connect().execution_options(write=True) as conn, conn.begin():
+                yield conn
+        except sa_exc.DatabaseError as e:
+            err = self._damaged(e)
+            if err is None:
+                raise
+            raise err from e
 
     @contextlib.contextmanager
     def read(self):
-        with self.engine.connect() as conn:
-            yield conn
+        try:
+            with self.engine.connect() as conn:
+                yield conn
+        except sa_exc.DatabaseError as e:
+            err = self._damaged(e)
+            if err is None:
+                raise
+            raise err from e
 
     # --- schema
     def schema_version(self) -> int:
@@ -432,8 +462,9 @@ _DBS: dict[str, ResultsDB] = {}
 _LOCK = threading.Lock()
 
 
-def open_db(db: str | os.PathLike | ResultsDB | None = None) -> ResultsDB:
-    """The store for ``db`` (a path, a URL, None for ``$ZOO_DB``), opened once per process and URL."""
+def open_db(db: str | os.PathLike | ResultsDB | None = None, *, create: bool = True) -> ResultsDB:
+    """The store for ``db`` (a path, a URL, None for ``$ZOO_DB``), opened once per process and URL.
+    ``create=False``: a SQLite file that does not exist is an error (readers must not leave empty files)."""
     if isinstance(db, ResultsDB):
         return db
     url = resolve_url(db)
@@ -441,7 +472,7 @@ def open_db(db: str | os.PathLike | ResultsDB | None = None) -> ResultsDB:
         raise ResultsDBError('the results database is disabled (ZOO_DB=none); pass --db PATH or set ZOO_DB')
     with _LOCK:
         if url not in _DBS:
-            _DBS[url] = ResultsDB(url)
+            _DBS[url] = ResultsDB(url, create=create)
         return _DBS[url]
 
 

@@ -1,0 +1,119 @@
+"""``zoo bench`` and the latency protocol: time-bounded interleaved timing, token ids for language models,
+and the re-measurement of every network of a results database (``zoo bench --db URL`` without names).
+No wall-clock figure is asserted: only counts, shapes, dtypes and what gets recorded."""
+from __future__ import annotations
+
+import time
+
+import pytest
+import torch
+
+import zoo
+from zoo.eval import bench
+from zoo.eval import results as R
+from zoo.eval.profile import benchmark, example_input, interleave
+from zoo.recipes.main import main
+
+
+@pytest.fixture(autouse=True)
+def zoo_db(tmp_path, monkeypatch):
+    path = tmp_path / 'results.db'
+    monkeypatch.setenv('ZOO_DB', str(path))
+    yield path
+    for db in R._DBS.values():
+        db.close()
+    R._DBS.clear()
+
+
+def test_interleave_repeats_budget_and_cap():
+    calls = []
+    fns = {'a': lambda: calls.append('a'), 'b': lambda: calls.append('b')}
+    t = interleave(fns, repeats=4, warmup=2)                       # no budget: exactly 4 rounds after 2 warm-ups
+    assert [len(v) for v in t.values()] == [4, 4] and calls[:4] == ['a', 'b', 'a', 'b'] and len(calls) == 12
+    t = interleave(fns, repeats=3, warmup=0, budget_s=60.0, max_repeats=50)   # budget left: up to the cap
+    assert [len(v) for v in t.values()] == [50, 50]
+    slow = {'s': lambda: time.sleep(0.02)}                         # each round outlasts the budget: the minimum
+    assert len(interleave(slow, repeats=3, warmup=0, budget_s=0.001, max_repeats=50)['s']) == 3
+
+
+def test_a_latency_records_its_protocol_and_the_load():
+    lat = benchmark({'lin': torch.nn.Linear(8, 2)}, input_size=(8,), repeats=5, warmup=2)['lin'].as_dict()
+    assert lat['repeats'] == 5 and lat['warmup'] == 2 and lat['input_size'] == (8,)
+    assert lat['load_1m'] is not None and lat['load_1m_after'] is not None and lat['cpus'] >= 1
+    assert lat['duration_s'] > 0 and lat['iqr_ms'] >= 0
+
+
+def test_language_models_get_token_ids():
+    """issue 15: `zoo bench llama_tiny` fed images to a language model (a (1, 32) float tensor)."""
+    net = zoo.create('llama_tiny')
+    x = example_input(net, (32,), 3, 'language_modeling')
+    assert x.shape == (3, 32) and x.dtype == torch.long and 0 <= int(x.min()) and int(x.max()) < net.vocab_size
+    assert example_input(net, (32,), 1).dtype == torch.long         # told apart by its vocab_size, too
+    assert example_input(torch.nn.Conv2d(3, 4, 3), (3, 8, 8), 2).dtype == torch.float32
+    rows = bench.run(['llama_tiny', 'mamba2_tiny'], repeats=2, warmup=1, budget_s=0)
+    assert [r['input_size'] for r in rows] == [(32,), (32,)] and all(r['macs'] > 0 for r in rows)
+    assert main(['bench', 'llama_tiny', '--repeats', '2', '--warmup', '1', '--time', '0']) == 0
+
+
+def _record(db, mixer, seed, shape='1x16x16', latency=True):
+    net = zoo.create('metaformer_tiny', token_mixer=mixer, num_classes=10, in_chans=1)
+    fp = R.fingerprint(net)
+    rid = db.start_run('metaformer_tiny', task='classification', dataset='digits', seed=seed, arch_fingerprint=fp,
+                       hparams={'name': 'metaformer_tiny', 'model_args': {'token_mixer': mixer}, 'num_classes': 10,
+                                'in_chans': 1, 'lr': 0.01}, block_choices={'token_mixer': mixer},
+                       config={'data': {'class_path': 'x', 'init_args': {'img_size': 12}}})
+    db.log_metrics(rid, {'val/acc1': 0.9}, final=True)
+    db.finish_run(rid)
+    if latency:
+        db.add_latency('metaformer_tiny', 50.0, input_shape=shape, batch_size=1, run_id=rid, arch_fingerprint=fp,
+                       source='fit', load_1m=6.0, cpus=2, threads=1)
+    return rid, fp
+
+
+def test_bench_db_remeasures_every_recorded_network(zoo_db, capsys):
+    db = R.open_db()
+    _, fp_pool = _record(db, 'pooling', 0)
+    _record(db, 'pooling', 1)                                        # a second seed: same network, measured once
+    _, fp_attn = _record(db, 'attention', 0)
+    _, fp_id = _record(db, 'identity', 0, latency=False)             # recorded with ZOO_RECORD_LATENCY=0
+    rid = db.start_run('metaformer_tiny', task='classification', dataset='digits', arch_fingerprint='0' * 16,
+                       hparams={'model_args': {'token_mixer': 'raft'}})   # not what its arguments build
+    db.log_metrics(rid, {'val/acc1': 0.5}, final=True)
+    db.finish_run(rid)
+    assert main(['bench', '--db', str(zoo_db), '--repeats', '2', '--warmup', '1', '--time', '0', '--threads', '1']) == 0
+    err = capsys.readouterr().err
+    assert 'skipped metaformer_tiny (run 5)' in err and 'not the recorded network' in err and '3 latency rows' in err
+    new = R.latency(source='bench').set_index('arch_fingerprint')
+    assert sorted(new.index) == sorted([fp_pool, fp_attn, fp_id])
+    # the shape the runs trained at: their after-training record's, else the config's img_size and in_chans
+    assert new.input_shape.to_dict() == {fp_pool: '1x16x16', fp_attn: '1x16x16', fp_id: '1x12x12'}
+    assert (new.threads == 1).all() and new.load_1m.notna().all() and (new.repeats == 2).all()
+    board = R.leaderboard('classification', 'digits', threads=1).set_index('model_args')
+    assert board.loc['token_mixer=pooling'].latency_source == 'bench'
+    assert board.loc['token_mixer=attention'].latency_id in set(new.id)
+    # filters, and a clear line when nothing matches or nothing is named
+    assert main(['bench', '--db', str(zoo_db), '--dataset', 'cifar10', '--time', '0']) == 2
+    assert 'no finished run' in capsys.readouterr().err
+    assert main(['bench']) == 2 and 'name the models' in capsys.readouterr().err
+    assert main(['bench', 'poolformer_tiny', '--dataset', 'digits']) == 2
+    assert main(['bench', '--db', str(zoo_db.parent / 'missing.db')]) == 2
+    assert not (zoo_db.parent / 'missing.db').exists()
+
+
+def test_the_after_training_record_feeds_token_ids_to_a_language_model():
+    """The recording callback draws its example input like ``zoo bench``: a (1, context) long tensor for a
+    language model (the data module's context length), an image for the rest."""
+    from types import SimpleNamespace
+
+    from zoo.recipes.callbacks import ResultsCallback
+
+    cb, net = ResultsCallback(latency=False), zoo.create('llama_tiny', vocab_size=67)
+    lm = SimpleNamespace(model_name='llama_tiny', task=None)
+    x = cb._example_input(SimpleNamespace(datamodule=SimpleNamespace(context_length=130)), lm, net)
+    assert x.shape == (1, 130) and x.dtype == torch.long and int(x.max()) < 67
+    x = cb._example_input(SimpleNamespace(datamodule=None), lm, net)        # no data module: the registry's
+    assert x.shape == (1, *zoo.model_info('llama_tiny').input_size) and x.dtype == torch.long
+    img = SimpleNamespace(model_name='poolformer_tiny', task=None)
+    x = cb._example_input(SimpleNamespace(datamodule=SimpleNamespace(img_size=16, in_chans=1)), img,
+                          zoo.create('poolformer_tiny', in_chans=1))
+    assert x.shape == (1, 1, 16, 16) and x.is_floating_point()
