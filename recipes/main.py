@@ -1,7 +1,7 @@
 """The ``zoo`` console script: one entry point for everything a user does.
 
     zoo list [PATTERN] [--family F] [--task T] [--blocks]
-    zoo info NAME
+    zoo info NAME                # or timm/NAME
     zoo bench NAME... [--batch-size 1 16] [--img-size 224] [--vs timm/NAME] [--db URL]
     zoo results [--task T] [--dataset D] [--model PATTERN] [--metric val/acc1] [--format table|csv|json|markdown]
                 [--plot pareto.png] [--aggregate] [--runs] [--db URL]
@@ -9,7 +9,8 @@
 
 Training subcommands (``fit``, ``validate``, ``test``, ``predict``) are LightningCLI and load
 Lightning only when used; they also take ``--db URL|none`` (the results database) and ``--seeds 0,1,2``
-(one run per seed).
+(one run per seed). Their ``--help`` is zoo's summary (no Lightning, instant); ``--help-all`` LightningCLI's.
+Every example in these help texts and in README's command-line section runs in tests/test_help_examples.py.
 """
 from __future__ import annotations
 
@@ -21,6 +22,18 @@ import re
 import sys
 
 TRAIN_COMMANDS = ('fit', 'validate', 'test', 'predict')
+DEMO = 'recipes/configs/poolformer/poolformer_tiny_digits_15e.yaml'
+EXAMPLES = f"""examples:
+  zoo list 'poolformer*'
+  zoo info poolformer_s12
+  zoo info timm/resnet18
+  zoo bench poolformer_s12 --vs timm/poolformer_s12 --batch-size 1 16
+  zoo fit -c {DEMO}
+  zoo test -c {DEMO} --ckpt_path best
+  zoo results --dataset digits --plot pareto.png
+  zoo sweep recipes/sweeps/poolformer_digits.py --n-trials 20 --trial-args '--trainer.max_epochs=2'
+
+`zoo COMMAND --help` for the options of a command (`zoo fit --help-all`: every LightningCLI option)."""
 
 
 def _cmd_list(args) -> int:
@@ -156,14 +169,14 @@ _TRAIN_WHAT = {
     'predict': 'Predictions of a checkpoint on the predict split: <run>/predictions.csv (id, label, score) and .pt.',
 }
 _TRAIN_EXAMPLES = {
-    'fit': ['zoo fit -c recipes/configs/poolformer/poolformer_tiny_digits_15e.yaml',
-            'zoo fit -c recipes/configs/poolformer/poolformer_tiny_digits_15e.yaml --model.name metaformer_tiny '
-            "--model.model_args '{token_mixer: attention}' --trainer.max_epochs 3",
-            'zoo fit -c recipes/configs/poolformer/poolformer_tiny_digits_15e.yaml --seeds 0,1,2 --db results.db',
-            'zoo fit -c recipes/configs/poolformer/poolformer_tiny_digits_15e.yaml --ckpt_path last'],
-    'validate': ['zoo validate -c recipes/configs/poolformer/poolformer_tiny_digits_15e.yaml --ckpt_path best'],
-    'test': ['zoo test -c recipes/configs/poolformer/poolformer_tiny_digits_15e.yaml --ckpt_path best'],
-    'predict': ['zoo predict -c recipes/configs/poolformer/poolformer_tiny_digits_15e.yaml --ckpt_path best'],
+    'fit': [f'zoo fit -c {DEMO}',
+            f"zoo fit -c {DEMO} --model.name metaformer_tiny --model.model_args '{{token_mixer: attention}}' "
+            '--trainer.max_epochs 3',
+            f'zoo fit -c {DEMO} --seeds 0,1,2 --db results.db',
+            f'zoo fit -c {DEMO} --ckpt_path last'],
+    'validate': [f'zoo validate -c {DEMO} --ckpt_path best'],
+    'test': [f'zoo test -c {DEMO} --ckpt_path best'],
+    'predict': [f'zoo predict -c {DEMO} --ckpt_path best'],
 }
 
 
@@ -174,8 +187,7 @@ def train_help(command: str) -> str:
             if command == 'fit' else 'the checkpoint to evaluate: best, last, interrupted (newest run of this '
             'config) or a file')
     options = [
-        ('-c, --config FILE', 'a recipe, e.g. recipes/configs/poolformer/poolformer_tiny_digits_15e.yaml '
-                              '(`ls recipes/configs/*/`); repeat to layer configs'),
+        ('-c, --config FILE', f'a recipe, e.g. {DEMO} (`ls recipes/configs/*/`); repeat to layer configs'),
         ('--ckpt_path WHICH', ckpt),
         ('--seeds 0,1,2', 'one run per seed, recorded as repeats of one configuration'),
         ('--seed_everything N', 'the seed of a single run'),
@@ -231,8 +243,8 @@ def build_parser() -> argparse.ArgumentParser:
     from zoo import __version__
 
     parser = ZooArgumentParser(prog='zoo', description='zoo: blocks, model families, recipes, results.',
-                               epilog='`zoo COMMAND --help` for the options of a command.')
-    parser.add_argument('--version', action='version', version=f'zoo {__version__}')
+                               formatter_class=argparse.RawDescriptionHelpFormatter, epilog=EXAMPLES)
+    parser.add_argument('--version', action='version', version=f'zoo {__version__}', help="print zoo's version and exit")
     sub = parser.add_subparsers(dest='command', metavar='COMMAND')
     # The training commands are LightningCLI (main() hands them over before this parser runs); listed here so
     # that `zoo --help` shows every command.
@@ -242,14 +254,17 @@ def build_parser() -> argparse.ArgumentParser:
                           ('predict', 'predictions of a checkpoint, written to the run folder')):
         sub.add_parser(command, help=what, add_help=False)
 
-    p = sub.add_parser('list', help='list registered models (or blocks with --blocks)')
+    raw = argparse.RawDescriptionHelpFormatter
+    p = sub.add_parser('list', help='list registered models (or blocks with --blocks)', formatter_class=raw,
+                       epilog="examples:\n  zoo list 'poolformer*'\n  zoo list --task detection\n  zoo list --blocks")
     p.add_argument('pattern', nargs='?', default='*', help="glob pattern, e.g. 'poolformer*' (default: all)")
     p.add_argument('--family', help='only this family, e.g. metaformer')
     p.add_argument('--task', help='only this task: classification, detection, language_modeling or denoising')
     p.add_argument('--blocks', action='store_true', help='list registered blocks instead of models')
     p.set_defaults(func=_cmd_list)
 
-    p = sub.add_parser('info', help="print a model's registry record (or a timm model's, as timm/NAME)")
+    p = sub.add_parser('info', help="print a model's registry record (or a timm model's, as timm/NAME)",
+                       formatter_class=raw, epilog='examples:\n  zoo info poolformer_s12\n  zoo info timm/resnet18')
     p.add_argument('name', help='a model name (`zoo list`), e.g. poolformer_s12, or timm/NAME, e.g. timm/resnet18')
     p.set_defaults(func=_cmd_info)
 
@@ -282,14 +297,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument('--db', help='results database path or SQLAlchemy URL (default $ZOO_DB or ./zoo-results.db)')
     p.set_defaults(func=_cmd_results)
 
-    p = sub.add_parser('sweep', help='an Optuna sweep from recipes/sweeps/NAME.py, stored in the results database')
+    p = sub.add_parser('sweep', help='an Optuna sweep from recipes/sweeps/NAME.py, stored in the results database',
+                       formatter_class=raw, epilog=(
+                           'examples:\n  zoo sweep recipes/sweeps/poolformer_digits.py --n-trials 20\n'
+                           "  zoo sweep recipes/sweeps/poolformer_digits.py --n-trials 20 --trial-args "
+                           "'--trainer.max_epochs=2'\n\nThe same command resumes a stopped sweep."))
     p.add_argument('file', help='a search-space file, e.g. recipes/sweeps/poolformer_digits.py')
-    p.add_argument('--n-trials', type=int, default=None,
+    p.add_argument('--n-trials', type=int, default=None, metavar='N',
                    help="trials the study should hold (default: the file's N_TRIALS); the same command resumes")
-    p.add_argument('--n-jobs', type=int, default=1, help='parallel worker processes on the study')
+    p.add_argument('--n-jobs', type=int, default=1, metavar='J', help='parallel worker processes on the study')
     p.add_argument('--seed', type=int, help="sampler seed (default: the sweep file's SEED, else random)")
-    p.add_argument('--study-name', help='default: the file name; the same name resumes the study')
-    p.add_argument('--timeout', type=float, help='stop starting trials after this many seconds')
+    p.add_argument('--study-name', metavar='NAME', help='default: the file name; the same name resumes the study')
+    p.add_argument('--timeout', type=float, metavar='SECONDS', help='stop starting trials after this many seconds')
     p.add_argument('--db', help='results database path or SQLAlchemy URL (default $ZOO_DB or ./zoo-results.db)')
     p.add_argument('--trial-args', default='', metavar='ARGS',
                    help="extra LightningCLI arguments for every trial, one string: '--trainer.max_epochs=2'")
