@@ -213,7 +213,7 @@ def train_help(command: str) -> str:
 def train_parser(command: str) -> argparse.ArgumentParser:
     """The options ``zoo`` itself handles before LightningCLI: ``--seeds`` (one run per seed, recorded as
     repeats of one configuration). ``--db`` is LightningCLI's own argument (see ``ZooCLI``)."""
-    p = argparse.ArgumentParser(prog=f'zoo {command}', add_help=False, allow_abbrev=False)
+    p = ZooArgumentParser(prog=f'zoo {command}', add_help=False, allow_abbrev=False)
     p.add_argument('--seeds', type=_seed_list)
     return p
 
