@@ -16,12 +16,13 @@ from __future__ import annotations
 
 import os
 import random
-import warnings
 from pathlib import Path
 
 import numpy as np
 import torch
 from lightning.pytorch import Callback
+
+from zoo._factory import safe_torch_load, load_failure
 
 KEYWORDS = ('last', 'best', 'interrupted')
 
@@ -122,26 +123,12 @@ def has_checkpoints(run: Path) -> bool:
     return any((run / 'checkpoints').glob('*.ckpt'))
 
 
-def _load_failure(e: Exception) -> str:
-    """Why ``torch.load(weights_only=True)`` refused a file, in a few words. torch's own message advises
-    ``weights_only=False``, which would run whatever code the file holds: never for a file we cannot read."""
-    text = str(e)
-    if isinstance(e, EOFError) or 'EOF' in text:
-        return 'the file is empty or cut short'
-    if 'WeightsUnpickler error' in text:
-        detail = text.split('WeightsUnpickler error:', 1)[1].strip().splitlines()[0].strip()
-        return f'not a torch.save file, or it holds objects other than tensors and plain types: {detail}'
-    return f'{type(e).__name__}: {text.splitlines()[0][:120] if text else "unreadable"}'
-
-
 def read_hparams(path: str | Path) -> dict:
     """The ``hyper_parameters`` of a Lightning checkpoint; a file that is not one is a one-line error."""
     try:
-        with warnings.catch_warnings():  # torch's note on the pickle protocol of a file we are about to refuse
-            warnings.simplefilter('ignore', UserWarning)
-            ckpt = torch.load(path, map_location='cpu', weights_only=True)
+        ckpt = safe_torch_load(path)
     except Exception as e:  # truncated files, pickles of arbitrary objects, non-checkpoints
-        raise ValueError(f'--ckpt_path {path} is not a readable Lightning checkpoint ({_load_failure(e)}); '
+        raise ValueError(f'--ckpt_path {path} is not a readable Lightning checkpoint ({load_failure(e)}); '
                          f'expected a .ckpt written by `zoo fit`') from None
     if not isinstance(ckpt, dict) or 'state_dict' not in ckpt:
         raise ValueError(f'--ckpt_path {path} is not a Lightning checkpoint (no state_dict); to start from plain '

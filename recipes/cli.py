@@ -129,6 +129,7 @@ class CLIRun:
     """What one ``zoo fit|validate|test|predict`` returns: its exit code and its run folder."""
     code: int
     run_dir: Path | None = None
+    made: tuple[Path, ...] = ()  # folders this run created, innermost first (removed again if it is rejected)
 
 
 class ZooCLI(LightningCLI):
@@ -189,12 +190,15 @@ class ZooCLI(LightningCLI):
         self.run_stem = stem
         self._check_model_name(model_cfg)  # before making a run folder
         # One run folder for all processes of a DDP job: rank 0 makes it, the ranks it launches inherit it.
+        existed = [p for p in (Path(cfg.run_root) / stem, Path(cfg.run_root)) if p.exists()]
         inherited = os.environ.get(_RUN_DIR_ENV)
         if inherited and int(os.environ.get('LOCAL_RANK', '0')) > 0:
             self.run_dir = Path(inherited)
         else:
             self.run_dir = new_run_dir(cfg.run_root, stem)
             os.environ[_RUN_DIR_ENV] = str(self.run_dir)  # for the processes DDP launches only
+            self.result.made = tuple(p for p in (self.run_dir, Path(cfg.run_root) / stem, Path(cfg.run_root))
+                                     if p == self.run_dir or p not in existed)
         self.result.run_dir = self.run_dir
         self._fill_sizes_from_data(cfg)
 
@@ -386,7 +390,7 @@ def run_cli(argv: list[str], raise_errors: bool = False, trial=None) -> CLIRun:
     except SystemExit as e:  # --help, --print_config
         result.code = e.code if isinstance(e.code, int) else (0 if e.code is None else 2)
     except _usage_errors() as e:
-        _remove_if_empty(result.run_dir)
+        _remove_if_empty(result.made)
         if raise_errors:
             raise
         msg = e.args[0] if isinstance(e, KeyError) and e.args else e
@@ -395,17 +399,16 @@ def run_cli(argv: list[str], raise_errors: bool = False, trial=None) -> CLIRun:
     return result
 
 
-def _remove_if_empty(run_dir: Path | None) -> None:
-    """A run rejected before it started leaves nothing behind: its (empty) folder, and the config's folder if
-    this run made it. Only empty folders are removed, so nothing written is ever lost."""
-    if run_dir is None:
-        return
-    for folder in (run_dir, run_dir.parent):
+def _remove_if_empty(made: tuple[Path, ...]) -> None:
+    """A run rejected before it started leaves nothing behind: the folders it made (its run folder, and the
+    config's folder and the run root if they are new), innermost first. Only empty folders are removed, so
+    nothing written is ever lost."""
+    for folder in made:
         try:
             folder.rmdir()
-        except OSError:  # not empty (or already gone): keep it
+        except OSError:  # not empty (or already gone): keep it and what holds it
             break
-    if not run_dir.exists() and os.environ.get(_RUN_DIR_ENV) == str(run_dir):
+    if made and not made[0].exists() and os.environ.get(_RUN_DIR_ENV) == str(made[0]):
         os.environ.pop(_RUN_DIR_ENV)
 
 

@@ -14,10 +14,6 @@ ROOT = Path(__file__).resolve().parents[1]
 CONFIG = str(ROOT / DEMO)
 
 
-def _files(root: Path) -> list[Path]:
-    return sorted(root.rglob('*')) if root.exists() else []
-
-
 def _one_error_line(capfd) -> str:
     """stderr at the file-descriptor level (Lightning's log handlers hold the real stderr): one line."""
     err = capfd.readouterr().err
@@ -45,7 +41,7 @@ def test_bad_fit_arguments(args, expected, runs, capfd, tmp_path, monkeypatch):
     assert main(['fit', '-c', CONFIG, *args, '--trainer.fast_dev_run', '1']) == 2
     line = _one_error_line(capfd)
     assert line.startswith('zoo fit: error: ') and expected in line, line
-    assert _files(runs) == [] and not db.exists()  # no run folder, no database
+    assert not runs.exists() and not db.exists()  # no run folder (nor the runs root), no database
 
 
 @pytest.mark.parametrize('content', [os.urandom(3000), b'', b'\x80\x04K\x01.'])
@@ -56,7 +52,7 @@ def test_garbage_checkpoint(content, runs, capfd, tmp_path):
     line = _one_error_line(capfd)
     assert 'is not a readable Lightning checkpoint' in line or 'is not a Lightning checkpoint' in line, line
     assert 'weights_only' not in line  # torch's advice to unpickle an untrusted file is not repeated
-    assert ckpt.read_bytes() == content and _files(runs) == []
+    assert ckpt.read_bytes() == content and not runs.exists()
 
 
 @pytest.mark.parametrize('argv, expected', [
