@@ -300,13 +300,21 @@ def _close(word: str, choices, n: int = 3) -> str:
 def one_line_error(message: str, parser=None) -> str:
     """One line from a jsonargparse/LightningCLI error: the innermost reason, the option it concerns, the value
     given and close matches (option names, a class's arguments, a module's classes)."""
-    text = message.strip()
+    try:
+        return _one_line_error(message.strip(), parser)
+    except Exception:  # a report shaped in a way we did not foresee: still one line, nothing lost
+        return ' '.join(message.split())
+
+
+def _one_line_error(text: str, parser) -> str:
+    prog = str(getattr(parser, 'prog', None) or 'zoo COMMAND').replace(' [options]', '')
     unknown = re.match(r'unrecognized arguments: (\S+)', text)
     if unknown:
         option = unknown.group(1).split('=', 1)[0]
         what = f'unknown option {option}' if option.startswith('-') else f'unexpected argument {option!r}'
-        prog = str(getattr(parser, 'prog', None) or 'zoo COMMAND').replace(' [options]', '')
         return f'{what}{_close(option, _option_names(parser))} (`{prog} --help` lists the options)'
+    if text.startswith('the following arguments are required') and ('model' in text or 'data' in text):
+        return f'{text} (a recipe gives both: -c recipes/configs/<family>/<name>.yaml; `{prog} --help`)'
     if not re.search(r'Parser key "|Does not validate against|Problem with given class_path', text):
         return ' '.join(text.split())  # not jsonargparse's nested report: the message, on one line
     keys = re.findall(r'Parser key "([^"]+)"', text)
@@ -394,7 +402,8 @@ def run_cli(argv: list[str], raise_errors: bool = False, trial=None) -> CLIRun:
         if raise_errors:
             raise
         msg = e.args[0] if isinstance(e, KeyError) and e.args else e
-        print(f'zoo {command}: error: {one_line_error(str(msg))}', file=sys.stderr)
+        msg = str(msg) if isinstance(e, argparse.ArgumentError) else one_line_error(str(msg))  # parse: done already
+        print(f'zoo {command}: error: {msg}', file=sys.stderr)
         result.code = 2
     return result
 

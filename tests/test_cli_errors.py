@@ -55,6 +55,21 @@ def test_garbage_checkpoint(content, runs, capfd, tmp_path):
     assert ckpt.read_bytes() == content and not runs.exists()
 
 
+def test_no_recipe(runs, capfd):
+    assert main(['test']) == 2
+    assert 'a recipe gives both: -c recipes/configs/<family>/<name>.yaml' in _one_error_line(capfd)
+
+
+def test_condensing_never_fails(monkeypatch):
+    """A report shaped in a way the condenser did not foresee still gives one line, with all its words."""
+    from zoo.recipes import cli
+
+    def unforeseen(text, parser):
+        raise IndexError('unforeseen')
+    monkeypatch.setattr(cli, '_one_line_error', unforeseen)
+    assert cli.one_line_error('Parser key "model":\n  something new\n') == 'Parser key "model": something new'
+
+
 @pytest.mark.parametrize('argv, expected', [
     (['lst'], "unknown command 'lst'; did you mean list?"),
     (['list', '--famly', 'metaformer'], 'zoo list: error: unknown option --famly; did you mean --family?'),
