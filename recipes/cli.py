@@ -436,7 +436,8 @@ _NOISE = (
 class _DropLightningTips(logging.Filter):
     """Lightning's info lines that are advertisements or about our own callbacks, not about the run."""
     patterns = ('litlogger', 'already configured with model summary callbacks',
-                'Seed set to')  # the seed is in the run's config.yaml and database row
+                'Seed set to',  # the seed is in the run's config.yaml and database row
+                'to estimate number of stepping batches')  # our schedule asks Lightning for the step count
 
     def filter(self, record: logging.LogRecord) -> bool:
         return not any(p in str(record.msg) for p in self.patterns)

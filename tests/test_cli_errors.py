@@ -97,6 +97,7 @@ def test_a_run_is_quiet(runs, capfd):
     notes, no "Total FLOPs: 0" (Lightning counts FLOPs only with an example input): the summary has params."""
     assert main(['fit', '-c', CONFIG, '--trainer.fast_dev_run', '1', '--trainer.enable_progress_bar', 'false']) == 0
     out, err = capfd.readouterr()
-    for noise in ('litlogger', 'FLOPs', 'deprecated', 'Deprecation', 'Warning', 'ckpt_path=None', 'Seed set'):
+    for noise in ('litlogger', 'FLOPs', 'deprecated', 'Deprecation', 'Warning', 'ckpt_path=None', 'Seed set',
+                  'stepping batches'):
         assert noise not in out + err, noise
     assert 'MetaFormer' in out and 'params: 232 K' in out
