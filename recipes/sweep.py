@@ -169,7 +169,8 @@ def storage(db: str | None = None):
     kw = {'connect_args': {'timeout': 120}} if url.startswith('sqlite') else {'pool_pre_ping': True}
     # Workers started together on a fresh database race to create Optuna's tables and stamp its schema
     # version: they take turns under one lock, so the later ones open what the first made.
-    with _lock(url, open_db(url).engine, 'optuna-lock', _STORAGE_LOCK):
+    with _lock(url, open_db(url).engine, 'optuna-lock', _STORAGE_LOCK), warnings.catch_warnings():
+        warnings.filterwarnings('ignore', message='.*is an experimental feature')  # heartbeats: a note per sweep
         return _capped_storage_class()(url, engine_kwargs=kw, heartbeat_interval=30, grace_period=120)
 
 

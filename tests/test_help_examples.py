@@ -99,7 +99,12 @@ def test_example_runs(line, workspace, tmp_path, monkeypatch, one_thread):
     monkeypatch.setenv('ZOO_RUNS', str(tmp_path / 'ws' / 'runs'))
     monkeypatch.setenv('ZOO_DB', str(tmp_path / 'ws' / 'results.db'))
     monkeypatch.delenv('ZOO_RUN_DIR', raising=False)
-    assert main(to_argv(line)) == 0, f'{line} (from {EXAMPLES[line]})'
+    argv = to_argv(line)
+    assert main(argv) == 0, f'{line} (from {EXAMPLES[line]})'
+    if argv[0] == 'sweep':  # `zoo sweep` exits 0 when a trial fails (it is stored as failed): check the trial
+        import optuna
+        study = optuna.load_study(study_name=Path(argv[1]).stem, storage=f"sqlite:///{tmp_path / 'ws' / 'results.db'}")
+        assert [t.state.name for t in study.trials] == ['COMPLETE'], line
 
 
 def test_every_command_has_examples_and_readme_matches_help():
