@@ -428,7 +428,7 @@ _NOISE = (
     # turns `ckpt_path=None` into 'last', finds no checkpoint there and warns twice. Nothing is loaded.
     r'.*\.fit\(ckpt_path=None\)` was called without a model',
     r'.*\.fit\(ckpt_path="last"\) is set, but there is no last checkpoint',
-    # Lightning 2.6's own call into torch.utils._pytree (fixed upstream); not our code.
+    # Lightning 2.6's own call into torch.utils._pytree, deprecated in this torch; not our code.
     r'.*isinstance\(treespec, LeafSpec\)` is deprecated',
 )
 
