@@ -22,6 +22,8 @@ import numpy as np
 import torch
 from lightning.pytorch import Callback
 
+from zoo._factory import safe_torch_load, load_failure
+
 KEYWORDS = ('last', 'best', 'interrupted')
 
 
@@ -124,10 +126,10 @@ def has_checkpoints(run: Path) -> bool:
 def read_hparams(path: str | Path) -> dict:
     """The ``hyper_parameters`` of a Lightning checkpoint; a file that is not one is a one-line error."""
     try:
-        ckpt = torch.load(path, map_location='cpu', weights_only=True)
+        ckpt = safe_torch_load(path)
     except Exception as e:  # truncated files, pickles of arbitrary objects, non-checkpoints
-        raise ValueError(f'--ckpt_path {path} is not a readable Lightning checkpoint '
-                         f'({type(e).__name__}: {str(e).splitlines()[0][:120]})') from None
+        raise ValueError(f'--ckpt_path {path} is not a readable Lightning checkpoint ({load_failure(e)}); '
+                         f'expected a .ckpt written by `zoo fit`') from None
     if not isinstance(ckpt, dict) or 'state_dict' not in ckpt:
         raise ValueError(f'--ckpt_path {path} is not a Lightning checkpoint (no state_dict); to start from plain '
                          f'weights use --model.checkpoint instead')

@@ -118,6 +118,12 @@ class ImageClassifier(LightningModule):
         self._nonfinite = bad if self._nonfinite is None else self._nonfinite | bad
         return loss
 
+    def on_fit_start(self) -> None:
+        # timm's EMA keeps its copy in eval mode, which Lightning reports as "N modules in eval mode" on every
+        # fit. The copy only runs in evaluation (which sets eval mode), so its mode while training is moot.
+        if self.ema is not None:
+            self.ema.train()
+
     def on_train_batch_end(self, outputs, batch, batch_idx) -> None:
         if self.ema is not None:
             self.ema.update(self.model, step=self.global_step)

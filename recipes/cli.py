@@ -17,9 +17,12 @@ DataModule's. A DDP job is one run: its processes share rank 0's folder, whether
 from __future__ import annotations
 
 import argparse
+import difflib
 import importlib
 import inspect
+import logging
 import os
+import re
 import sys
 import warnings
 from dataclasses import dataclass
@@ -47,10 +50,42 @@ def default_callbacks(run_dir: str | Path | None = None, monitor: str = 'val/acc
     ckpt_dir = str(Path(run_dir) / 'checkpoints') if run_dir is not None else None
     return [
         TQDMProgressBar(refresh_rate=10),
+        model_summary(),
         *checkpoint_callbacks(ckpt_dir, monitor, mode),
         LearningRateMonitor(logging_interval='step'),
         *results_callbacks(db, trial),
     ]
+
+
+def model_summary() -> Callback:
+    """Lightning's model summary without its FLOPs column and "Total FLOPs: 0": Lightning counts FLOPs only
+    for a system with an ``example_input_array`` (ours take the input size from the data), so the 0 it
+    printed was "not measured". Params and MACs of a model: ``zoo bench NAME``."""
+    from lightning.pytorch.callbacks import ModelSummary, RichModelSummary
+    from lightning.pytorch.utilities.imports import _RICH_AVAILABLE
+
+    base = RichModelSummary if _RICH_AVAILABLE else ModelSummary
+
+    class ZooModelSummary(base):
+        @staticmethod
+        def summarize(summary_data, total_parameters, trainable_parameters, model_size, total_training_modes,
+                      total_flops, **kwargs) -> None:
+            if total_flops:  # measured: Lightning's own table
+                return base.summarize(summary_data, total_parameters, trainable_parameters, model_size,
+                                      total_training_modes, total_flops, **kwargs)
+            from lightning.pytorch.utilities.model_summary.model_summary import (get_formatted_model_size,
+                                                                                get_human_readable_count)
+            columns = [(name, values) for name, values in summary_data if name != 'FLOPs']
+            widths = [max(len(name), *(len(v) for v in values)) if values else len(name) for name, values in columns]
+            lines = ['  '.join(name.ljust(w) for (name, _), w in zip(columns, widths))]
+            lines += ['  '.join(v.ljust(w) for v, w in zip(row, widths)) for row in zip(*(v for _, v in columns))]
+            lines.append(f'params: {get_human_readable_count(int(total_parameters)).strip()} '
+                         f'({get_human_readable_count(int(total_parameters - trainable_parameters)).strip()} frozen), '
+                         f'{get_formatted_model_size(model_size)} MB; modules in train mode: '
+                         f"{total_training_modes['train']}, in eval mode: {total_training_modes['eval']}")
+            print('\n'.join(lines))
+
+    return ZooModelSummary()
 
 
 def _import(class_path: str):
@@ -167,6 +202,7 @@ class CLIRun:
     """What one ``zoo fit|validate|test|predict`` returns: its exit code and its run folder."""
     code: int
     run_dir: Path | None = None
+    made: tuple[Path, ...] = ()  # folders this run created, innermost first (removed again if it is rejected)
 
 
 class ZooCLI(LightningCLI):
@@ -178,6 +214,14 @@ class ZooCLI(LightningCLI):
     def __init__(self, *args, trial=None, result: CLIRun | None = None, **kwargs):
         self.trial, self.result, self.run_dir = trial, result or CLIRun(0), None
         super().__init__(*args, **kwargs)
+
+    def parse_arguments(self, parser, args) -> None:
+        """jsonargparse's errors (usage plus a nested Union report) as one line with close matches."""
+        try:
+            super().parse_arguments(parser, args)
+        except argparse.ArgumentError as e:
+            sub = next((a for a in (args or []) if a in self.subcommands()), None) if isinstance(args, list) else None
+            raise argparse.ArgumentError(None, one_line_error(str(e), _subcommand_parser(parser, sub))) from None
 
     def add_arguments_to_parser(self, parser) -> None:
         parser.add_argument('--run_root', default=os.environ.get('ZOO_RUNS', 'runs'),
@@ -220,6 +264,7 @@ class ZooCLI(LightningCLI):
         self._check_model_name(model_cfg)  # before making a run folder
         # One run folder for all processes of a DDP job: rank 0 makes it; the ranks torchrun or srun started
         # receive its path, the ranks Lightning launches itself inherit it.
+        existed = [p for p in (Path(cfg.run_root) / stem, Path(cfg.run_root)) if p.exists()]
         inherited = os.environ.get(_RUN_DIR_ENV)
         launch = external_launch()
         if launch is not None:
@@ -230,6 +275,8 @@ class ZooCLI(LightningCLI):
         else:
             self.run_dir = new_run_dir(cfg.run_root, stem)
             os.environ[_RUN_DIR_ENV] = str(self.run_dir)  # for the processes DDP launches only
+            self.result.made = tuple(p for p in (self.run_dir, Path(cfg.run_root) / stem, Path(cfg.run_root))
+                                     if p == self.run_dir or p not in existed)
         self.result.run_dir = self.run_dir
         self._fill_sizes_from_data(cfg)
 
@@ -290,7 +337,7 @@ class ZooCLI(LightningCLI):
             print(f'zoo predict: {len(probs)} predictions saved to {", ".join(map(str, written))}')
 
     def instantiate_trainer(self, **kwargs):
-        from lightning.pytorch.callbacks import ProgressBar
+        from lightning.pytorch.callbacks import ModelSummary, ProgressBar
         from lightning.pytorch.loggers import CSVLogger
 
         trainer_cfg = {**self._get(self.config_init, 'trainer', default={}), **kwargs}
@@ -303,14 +350,88 @@ class ZooCLI(LightningCLI):
         db = self.config[self.subcommand].get('db')
         extra += [cb for cb in default_callbacks(self.run_dir, monitor=getattr(model, 'monitor', 'val/acc1'),
                                                  mode=getattr(model, 'monitor_mode', 'max'), db=db, trial=self.trial)
-                  if not (trainer_cfg.get('enable_progress_bar') is False and isinstance(cb, ProgressBar))]
+                  if not (trainer_cfg.get('enable_progress_bar') is False and isinstance(cb, ProgressBar))
+                  and not (trainer_cfg.get('enable_model_summary') is False and isinstance(cb, ModelSummary))]
         return self._instantiate_trainer(trainer_cfg, extra)
+
+
+# jsonargparse's report around the reason: which Union members were tried, the value's repr, ...
+_BOILERPLATE = re.compile(r"^(- )?(Parser key |Does not validate against any of the Union subtypes|Subtypes: |Errors:"
+                          r"|Given value type: |Given value: |Expected a <class 'NoneType'>|Problem with given class_path"
+                          r"|Expected a path but )")
+
+
+def _subcommand_parser(parser, sub: str | None):
+    action = getattr(parser, '_subcommands_action', None)
+    return action._name_parser_map.get(sub, parser) if action is not None and sub else parser
+
+
+def _option_names(parser) -> list[str]:
+    return [o for a in getattr(parser, '_actions', []) for o in a.option_strings if o.startswith('--')]
+
+
+def _close(word: str, choices, n: int = 3) -> str:
+    found = difflib.get_close_matches(word, list(choices), n=n, cutoff=0.6)
+    return f"; did you mean {' or '.join(found)}?" if found else ''
+
+
+def one_line_error(message: str, parser=None) -> str:
+    """One line from a jsonargparse/LightningCLI error: the innermost reason, the option it concerns, the value
+    given and close matches (option names, a class's arguments, a module's classes)."""
+    try:
+        return _one_line_error(message.strip(), parser)
+    except Exception:  # a report shaped in a way we did not foresee: still one line, nothing lost
+        return ' '.join(message.split())
+
+
+def _one_line_error(text: str, parser) -> str:
+    prog = str(getattr(parser, 'prog', None) or 'zoo COMMAND').replace(' [options]', '')
+    unknown = re.match(r'unrecognized arguments: (\S+)', text)
+    if unknown:
+        option = unknown.group(1).split('=', 1)[0]
+        what = f'unknown option {option}' if option.startswith('-') else f'unexpected argument {option!r}'
+        return f'{what}{_close(option, _option_names(parser))} (`{prog} --help` lists the options)'
+    if text.startswith('the following arguments are required') and ('model' in text or 'data' in text):
+        return f'{text} (a recipe gives both: -c recipes/configs/<family>/<name>.yaml; `{prog} --help`)'
+    if not re.search(r'Parser key "|Does not validate against|Problem with given class_path', text):
+        return ' '.join(text.split())  # not jsonargparse's nested report: the message, on one line
+    keys = re.findall(r'Parser key "([^"]+)"', text)
+    given = re.findall(r'^\s*Given value: (.*)$', text, flags=re.M)
+    class_path = re.findall(r"Problem with given class_path '([^']+)'", text)
+    reasons = [(len(line) - len(line.lstrip()), line.strip()) for line in text.splitlines()]
+    reasons = [(depth, r[2:] if r.startswith('- ') else r) for depth, r in reasons
+               if r and not _BOILERPLATE.match(r)]
+    if not reasons:
+        return ' '.join(text.split())
+    reason = max(reasons, key=lambda dr: dr[0])[1].strip('"')  # the deepest line is the innermost cause
+    reason = re.sub(r"<class '(?:[\w]+\.)*(\w+)'>", r'\1', reason)
+    option = '--' + '.'.join(keys) if keys else ''
+    rejected = re.match(r"Option '([^']+)' is not accepted", reason)
+    if rejected and class_path:
+        try:
+            accepted = list(inspect.signature(_import(class_path[-1])).parameters)
+        except Exception:  # the class itself is the problem; say what we know
+            accepted = []
+        arg = rejected.group(1)
+        return (f'{option}.{arg}: {class_path[-1]} takes no argument {arg!r}{_close(arg, accepted)}'
+                + (f" (it takes: {', '.join(accepted)})" if accepted and not _close(arg, accepted) else ''))
+    missing = re.match(r"module '([\w.]+)' has no attribute '(\w+)'", reason)
+    if missing:
+        try:
+            names = dir(importlib.import_module(missing.group(1)))
+        except Exception:
+            names = []
+        return f'{option}: no class {missing.group(2)} in {missing.group(1)}{_close(missing.group(2), names)}'
+    typed = re.match(r'Expected an? (\w+)', reason)
+    if typed and given:
+        return f'{option} expects {typed.group(1)}, got {given[0]}'
+    return f'{option}: {reason}' if option else reason
 
 
 def _usage_errors() -> tuple[type[Exception], ...]:
     from lightning.fabric.utilities.exceptions import MisconfigurationException
     return (KeyError, ValueError, TypeError, FileNotFoundError, FloatingPointError, ImportError,
-            MisconfigurationException)
+            MisconfigurationException, argparse.ArgumentError)
 
 
 def _check_config_paths(argv: list[str]) -> str | None:
@@ -342,20 +463,67 @@ def run_cli(argv: list[str], raise_errors: bool = False, trial=None) -> CLIRun:
         print(f'zoo {command}: error: {problem}', file=sys.stderr)
         return CLIRun(2)
     result = CLIRun(0)
+    _quiet_lightning_logs()
     try:
-        with warnings.catch_warnings():  # `python -m zoo.recipes.main fit ...` passes sys.argv on purpose
-            warnings.filterwarnings('ignore', message=".*args parameter is intended")
-            warnings.filterwarnings('ignore', message=".*litlogger")
+        with warnings.catch_warnings():
+            for message in _NOISE:
+                warnings.filterwarnings('ignore', message=message)
+            # exit_on_error=False: parse errors reach ZooCLI.parse_arguments, which makes them one line
             ZooCLI(model_class=LightningModule, datamodule_class=LightningDataModule, subclass_mode_model=True,
                    subclass_mode_data=True, args=argv, auto_configure_optimizers=False,
                    save_config_kwargs={'overwrite': False}, trial=trial, result=result,
-                   parser_kwargs={'prog': 'zoo', **({'exit_on_error': False} if raise_errors else {})})
-    except SystemExit as e:  # argparse/jsonargparse: --help, --print_config, or a parse error already printed
+                   parser_kwargs={'prog': 'zoo', 'exit_on_error': False})
+    except SystemExit as e:  # --help, --print_config
         result.code = e.code if isinstance(e.code, int) else (0 if e.code is None else 2)
     except _usage_errors() as e:
+        _remove_if_empty(result.made)
         if raise_errors:
             raise
         msg = e.args[0] if isinstance(e, KeyError) and e.args else e
+        msg = str(msg) if isinstance(e, argparse.ArgumentError) else one_line_error(str(msg))  # parse: done already
         print(f'zoo {command}: error: {msg}', file=sys.stderr)
         result.code = 2
     return result
+
+
+def _remove_if_empty(made: tuple[Path, ...]) -> None:
+    """A run rejected before it started leaves nothing behind: the folders it made (its run folder, and the
+    config's folder and the run root if they are new), innermost first. Only empty folders are removed, so
+    nothing written is ever lost."""
+    for folder in made:
+        try:
+            folder.rmdir()
+        except OSError:  # not empty (or already gone): keep it and what holds it
+            break
+    if made and not made[0].exists() and os.environ.get(_RUN_DIR_ENV) == str(made[0]):
+        os.environ.pop(_RUN_DIR_ENV)
+
+
+# Printed on every run and nothing a user can act on:
+_NOISE = (
+    '.*args parameter is intended',  # `python -m zoo.recipes.main fit ...` passes sys.argv on purpose
+    # A fresh fit runs in a new, empty run folder; with OnExceptionCheckpoint among the callbacks Lightning
+    # turns `ckpt_path=None` into 'last', finds no checkpoint there and warns twice. Nothing is loaded.
+    r'.*\.fit\(ckpt_path=None\)` was called without a model',
+    r'.*\.fit\(ckpt_path="last"\) is set, but there is no last checkpoint',
+    # Lightning 2.6's own call into torch.utils._pytree, deprecated in this torch; not our code.
+    r'.*isinstance\(treespec, LeafSpec\)` is deprecated',
+)
+
+
+class _DropLightningTips(logging.Filter):
+    """Lightning's info lines that are advertisements or about our own callbacks, not about the run."""
+    patterns = ('litlogger', 'already configured with model summary callbacks',
+                'Seed set to',  # the seed is in the run's config.yaml and database row
+                'to estimate number of stepping batches')  # our schedule asks Lightning for the step count
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not any(p in str(record.msg) for p in self.patterns)
+
+
+def _quiet_lightning_logs() -> None:
+    for name in ('lightning.pytorch.utilities.rank_zero', 'lightning.fabric.utilities.rank_zero',
+                 'lightning.fabric.utilities.seed'):
+        logger = logging.getLogger(name)
+        if not any(isinstance(f, _DropLightningTips) for f in logger.filters):
+            logger.addFilter(_DropLightningTips())

@@ -129,6 +129,12 @@ class Detection(LightningModule):
                                      f'--trainer.gradient_clip_val). Checkpoints saved before this are intact.')
         return loss
 
+    def on_fit_start(self) -> None:
+        # timm's EMA keeps its copy in eval mode, which Lightning reports as "N modules in eval mode" on every
+        # fit. The copy only runs in evaluation (which sets eval mode), so its mode while training is moot.
+        if self.ema is not None:
+            self.ema.train()
+
     def on_train_batch_end(self, outputs, batch, batch_idx) -> None:
         if self.ema is not None:
             self.ema.update(self.model, step=self.global_step)

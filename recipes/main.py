@@ -1,7 +1,7 @@
 """The ``zoo`` console script: one entry point for everything a user does.
 
     zoo list [PATTERN] [--family F] [--task T] [--blocks]
-    zoo info NAME
+    zoo info NAME                # or timm/NAME
     zoo bench NAME... [--batch-size 1 16] [--img-size 224] [--vs timm/NAME] [--db URL]
     zoo bench --db URL [--task T] [--dataset D] [--model PATTERN]      (re-measure the models recorded there)
     zoo results [--task T] [--dataset D] [--model PATTERN] [--metric val/acc1] [--format table|csv|json|markdown]
@@ -10,16 +10,31 @@
 
 Training subcommands (``fit``, ``validate``, ``test``, ``predict``) are LightningCLI and load
 Lightning only when used; they also take ``--db URL|none`` (the results database) and ``--seeds 0,1,2``
-(one run per seed).
+(one run per seed). Their ``--help`` is zoo's summary (no Lightning, instant); ``--help-all`` LightningCLI's.
+Every example in these help texts and in README's command-line section runs in tests/test_help_examples.py.
 """
 from __future__ import annotations
 
 import argparse
+import difflib
 import fnmatch
 import json
+import re
 import sys
 
 TRAIN_COMMANDS = ('fit', 'validate', 'test', 'predict')
+DEMO = 'recipes/configs/poolformer/poolformer_tiny_digits_15e.yaml'
+EXAMPLES = f"""examples:
+  zoo list 'poolformer*'
+  zoo info poolformer_s12
+  zoo info timm/resnet18
+  zoo bench poolformer_s12 --vs timm/poolformer_s12 --batch-size 1 16
+  zoo fit -c {DEMO}
+  zoo test -c {DEMO} --ckpt_path best
+  zoo results --dataset digits --plot pareto.png
+  zoo sweep recipes/sweeps/poolformer_digits.py --n-trials 20 --trial-args '--trainer.max_epochs=2'
+
+`zoo COMMAND --help` for the options of a command (`zoo fit --help-all`: every LightningCLI option)."""
 
 
 def _cmd_list(args) -> int:
@@ -55,8 +70,30 @@ def _cmd_list(args) -> int:
 def _cmd_info(args) -> int:
     import zoo
 
-    print(json.dumps(zoo.model_info(args.name).as_dict(), indent=2, default=str))
+    info = _timm_info(args.name[len('timm/'):]) if args.name.startswith('timm/') else zoo.model_info(args.name).as_dict()
+    print(json.dumps(info, indent=2, default=str))
     return 0
+
+
+def _timm_info(name: str) -> dict:
+    """What ``zoo info`` says of a timm model (``zoo.create('timm/NAME')``): its parameters, counted on the
+    ``meta`` device (nothing allocated, nothing downloaded), and timm's default ``pretrained_cfg``."""
+    import timm
+    import torch
+
+    if not timm.is_model(name):
+        close = difflib.get_close_matches(name, timm.list_models(), n=5, cutoff=0.6)
+        raise KeyError(f'timm has no model {name!r}' + (f"; did you mean {', '.join('timm/' + c for c in close)}?"
+                                                        if close else "; `timm.list_models('PATTERN')` lists them"))
+    with torch.device('meta'):
+        model = timm.create_model(name)
+    cfg = timm.models.get_pretrained_cfg(name)
+    return {'name': f'timm/{name}', 'source': 'timm', 'timm_version': timm.__version__,
+            'class': f'{type(model).__module__}.{type(model).__name__}',
+            'params': sum(p.numel() for p in model.parameters()),
+            'num_features': getattr(model, 'num_features', None),
+            'pretrained_tags': timm.list_pretrained(f'{name}.*'),
+            'pretrained_cfg': cfg.to_dict() if cfg is not None else None}
 
 
 def _cmd_bench(args) -> int:
@@ -147,20 +184,89 @@ def _seed_list(value: str) -> list[int]:
     return seeds
 
 
+_TRAIN_WHAT = {
+    'fit': 'Train a recipe: a Lightning system and DataModule from a YAML config (LightningCLI).',
+    'validate': 'Evaluate a checkpoint on the validation split.',
+    'test': 'Evaluate a checkpoint on the test split.',
+    'predict': 'Predictions of a checkpoint on the predict split: <run>/predictions.csv (id, label, score) and .pt.',
+}
+_TRAIN_EXAMPLES = {
+    'fit': [f'zoo fit -c {DEMO}',
+            f"zoo fit -c {DEMO} --model.name metaformer_tiny --model.model_args '{{token_mixer: attention}}' "
+            '--trainer.max_epochs 3',
+            f'zoo fit -c {DEMO} --seeds 0,1,2 --db results.db',
+            f'zoo fit -c {DEMO} --ckpt_path last'],
+    'validate': [f'zoo validate -c {DEMO} --ckpt_path best'],
+    'test': [f'zoo test -c {DEMO} --ckpt_path best'],
+    'predict': [f'zoo predict -c {DEMO} --ckpt_path best'],
+}
+
+
+def train_help(command: str) -> str:
+    """``zoo fit|validate|test|predict --help``: the options a zoo user needs, without loading Lightning.
+    LightningCLI's full list (every Trainer argument, ~480 lines, several seconds) is ``--help-all``."""
+    ckpt = ('resume from a checkpoint: last (where the last epoch ended), interrupted, best, or a file'
+            if command == 'fit' else 'the checkpoint to evaluate: best, last, interrupted (newest run of this '
+            'config) or a file')
+    options = [
+        ('-c, --config FILE', f'a recipe, e.g. {DEMO} (`ls recipes/configs/*/`); repeat to layer configs'),
+        ('--ckpt_path WHICH', ckpt),
+        ('--seeds 0,1,2', 'one run per seed, recorded as repeats of one configuration'),
+        ('--seed_everything N', 'the seed of a single run'),
+        ('--db PATH|URL|none', "results database of the run (default $ZOO_DB or ./zoo-results.db; 'none': "
+                               'do not record)'),
+        ('--run_root DIR', 'runs are written to DIR/<config stem>/<timestamp>/ (default $ZOO_RUNS or ./runs)'),
+        ('--model.name NAME', 'the model to build (`zoo list`); --model.model_args \'{token_mixer: attention}\' '
+                              'passes arguments to it'),
+        ('--model.ARG VALUE', 'any argument of the system (lr, optimizer, ...); --data.ARG: of the DataModule'),
+        ('--trainer.ARG VALUE', 'any Lightning Trainer argument: max_epochs, fast_dev_run, limit_train_batches, ...'),
+        ('--print_config', 'print the resolved config (every argument with its value) and exit'),
+        ('--help-all', 'every option with its description (LightningCLI; loads Lightning, slower)'),
+    ]
+    width = max(len(o) for o, _ in options) + 2
+    lines = [f'usage: zoo {command} -c CONFIG [OPTIONS]', '', _TRAIN_WHAT[command],
+             'Each run writes <run_root>/<config stem>/<timestamp>/ (resolved config.yaml, checkpoints/, metrics.csv)'
+             ' and a row in the results database.', '', 'options:']
+    lines += [f'  {o.ljust(width)}{what}' for o, what in options]
+    lines += ['', 'examples:'] + [f'  {e}' for e in _TRAIN_EXAMPLES[command]]
+    return '\n'.join(lines)
+
+
 def train_parser(command: str) -> argparse.ArgumentParser:
     """The options ``zoo`` itself handles before LightningCLI: ``--seeds`` (one run per seed, recorded as
     repeats of one configuration). ``--db`` is LightningCLI's own argument (see ``ZooCLI``)."""
-    p = argparse.ArgumentParser(prog=f'zoo {command}', add_help=False, allow_abbrev=False)
+    p = ZooArgumentParser(prog=f'zoo {command}', add_help=False, allow_abbrev=False)
     p.add_argument('--seeds', type=_seed_list)
     return p
+
+
+class ZooArgumentParser(argparse.ArgumentParser):
+    """argparse with a one-line error (no usage block) that names close matches of an unknown option."""
+
+    def error(self, message: str):
+        unknown = message.split('unrecognized arguments: ', 1)
+        if len(unknown) == 2:
+            option = unknown[1].split()[0].split('=', 1)[0]
+            names = [o for a in self._actions for o in a.option_strings]
+            close = difflib.get_close_matches(option, names, n=3, cutoff=0.6)
+            message = (f'unknown option {option}' if option.startswith('-') else f'unexpected argument {option!r}') \
+                + (f"; did you mean {' or '.join(close)}?" if close else '')
+        choice = re.match(r"argument (\S+): invalid choice: '([^']*)' \(choose from (.*)\)", message)
+        if choice:
+            what, value = choice.group(1), choice.group(2)
+            choices = re.findall(r"'([^']*)'", choice.group(3)) or choice.group(3).split(', ')
+            close = difflib.get_close_matches(value, choices, n=3, cutoff=0.6)
+            message = ((f'unknown command {value!r}' if what == 'COMMAND' else f'{what} {value!r} is not one of '
+                        f"{', '.join(choices)}") + (f"; did you mean {' or '.join(close)}?" if close else ''))
+        self.exit(2, f'{self.prog}: error: {message} (`{self.prog} --help` lists the options)\n')
 
 
 def build_parser() -> argparse.ArgumentParser:
     from zoo import __version__
 
-    parser = argparse.ArgumentParser(prog='zoo', description='zoo: blocks, model families, recipes, results.',
-                                     epilog='`zoo COMMAND --help` for the options of a command.')
-    parser.add_argument('--version', action='version', version=f'zoo {__version__}')
+    parser = ZooArgumentParser(prog='zoo', description='zoo: blocks, model families, recipes, results.',
+                               formatter_class=argparse.RawDescriptionHelpFormatter, epilog=EXAMPLES)
+    parser.add_argument('--version', action='version', version=f'zoo {__version__}', help="print zoo's version and exit")
     sub = parser.add_subparsers(dest='command', metavar='COMMAND')
     # The training commands are LightningCLI (main() hands them over before this parser runs); listed here so
     # that `zoo --help` shows every command.
@@ -170,15 +276,18 @@ def build_parser() -> argparse.ArgumentParser:
                           ('predict', 'predictions of a checkpoint, written to the run folder')):
         sub.add_parser(command, help=what, add_help=False)
 
-    p = sub.add_parser('list', help='list registered models (or blocks with --blocks)')
-    p.add_argument('pattern', nargs='?', default='*', help="glob pattern, e.g. 'poolformer*'")
-    p.add_argument('--family')
-    p.add_argument('--task')
+    raw = argparse.RawDescriptionHelpFormatter
+    p = sub.add_parser('list', help='list registered models (or blocks with --blocks)', formatter_class=raw,
+                       epilog="examples:\n  zoo list 'poolformer*'\n  zoo list --task detection\n  zoo list --blocks")
+    p.add_argument('pattern', nargs='?', default='*', help="glob pattern, e.g. 'poolformer*' (default: all)")
+    p.add_argument('--family', help='only this family, e.g. metaformer')
+    p.add_argument('--task', help='only this task: classification, detection, language_modeling or denoising')
     p.add_argument('--blocks', action='store_true', help='list registered blocks instead of models')
     p.set_defaults(func=_cmd_list)
 
-    p = sub.add_parser('info', help="print a model's registry record")
-    p.add_argument('name')
+    p = sub.add_parser('info', help="print a model's registry record (or a timm model's, as timm/NAME)",
+                       formatter_class=raw, epilog='examples:\n  zoo info poolformer_s12\n  zoo info timm/resnet18')
+    p.add_argument('name', help='a model name (`zoo list`), e.g. poolformer_s12, or timm/NAME, e.g. timm/resnet18')
     p.set_defaults(func=_cmd_info)
 
     p = sub.add_parser('bench', help='params, MACs and CPU latency (median, IQR); --db without names re-measures '
@@ -230,14 +339,18 @@ def build_parser() -> argparse.ArgumentParser:
                                 'it must exist')
     p.set_defaults(func=_cmd_results)
 
-    p = sub.add_parser('sweep', help='an Optuna sweep from recipes/sweeps/NAME.py, stored in the results database')
+    p = sub.add_parser('sweep', help='an Optuna sweep from recipes/sweeps/NAME.py, stored in the results database',
+                       formatter_class=raw, epilog=(
+                           'examples:\n  zoo sweep recipes/sweeps/poolformer_digits.py --n-trials 20\n'
+                           "  zoo sweep recipes/sweeps/poolformer_digits.py --n-trials 20 --trial-args "
+                           "'--trainer.max_epochs=2'\n\nThe same command resumes a stopped sweep."))
     p.add_argument('file', help='a search-space file, e.g. recipes/sweeps/poolformer_digits.py')
-    p.add_argument('--n-trials', type=int, default=None,
+    p.add_argument('--n-trials', type=int, default=None, metavar='N',
                    help="trials the study should hold (default: the file's N_TRIALS); the same command resumes")
-    p.add_argument('--n-jobs', type=int, default=1, help='parallel worker processes on the study')
+    p.add_argument('--n-jobs', type=int, default=1, metavar='J', help='parallel worker processes on the study')
     p.add_argument('--seed', type=int, help="sampler seed (default: the sweep file's SEED, else random)")
-    p.add_argument('--study-name', help='default: the file name; the same name resumes the study')
-    p.add_argument('--timeout', type=float, help='stop starting trials after this many seconds')
+    p.add_argument('--study-name', metavar='NAME', help='default: the file name; the same name resumes the study')
+    p.add_argument('--timeout', type=float, metavar='SECONDS', help='stop starting trials after this many seconds')
     p.add_argument('--db', help='results database path or SQLAlchemy URL (default $ZOO_DB or ./zoo-results.db)')
     p.add_argument('--trial-args', default='', metavar='ARGS',
                    help="extra LightningCLI arguments for every trial, one string: '--trainer.max_epochs=2'")
@@ -245,9 +358,24 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _join_trial_args(argv: list[str]) -> list[str]:
+    """``--trial-args '--trainer.max_epochs=2'``: argparse would take the value for an option of its own."""
+    out = list(argv)
+    for i, a in enumerate(out[:-1]):
+        if a == '--trial-args':
+            out[i:i + 2] = [f'--trial-args={out[i + 1]}']
+            break
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     if argv and argv[0] in TRAIN_COMMANDS:
+        if '--help-all' in argv:  # LightningCLI's own, complete help
+            argv = [a if a != '--help-all' else '--help' for a in argv]
+        elif '-h' in argv or '--help' in argv:
+            print(train_help(argv[0]))
+            return 0
         from .cli import run_lightning_cli
         ns, rest = train_parser(argv[0]).parse_known_args(argv[1:])
         if ns.seeds is None:
@@ -255,7 +383,10 @@ def main(argv: list[str] | None = None) -> int:
         codes = [run_lightning_cli([argv[0], *rest, f'--seed_everything={seed}']) for seed in ns.seeds]
         return next((c for c in codes if c), 0)
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args, unknown = parser.parse_known_args(_join_trial_args(argv))
+    if unknown:  # reported by the command's own parser: its name, its options as close matches
+        sub = parser._subparsers._group_actions[0].choices.get(args.command, parser) if args.command else parser
+        sub.error(f"unrecognized arguments: {' '.join(unknown)}")
     if not getattr(args, 'func', None):
         parser.print_help()
         return 0

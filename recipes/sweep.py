@@ -40,6 +40,7 @@ import importlib.util
 import json
 import os
 import sys
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -168,7 +169,8 @@ def storage(db: str | None = None):
     kw = {'connect_args': {'timeout': 120}} if url.startswith('sqlite') else {'pool_pre_ping': True}
     # Workers started together on a fresh database race to create Optuna's tables and stamp its schema
     # version: they take turns under one lock, so the later ones open what the first made.
-    with _lock(url, open_db(url).engine, 'optuna-lock', _STORAGE_LOCK):
+    with _lock(url, open_db(url).engine, 'optuna-lock', _STORAGE_LOCK), warnings.catch_warnings():
+        warnings.filterwarnings('ignore', message='.*is an experimental feature')  # heartbeats: a note per sweep
         return _capped_storage_class()(url, engine_kwargs=kw, heartbeat_interval=30, grace_period=120)
 
 
@@ -342,11 +344,13 @@ def run_sweep(path: str | os.PathLike, n_trials: int | None = None, n_jobs: int 
               for d in sweep.directions]
     if stored != [w.value for w in wanted]:
         raise SweepError(f'study {study_name!r} exists with other directions; pick another --study-name')
-    study.set_metric_names([sweep.metric] + (['latency_ms'] if sweep.multi_objective else []))
+    with warnings.catch_warnings():  # Optuna marks both experimental (v3.2, v2.9): a note on every sweep, not for a user
+        warnings.simplefilter('ignore', optuna.exceptions.ExperimentalWarning)
+        study.set_metric_names([sweep.metric] + (['latency_ms'] if sweep.multi_objective else []))
+        optuna.storages.fail_stale_trials(study)        # trials of a killed worker: failed, not running forever
     study.set_user_attr('base_recipe', str(sweep.base.relative_to(ROOT) if sweep.base.is_relative_to(ROOT)
                                            else sweep.base))
     study.set_user_attr('sweep_file', sweep.path.name)
-    optuna.storages.fail_stale_trials(study)            # trials of a killed worker: failed, not running forever
     target = n_trials if n_trials is not None else sweep.n_trials
     st.cap[study_name] = target
     crashed = st.fail_crashed_trials(st.get_study_id_from_name(study_name), study_name)

@@ -192,6 +192,15 @@ def _takes_num_classes(name: str) -> bool:
     return zoo.model_info(name).task in ('classification', 'detection')
 
 
+@pytest.mark.parametrize('name, kwargs', [('poolformer_tiny', {'in_chans': '1'}), ('llama_tiny', {'vocab_size': '10'}),
+                                          ('poolformer_tiny', {'drop_path_rate': '0.1'})])
+def test_numbers_given_as_text_are_one_line_errors(name, kwargs):
+    """A number quoted in YAML or passed as text names the argument (torch's own error is about something else)."""
+    [(arg, value)] = kwargs.items()
+    with pytest.raises(TypeError, match=rf"{arg} must be an? (int|float), got str '{value}'"):
+        zoo.create(name, **kwargs)
+
+
 @pytest.mark.parametrize('name', _TINY)
 def test_num_classes_is_checked_in_one_place_for_every_family(name):
     """Negative counts and non-integers are one-line errors; 0 means no head (timm's convention)."""

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import inspect
 import numbers
+import re
 from dataclasses import dataclass
 
 import torch
@@ -33,6 +34,25 @@ def check_num_classes(num_classes) -> int:
     return num_classes
 
 
+_SIZES = ('in_chans', 'vocab_size', 'img_size', 'embed_dim', 'depth', 'num_heads')
+
+
+def check_no_numeric_strings(cls: type, overrides: dict) -> None:
+    """``in_chans='3'`` (a number as text, e.g. quoted in YAML) would fail deep in torch with a message about
+    something else: say which argument wanted a number. Checked for the well-known size arguments and for
+    every argument the constructor annotates as int or float."""
+    params = inspect.signature(cls.__init__).parameters
+    for name, value in overrides.items():
+        if not isinstance(value, str):
+            continue
+        hint = str(params[name].annotation) if name in params else ''
+        wants = ('int' if name in _SIZES or re.fullmatch(r"(<class ')?int('>)?( \| None)?|Optional\[int\]", hint)
+                 else 'float' if re.fullmatch(r"(<class ')?float('>)?( \| None)?|Optional\[float\]", hint) else None)
+        if wants:
+            raise TypeError(f'{cls.__name__}: {name} must be {"an" if wants == "int" else "a"} {wants}, '
+                            f'got str {value!r}')
+
+
 def build_model(cls: type, cfg: dict, overrides: dict):
     """``cls(**{**cfg, **overrides})`` after checking that every override is a constructor argument.
 
@@ -44,6 +64,7 @@ def build_model(cls: type, cfg: dict, overrides: dict):
     args = {**cfg, **overrides}
     if 'num_classes' in args:
         check_num_classes(args['num_classes'])
+    check_no_numeric_strings(cls, overrides)
     model = cls(**args)
     if args.get('num_classes') == 0 and not getattr(model, 'features_only', False) \
             and hasattr(model, 'reset_classifier'):

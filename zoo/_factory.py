@@ -59,6 +59,25 @@ def create(name: str, num_classes: int | None = None, in_chans: int | None = Non
     return model
 
 
+def load_failure(e: Exception) -> str:
+    """Why ``torch.load(weights_only=True)`` refused a file, in a few words. torch's own message advises
+    ``weights_only=False``, which would run whatever code the file holds: never for a file we cannot read."""
+    text = str(e)
+    if isinstance(e, EOFError) or 'EOF' in text:
+        return 'the file is empty or cut short'
+    if 'WeightsUnpickler error' in text:
+        detail = text.split('WeightsUnpickler error:', 1)[1].strip().splitlines()[0].strip()
+        return f'not a torch.save file, or it holds objects other than tensors and plain types: {detail}'
+    return f'{type(e).__name__}: {text.splitlines()[0][:120] if text else "unreadable"}'
+
+
+def safe_torch_load(path) -> object:
+    """``torch.load(weights_only=True)`` on the CPU: tensors and plain types only, never arbitrary code."""
+    with warnings.catch_warnings():  # torch's note on the pickle protocol of a file we may be about to refuse
+        warnings.simplefilter('ignore', UserWarning)
+        return torch.load(path, map_location='cpu', weights_only=True)
+
+
 def read_state_dict(path: str | Path) -> dict[str, torch.Tensor]:
     """Read a state dict from disk, unwrapped: safetensors, ``torch.load(weights_only=True)`` of a
     ``.pth``/``.pt``/``.bin``, or the network weights (``model.*``) of a Lightning ``.ckpt`` from ``zoo fit``."""
@@ -73,9 +92,9 @@ def read_state_dict(path: str | Path) -> dict[str, torch.Tensor]:
         sd = load_file(str(path), device='cpu')
     else:
         try:
-            sd = torch.load(path, map_location='cpu', weights_only=True)
+            sd = safe_torch_load(path)
         except Exception as e:  # pickle errors, truncated files, non-checkpoints
-            raise ValueError(f'could not read checkpoint {path}: {type(e).__name__}: {e}. Expected a state dict '
+            raise ValueError(f'could not read checkpoint {path} ({load_failure(e)}); expected a state dict '
                              f'saved with torch.save or safetensors') from None
     for key in _NESTED_KEYS:
         if isinstance(sd, dict) and isinstance(sd.get(key), dict):
@@ -103,10 +122,10 @@ def _strip_prefix(sd: dict, prefix: str) -> OrderedDict:
 def _lightning_weights(path: Path) -> dict[str, torch.Tensor]:
     # zoo fit checkpoints hold only plain types beside the tensors, so weights_only=True reads them.
     try:
-        ckpt = torch.load(path, map_location='cpu', weights_only=True)
+        ckpt = safe_torch_load(path)
     except Exception as e:
-        raise ValueError(f'could not read checkpoint {path}: {type(e).__name__}: {str(e).splitlines()[0][:120]}') \
-            from None
+        raise ValueError(f'could not read checkpoint {path} ({load_failure(e)}); expected a .ckpt written by '
+                         f'`zoo fit`') from None
     sd = ckpt.get('state_dict') if isinstance(ckpt, dict) else None
     if not isinstance(sd, dict):
         raise ValueError(f'{path} is not a Lightning checkpoint (no state_dict)')
