@@ -508,6 +508,9 @@ _NOISE = (
     r'.*\.fit\(ckpt_path="last"\) is set, but there is no last checkpoint',
     # Lightning 2.6's own call into torch.utils._pytree, deprecated in this torch; not our code.
     r'.*isinstance\(treespec, LeafSpec\)` is deprecated',
+    # Evaluating (or resuming from) a checkpoint of another run folder: every run writes into its own new
+    # folder by design, so the checkpoint callback's saved dirpath always differs. Nothing is lost.
+    r'The dirpath has changed from',
 )
 
 
