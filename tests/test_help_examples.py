@@ -64,6 +64,8 @@ def to_argv(line: str) -> list[str]:
     if command in TRAIN_COMMANDS:
         resume = command == 'fit' and '--ckpt_path' in argv
         return argv + FAST + (['--trainer.max_epochs=2'] if resume else [])  # resume: one epoch more
+    if command == 'bench' and argv[1].startswith('-'):  # no names: re-time the database's runs as they trained
+        return argv + ['--repeats', '1', '--warmup', '0', '--time', '0']
     if command == 'bench':
         return argv + ['--img-size', '64', '--repeats', '1', '--warmup', '0']
     if command == 'sweep':  # one trial; the example's --trial-args kept, the budget added to it
