@@ -34,11 +34,11 @@ import math
 import torch
 import torch.nn.functional as F
 
-__all__ = ['selective_scan', 'selective_scan_ref', 'selective_scan_chunked', 'selective_scan_stored',
+__all__ = ['selective_scan', 'selective_scan_ref', 'selective_scan_chunked', 'selective_scan_chunked_autograd',
            'selective_scan_segsum']
 
 
-def _auto_chunk(length: int) -> int:
+def _auto_chunk(length: int, width: int | None = None) -> int:
     """The chunk size when none is given: the power of two nearest 2 sqrt(L), within [16, 256].
 
     Chosen by measurement (eval/scan_bench.py, docs/mamba_yolo.md): at the T model's stride-4 stage at
@@ -46,6 +46,12 @@ def _auto_chunk(length: int) -> int:
     load); 2 T + L / T steps alone would favour sqrt(L), but the per-step work shrinks with T.
     """
     return int(min(256, max(16, 2 ** round(math.log2(max(1.0, 2 * math.sqrt(length)))))))
+
+
+def _softplus(x: torch.Tensor) -> torch.Tensor:
+    """softplus with Mamba's threshold (x > 20 is returned as is) as log(1 + exp(x)): F.softplus's log1p
+    is not vectorised on the CPU (measured 5x slower); the two differ by less than one ulp of 1."""
+    return torch.where(x > 20, x, torch.log(1 + torch.exp(x.clamp(max=20))))
 
 
 def _prepare(u, delta, A, B, C, D, delta_bias, delta_softplus):
@@ -70,7 +76,7 @@ def _prepare(u, delta, A, B, C, D, delta_bias, delta_softplus):
     if delta_bias is not None:
         delta = delta + delta_bias.to(dtype)[:, None]
     if delta_softplus:
-        delta = F.softplus(delta)
+        delta = _softplus(delta)
     D = D.to(dtype) if D is not None else None
     return u, delta, A, B, C, D, groups
 
@@ -145,41 +151,153 @@ def _carry_and_read(h_local, dA, C6, length, bsz, kd):
     return y[..., :length]
 
 
-def _chunk_inputs(u, delta, A, B, C, groups, chunk):
-    """Pad L to a multiple of ``chunk``; build the decays and inputs time-major, states before channels.
+# ------------------------------------------------------------------------- the fast chunked scan
+# Everything below works on a "step layout": position p = c T + t of chunk c is stored at [t, ..., c, ...],
+# so one step of the loops (position t of every chunk) reads one contiguous slab. Per step the work is on
+# (B, G, nc, N, Dg) slabs: states before channels, so the broadcasts (a step size per channel, a B_t per
+# state) run along the contiguous channel axis. Slabs are preallocated and written in place (out=).
 
-    Returns decay, dbu: (T, B, G, nc, N, Dg); C: (T, B, G, nc, 1, N); nc. Every step then reads one
-    contiguous slab, and the broadcasts run along the channel axis (vectorised), not along N.
-    Padded positions get delta = 0 (decay 1, input 0) and come after every real position.
+_LOG2E, _LN2 = 1.4426950408889634, 0.6931471805599453
+
+
+def _steps(x: torch.Tensor, groups: int, chunk: int) -> torch.Tensor:
+    """(B, G*Dg, nc*T) -> (T, B, G, nc, 1, Dg), contiguous."""
+    b, kd, lp = x.shape
+    return x.reshape(b, groups, kd // groups, lp // chunk, chunk).permute(4, 0, 1, 3, 2).unsqueeze(4).contiguous()
+
+
+def _state_steps(x: torch.Tensor, chunk: int) -> torch.Tensor:
+    """(B, G, N, nc*T) -> (T, B, G, nc, N, 1), contiguous."""
+    b, g, n, lp = x.shape
+    return x.reshape(b, g, n, lp // chunk, chunk).permute(4, 0, 1, 3, 2).unsqueeze(5).contiguous()
+
+
+def _unsteps(y: torch.Tensor) -> torch.Tensor:
+    """(T, B, G, nc, 1, Dg) -> (B, G*Dg, nc*T)."""
+    t, b, g, nc, _, dg = y.shape
+    return y.squeeze(4).permute(1, 2, 4, 3, 0).reshape(b, g * dg, nc * t)
+
+
+def _decay(d_t, A2, out):
+    """exp(d A) as exp2(d A log2 e): torch's exp2 measured ~4x faster than exp on the CPU (float32)."""
+    return torch.mul(d_t, A2, out=out).exp2_()
+
+
+def _chunk_ends(d, du, Bs, A2):
+    """Pass 1: every chunk from a zero state to its end state, all chunks per step. -> (B, G, nc, N, Dg)."""
+    slab = d.shape[1:4] + A2.shape[-2:]
+    h, e = d.new_zeros(slab), d.new_empty(slab)
+    for d_t, du_t, b_t in zip(d, du, Bs):
+        h.mul_(_decay(d_t, A2, e)).addcmul_(du_t, b_t)          # h = exp(d A) h + (d u) B
+    return h
+
+
+def _carry(ends, span, reverse=False):
+    """The state entering every chunk from the chunk-local end states (L / T small steps).
+
+    Forward: enter[c] = span[c-1] enter[c-1] + ends[c-1]; reverse (adjoints, from the right):
+    enter[c] = span[c+1] enter[c+1] + ends[c+1]. ``span`` is the decay across a whole chunk.
     """
-    bsz, kd, length = u.shape
-    pad = (-length) % chunk
-    if pad:
-        u, delta = F.pad(u, (0, pad)), F.pad(delta, (0, pad))
-        B, C = F.pad(B, (0, pad)), F.pad(C, (0, pad))
-    nc, dg = (length + pad) // chunk, kd // groups
-    # (B, G*Dg, nc*T) -> (T, B, G, nc, 1, Dg)
-    d = delta.reshape(bsz, groups, dg, nc, chunk).permute(4, 0, 1, 3, 2).unsqueeze(4)
-    du = (delta * u).reshape(bsz, groups, dg, nc, chunk).permute(4, 0, 1, 3, 2).unsqueeze(4)
-    # (B, G, N, nc*T) -> (T, B, G, nc, N)
-    Bt = B.reshape(bsz, groups, -1, nc, chunk).permute(4, 0, 1, 3, 2)
-    Ct = C.reshape(bsz, groups, -1, nc, chunk).permute(4, 0, 1, 3, 2)
-    At = A.reshape(groups, dg, A.shape[1]).transpose(1, 2).unsqueeze(1)   # (G, 1, N, Dg)
-    decay = torch.exp(d.contiguous() * At)                     # (T, B, G, nc, N, Dg), in (0, 1]
-    dbu = du.contiguous() * Bt.contiguous().unsqueeze(-1)      # (T, B, G, nc, N, Dg)
-    return decay, dbu, Ct.contiguous().unsqueeze(4), nc
+    enter, nc = torch.zeros_like(ends), ends.shape[2]
+    order = range(nc - 2, -1, -1) if reverse else range(1, nc)
+    for c in order:
+        p = c + 1 if reverse else c - 1
+        torch.addcmul(ends[:, :, p], span[:, :, p], enter[:, :, p], out=enter[:, :, c])
+    return enter
+
+
+def _chunk_states(d, du, Bs, Cs, A2, enter, states=None):
+    """Pass 2: every chunk from its true entering state. Returns y (T, B, G, nc, 1, Dg), y_t = C_t . h_t,
+    or, given ``states`` (T, B, G, nc, N, Dg), fills it with every h_t instead (for the backward)."""
+    h, e = enter.clone(), torch.empty_like(enter)
+    y = None if states is not None else d.new_empty(d.shape)
+    for t, (d_t, du_t, b_t) in enumerate(zip(d, du, Bs)):
+        _decay(d_t, A2, e)
+        if states is None:
+            h.mul_(e).addcmul_(du_t, b_t)
+            torch.matmul(Cs[t].transpose(-1, -2), h, out=y[t])   # (.., 1, N) @ (.., N, Dg) -> (.., 1, Dg)
+        else:
+            h = torch.mul(h, e, out=states[t]).addcmul_(du_t, b_t)
+    return y
+
+
+class _ChunkedScan(torch.autograd.Function):
+    """y = C . h with h_t = exp(d_t A) h_{t-1} + (d u)_t B_t, in step layout, with a hand-written backward.
+
+    Inputs: d, du (T, B, G, nc, 1, Dg); Bs, Cs (T, B, G, nc, N, 1); A2 = A log2(e) (G, 1, N, Dg).
+    Saves only its inputs and the small per-chunk entering states. The backward recomputes the states
+    h_t (one (L, N, KD) buffer), then runs the adjoint, itself a linear recurrence in reverse,
+    gh_t = C_t gy_t + exp(d_{t+1} A) gh_{t+1}, chunked the same way, reading every gradient per step:
+    dC_t = sum_d gy h_t; d(du)_t = sum_n B_t gh_t; dB_t = sum_d gh_t du_t; with w_t = gh_t exp(d_t A) h_{t-1},
+    dd_t = sum_n A w_t and dA = sum_t d_t w_t.
+    """
+
+    @staticmethod
+    def forward(ctx, d, du, Bs, Cs, A2):
+        span = torch.exp2(d.sum(0) * A2)                        # decay across each whole chunk
+        enter = _carry(_chunk_ends(d, du, Bs, A2), span)
+        ctx.save_for_backward(d, du, Bs, Cs, A2, enter, span)
+        return _chunk_states(d, du, Bs, Cs, A2, enter)
+
+    @staticmethod
+    def backward(ctx, gy):
+        d, du, Bs, Cs, A2, enter, span = ctx.saved_tensors
+        gy = gy.contiguous()
+        states = d.new_empty(d.shape[:4] + A2.shape[-2:])        # (T, B, G, nc, N, Dg): every h_t
+        _chunk_states(d, du, Bs, Cs, A2, enter, states)
+        e, k = torch.empty_like(enter), torch.zeros_like(enter)
+        # reverse pass 1: the adjoint each chunk passes to the left, from zero beyond its end.
+        # k is the adjoint arriving at position t from the right; gh_t = k + C_t gy_t, then k = exp(d_t A) gh_t
+        for t in range(d.shape[0] - 1, -1, -1):
+            k.addcmul_(Cs[t], gy[t]).mul_(_decay(d[t], A2, e))
+        k = _carry(k, span, reverse=True)
+        gh, w, dA = torch.empty_like(k), torch.empty_like(k), torch.zeros_like(k)
+        g_d, g_du, g_B, g_C = torch.empty_like(d), torch.empty_like(du), torch.empty_like(Bs), torch.empty_like(Cs)
+        for t in range(d.shape[0] - 1, -1, -1):
+            _decay(d[t], A2, e)
+            torch.addcmul(k, Cs[t], gy[t], out=gh)               # gh_t, the whole adjoint of h_t
+            torch.matmul(Bs[t].transpose(-1, -2), gh, out=g_du[t])  # sum_n B_t[n] gh_t[n, :]
+            torch.matmul(gh, du[t].transpose(-1, -2), out=g_B[t])   # sum_d gh_t[:, d] du_t[d]
+            torch.matmul(states[t], gy[t].transpose(-1, -2), out=g_C[t])  # sum_d h_t[:, d] gy_t[d]
+            torch.mul(gh, e, out=k)                              # passed on to position t - 1
+            torch.mul(k, states[t - 1] if t else enter, out=w)  # gh_t exp(d_t A) h_{t-1}
+            dA.addcmul_(w, d[t])
+            torch.sum(w.mul_(A2), dim=-2, keepdim=True, out=g_d[t])
+        g_d.mul_(_LN2)                                           # d exp2(d A2) / dd = ln2 A2 exp2(d A2)
+        g_A2 = dA.sum((0, 2)).unsqueeze(1).mul_(_LN2)            # (B, G, nc, N, Dg) -> (G, 1, N, Dg)
+        return g_d, g_du, g_B, g_C, g_A2
 
 
 def selective_scan_chunked(u, delta, A, B, C, D=None, delta_bias=None, delta_softplus=False, chunk_size=None):
     """Exact chunked scan (the default): a pass inside all chunks at once, a carry across chunks, a second pass.
 
     Pass 1 runs every chunk from a zero state to its end state; the carry turns those into the state
-    entering each chunk (L / T small steps, with the chunk's total decay exp(A * sum d)); pass 2 re-runs
+    entering each chunk (L / T small steps, with the chunk's total decay exp(A sum d)); pass 2 re-runs
     every chunk from its true entering state and reads y. Each step advances one position of all chunks
-    together on (B, G, nc, N, Dg) tensors built inside the step from the small per-position inputs, so
-    no (B, KD, L, N) tensor is formed (cache-sized work; two exponentials per element instead of one, which
-    measured faster than storing them, see :func:`selective_scan_stored`). 2 T + L / T Python steps; only
-    decays in (0, 1] are multiplied.
+    together on (B, G, nc, N, Dg) slabs (cache-sized; no (B, KD, L, N) tensor in the forward), written in
+    place. 2 T + L / T Python steps; only decays in (0, 1] are multiplied. The backward is hand-written
+    (:class:`_ChunkedScan`).
+    """
+    out_dtype = u.dtype
+    u, delta, A, B, C, D, groups = _prepare(u, delta, A, B, C, D, delta_bias, delta_softplus)
+    bsz, kd, length = u.shape
+    chunk = min(chunk_size or _auto_chunk(length, bsz * kd * A.shape[1]), length)
+    pad = (-length) % chunk
+    u0 = u
+    if pad:  # padded positions: step 0 (decay 1), input 0, after every real position
+        u, delta = F.pad(u, (0, pad)), F.pad(delta, (0, pad))
+        B, C = F.pad(B, (0, pad)), F.pad(C, (0, pad))
+    A2 = (A * _LOG2E).reshape(groups, kd // groups, -1).transpose(1, 2).unsqueeze(1).contiguous()  # (G, 1, N, Dg)
+    y = _ChunkedScan.apply(_steps(delta, groups, chunk), _steps(delta * u, groups, chunk),
+                           _state_steps(B, chunk), _state_steps(C, chunk), A2)
+    return _finish(_unsteps(y)[..., :length], u0, D, out_dtype)
+
+
+def selective_scan_chunked_autograd(u, delta, A, B, C, D=None, delta_bias=None, delta_softplus=False, chunk_size=None):
+    """The previous default: :func:`selective_scan_chunked`'s passes written as autograd-traced tensor ops.
+
+    Kept as the A/B baseline of ``eval/scan_bench.py`` and as an independent check of the hand-written
+    backward (tests). Autograd records every step's tensors, so its backward is slow and memory-hungry.
     """
     out_dtype = u.dtype
     u, delta, A, B, C, D, groups = _prepare(u, delta, A, B, C, D, delta_bias, delta_softplus)
@@ -219,40 +337,6 @@ def selective_scan_chunked(u, delta, A, B, C, D=None, delta_bias=None, delta_sof
     return _finish(y, u0, D, out_dtype)
 
 
-def selective_scan_stored(u, delta, A, B, C, D=None, delta_bias=None, delta_softplus=False, chunk_size=None):
-    """Exact chunked scan with every decay and input formed up front ((T, B, G, nc, N, Dg) tensors).
-
-    Pass 1 runs every chunk from a zero state to its end state (and multiplies up the chunk's decay);
-    the carry turns those into the state entering each chunk (L / T small steps); pass 2 re-runs every
-    chunk from its true entering state and reads y. Every step advances one position of all chunks
-    together on (B, G, nc, N, Dg) tensors: 2 T + L / T Python steps, only products of decays in (0, 1].
-    """
-    out_dtype = u.dtype
-    u, delta, A, B, C, D, groups = _prepare(u, delta, A, B, C, D, delta_bias, delta_softplus)
-    bsz, kd, length = u.shape
-    chunk = min(chunk_size or _auto_chunk(length), length)
-    decay, dbu, Ct, nc = _chunk_inputs(u, delta, A, B, C, groups, chunk)
-    # pass 1: every chunk from a zero state; span = the decay across the whole chunk
-    decays, inputs = decay.unbind(0), dbu.unbind(0)
-    h, span = inputs[0], decays[0]                               # (B, G, nc, N, Dg)
-    for dec_t, in_t in zip(decays[1:], inputs[1:]):
-        h = torch.addcmul(in_t, dec_t, h)
-        span = span * dec_t
-    # carry: state entering chunk c = span[c-1] * entering[c-1] + end[c-1]
-    entering = [torch.zeros_like(h[:, :, 0])]
-    for h_c, span_c in list(zip(h.unbind(2), span.unbind(2)))[:-1]:
-        entering.append(torch.addcmul(h_c, span_c, entering[-1]))
-    h = torch.stack(entering, dim=2)                             # (B, G, nc, N, Dg)
-    # pass 2: every chunk from its true entering state; y_t = sum_n C_t[n] h_t[n]
-    ys = []
-    for dec_t, in_t, c_t in zip(decays, inputs, Ct.unbind(0)):
-        h = torch.addcmul(in_t, dec_t, h)
-        ys.append(torch.matmul(c_t, h))                        # (B, G, nc, 1, N) @ (.., N, Dg) -> (.., 1, Dg)
-    y = torch.cat(ys, dim=-2)                                    # (B, G, nc, T, Dg)
-    y = y.permute(0, 1, 4, 2, 3).reshape(bsz, kd, nc * chunk)[..., :length]  # -> (B, G*Dg, nc*T)
-    return _finish(y, u, D, out_dtype)
-
-
 def selective_scan_segsum(u, delta, A, B, C, D=None, delta_bias=None, delta_softplus=False, chunk_size=16):
     """Exact chunked scan with segment sums inside chunks (a masked T x T product per chunk and state)."""
     out_dtype = u.dtype
@@ -271,7 +355,7 @@ def selective_scan_segsum(u, delta, A, B, C, D=None, delta_bias=None, delta_soft
     return _finish(y, u, D, out_dtype)
 
 
-_METHODS = {'chunked': selective_scan_chunked, 'stored': selective_scan_stored, 'sequential': selective_scan_ref,
+_METHODS = {'chunked': selective_scan_chunked, 'chunked_autograd': selective_scan_chunked_autograd, 'sequential': selective_scan_ref,
             'segsum': selective_scan_segsum}
 
 

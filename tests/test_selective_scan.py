@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from zoo.layers.selective_scan import (_auto_chunk, selective_scan, selective_scan_chunked, selective_scan_ref,
-                                       selective_scan_segsum, selective_scan_stored)
+                                       selective_scan_chunked_autograd, selective_scan_segsum)
 
 
 def _inputs(b=2, groups=4, dg=3, n=5, length=64, dtype=torch.float64, a_scale=1.0, seed=0, grad=False):
@@ -30,7 +30,8 @@ def _inputs(b=2, groups=4, dg=3, n=5, length=64, dtype=torch.float64, a_scale=1.
     return t
 
 
-FAST = [('chunked', selective_scan_chunked), ('stored', selective_scan_stored), ('segsum', selective_scan_segsum)]
+FAST = [('chunked', selective_scan_chunked), ('chunked_autograd', selective_scan_chunked_autograd),
+        ('segsum', selective_scan_segsum)]
 
 
 @pytest.mark.parametrize('name,fn', FAST)
