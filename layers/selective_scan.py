@@ -48,14 +48,10 @@ def _auto_chunk(length: int, width: int | None = None) -> int:
     return int(min(256, max(16, 2 ** round(math.log2(max(1.0, 2 * math.sqrt(length)))))))
 
 
-def _softplus(x: torch.Tensor) -> torch.Tensor:
-    """softplus with Mamba's threshold (x > 20 is returned as is) as log(1 + exp(x)): F.softplus's log1p
-    is not vectorised on the CPU (measured 5x slower); the two differ by less than one ulp of 1."""
-    return torch.where(x > 20, x, torch.log(1 + torch.exp(x.clamp(max=20))))
+def _check(u, delta, A, B, C, D, delta_bias):
+    """Check shapes and upcast to the compute dtype (float64 stays float64, else float32).
 
-
-def _prepare(u, delta, A, B, C, D, delta_bias, delta_softplus):
-    """Check shapes, upcast, apply bias + softplus. Returns tensors in the compute dtype and the groups."""
+    Returns u, delta, A, B, C (grouped: (B, G, N, L)), D, delta_bias."""
     if u.ndim != 3 or delta.shape != u.shape:
         raise ValueError(f'u and delta must both be (batch, channels, length); got {tuple(u.shape)} and '
                          f'{tuple(delta.shape)}')
@@ -68,17 +64,20 @@ def _prepare(u, delta, A, B, C, D, delta_bias, delta_softplus):
     if B.ndim != 4 or B.shape[0] != bsz or B.shape[2] != n or B.shape[3] != length or C.shape != B.shape:
         raise ValueError(f'B and C must be (batch={bsz}, groups, d_state={n}, length={length}); got '
                          f'{tuple(B.shape)} and {tuple(C.shape)}')
-    groups = B.shape[1]
-    if kd % groups:
-        raise ValueError(f'channels ({kd}) must be a multiple of the B/C groups ({groups})')
+    if kd % B.shape[1]:
+        raise ValueError(f'channels ({kd}) must be a multiple of the B/C groups ({B.shape[1]})')
     dtype = torch.float64 if u.dtype == torch.float64 else torch.float32
-    u, delta, A, B, C = (t.to(dtype) for t in (u, delta, A, B, C))
+    return tuple(t.to(dtype) if t is not None else None for t in (u, delta, A, B, C, D, delta_bias))
+
+
+def _prepare(u, delta, A, B, C, D, delta_bias, delta_softplus):
+    """:func:`_check`, then bias + softplus (F.softplus, as mamba-ssm). Returns the tensors and the groups."""
+    u, delta, A, B, C, D, delta_bias = _check(u, delta, A, B, C, D, delta_bias)
     if delta_bias is not None:
-        delta = delta + delta_bias.to(dtype)[:, None]
+        delta = delta + delta_bias[:, None]
     if delta_softplus:
-        delta = _softplus(delta)
-    D = D.to(dtype) if D is not None else None
-    return u, delta, A, B, C, D, groups
+        delta = F.softplus(delta)
+    return u, delta, A, B, C, D, B.shape[1]
 
 
 def _finish(y, u, D, out_dtype):
@@ -152,42 +151,43 @@ def _carry_and_read(h_local, dA, C6, length, bsz, kd):
 
 
 # ------------------------------------------------------------------------- the fast chunked scan
-# Everything below works on a "step layout": position p = c T + t of chunk c is stored at [t, ..., c, ...],
-# so one step of the loops (position t of every chunk) reads one contiguous slab. Per step the work is on
-# (B, G, nc, N, Dg) slabs: states before channels, so the broadcasts (a step size per channel, a B_t per
-# state) run along the contiguous channel axis. Slabs are preallocated and written in place (out=).
+# Everything below works on a "step layout": position p = c T + t (chunk c, step t) of a (B, R, L) tensor
+# is stored at [c, t] of an (nc, T, B, R) tensor (one blocked 2-D transpose, L to the front), so one step of
+# the loops (position t of every chunk) is a slab [:, t]. The recurrence runs on (nc, B, G, N, Dg) slabs:
+# states before channels, so the broadcasts (a step size per channel, a B_t per state) run along the
+# contiguous channel axis. Slabs are preallocated and written in place (out=): on a CPU the cost is memory
+# traffic and allocation, not arithmetic.
 
 _LOG2E, _LN2 = 1.4426950408889634, 0.6931471805599453
 
 
-def _steps(x: torch.Tensor, groups: int, chunk: int) -> torch.Tensor:
-    """(B, G*Dg, nc*T) -> (T, B, G, nc, 1, Dg), contiguous."""
-    b, kd, lp = x.shape
-    return x.reshape(b, groups, kd // groups, lp // chunk, chunk).permute(4, 0, 1, 3, 2).unsqueeze(4).contiguous()
+def _to_steps(x: torch.Tensor, chunk: int, groups: int, state: bool = False) -> torch.Tensor:
+    """(B, R, L) -> (nc, T, B, G, 1, R/G), or (nc, T, B, G, R/G, 1) if ``state``; zero-padded to nc T."""
+    b, r, length = x.shape
+    lp = length + (-length) % chunk
+    out = x.new_empty(lp, b * r)
+    out[:length].copy_(x.reshape(b * r, length).t())            # b r l -> l (b r)
+    out[length:].zero_()
+    return out.view(lp // chunk, chunk, b, groups, *((r // groups, 1) if state else (1, r // groups)))
 
 
-def _state_steps(x: torch.Tensor, chunk: int) -> torch.Tensor:
-    """(B, G, N, nc*T) -> (T, B, G, nc, N, 1), contiguous."""
-    b, g, n, lp = x.shape
-    return x.reshape(b, g, n, lp // chunk, chunk).permute(4, 0, 1, 3, 2).unsqueeze(5).contiguous()
-
-
-def _unsteps(y: torch.Tensor) -> torch.Tensor:
-    """(T, B, G, nc, 1, Dg) -> (B, G*Dg, nc*T)."""
-    t, b, g, nc, _, dg = y.shape
-    return y.squeeze(4).permute(1, 2, 4, 3, 0).reshape(b, g * dg, nc * t)
+def _from_steps(y: torch.Tensor, length: int) -> torch.Tensor:
+    """(nc, T, B, G, ., .) -> (B, R, L): the inverse of :func:`_to_steps`, padding dropped."""
+    b = y.shape[2]
+    flat = y.reshape(y.shape[0] * y.shape[1], -1)[:length]     # (nc T) b g x y -> l (b r)
+    return flat.t().contiguous().view(b, -1, length)
 
 
 def _decay(d_t, A2, out):
-    """exp(d A) as exp2(d A log2 e): torch's exp2 measured ~4x faster than exp on the CPU (float32)."""
+    """exp(d A) as exp2(d A log2 e): torch's exp2 measured ~4x faster than exp on this CPU (float32)."""
     return torch.mul(d_t, A2, out=out).exp2_()
 
 
 def _chunk_ends(d, du, Bs, A2):
-    """Pass 1: every chunk from a zero state to its end state, all chunks per step. -> (B, G, nc, N, Dg)."""
-    slab = d.shape[1:4] + A2.shape[-2:]
+    """Pass 1: every chunk from a zero state to its end state, all chunks per step. -> (nc, B, G, N, Dg)."""
+    slab = d.shape[:1] + d.shape[2:4] + A2.shape[-2:]
     h, e = d.new_zeros(slab), d.new_empty(slab)
-    for d_t, du_t, b_t in zip(d, du, Bs):
+    for d_t, du_t, b_t in zip(d.unbind(1), du.unbind(1), Bs.unbind(1)):
         h.mul_(_decay(d_t, A2, e)).addcmul_(du_t, b_t)          # h = exp(d A) h + (d u) B
     return h
 
@@ -198,74 +198,110 @@ def _carry(ends, span, reverse=False):
     Forward: enter[c] = span[c-1] enter[c-1] + ends[c-1]; reverse (adjoints, from the right):
     enter[c] = span[c+1] enter[c+1] + ends[c+1]. ``span`` is the decay across a whole chunk.
     """
-    enter, nc = torch.zeros_like(ends), ends.shape[2]
-    order = range(nc - 2, -1, -1) if reverse else range(1, nc)
-    for c in order:
+    enter, nc = torch.zeros_like(ends), ends.shape[0]
+    for c in (range(nc - 2, -1, -1) if reverse else range(1, nc)):
         p = c + 1 if reverse else c - 1
-        torch.addcmul(ends[:, :, p], span[:, :, p], enter[:, :, p], out=enter[:, :, c])
+        torch.addcmul(ends[p], span[p], enter[p], out=enter[c])
     return enter
 
 
 def _chunk_states(d, du, Bs, Cs, A2, enter, states=None):
-    """Pass 2: every chunk from its true entering state. Returns y (T, B, G, nc, 1, Dg), y_t = C_t . h_t,
-    or, given ``states`` (T, B, G, nc, N, Dg), fills it with every h_t instead (for the backward)."""
+    """Pass 2: every chunk from its true entering state. Returns y (nc, T, B, G, 1, Dg), y_t = C_t . h_t,
+    or, given ``states`` (T, nc, B, G, N, Dg), fills it with every h_t instead (for the backward)."""
     h, e = enter.clone(), torch.empty_like(enter)
     y = None if states is not None else d.new_empty(d.shape)
-    for t, (d_t, du_t, b_t) in enumerate(zip(d, du, Bs)):
+    for t, (d_t, du_t, b_t) in enumerate(zip(d.unbind(1), du.unbind(1), Bs.unbind(1))):
         _decay(d_t, A2, e)
         if states is None:
             h.mul_(e).addcmul_(du_t, b_t)
-            torch.matmul(Cs[t].transpose(-1, -2), h, out=y[t])   # (.., 1, N) @ (.., N, Dg) -> (.., 1, Dg)
+            torch.matmul(Cs[:, t].transpose(-1, -2), h, out=y[:, t])   # (.., 1, N) @ (.., N, Dg) -> (.., 1, Dg)
         else:
             h = torch.mul(h, e, out=states[t]).addcmul_(du_t, b_t)
     return y
 
 
-class _ChunkedScan(torch.autograd.Function):
-    """y = C . h with h_t = exp(d_t A) h_{t-1} + (d u)_t B_t, in step layout, with a hand-written backward.
+def _softplus_(x: torch.Tensor) -> torch.Tensor:
+    """softplus in place, with Mamba's threshold (x > 20 kept as is), as log(1 + exp(x)): F.softplus's
+    log1p is not vectorised on the CPU (measured 5x slower); the two differ by less than one ulp of 1."""
+    big = x > 20
+    t = torch.clamp(x, max=20).exp_().add_(1).log_()
+    return torch.where(big, x, t, out=x)
 
-    Inputs: d, du (T, B, G, nc, 1, Dg); Bs, Cs (T, B, G, nc, N, 1); A2 = A log2(e) (G, 1, N, Dg).
-    Saves only its inputs and the small per-chunk entering states. The backward recomputes the states
-    h_t (one (L, N, KD) buffer), then runs the adjoint, itself a linear recurrence in reverse,
+
+class _ChunkedScan(torch.autograd.Function):
+    """Mamba's selective scan (bias, softplus, grouped B/C, D skip) chunked, with a hand-written backward.
+
+    Inputs as :func:`selective_scan_chunked` (compute dtype, B and C grouped (B, G, N, L)). Saves only the
+    inputs in step layout and the small per-chunk entering states. The backward recomputes the states
+    h_t (one (L, N, KD) buffer) and runs the adjoint, itself a linear recurrence in reverse,
     gh_t = C_t gy_t + exp(d_{t+1} A) gh_{t+1}, chunked the same way, reading every gradient per step:
     dC_t = sum_d gy h_t; d(du)_t = sum_n B_t gh_t; dB_t = sum_d gh_t du_t; with w_t = gh_t exp(d_t A) h_{t-1},
-    dd_t = sum_n A w_t and dA = sum_t d_t w_t.
+    dd_t = sum_n A w_t and dA = sum_t d_t w_t; then the chain through du = d u, softplus and the D skip.
     """
 
     @staticmethod
-    def forward(ctx, d, du, Bs, Cs, A2):
-        span = torch.exp2(d.sum(0) * A2)                        # decay across each whole chunk
+    def forward(ctx, u, delta, A, B, C, D, delta_bias, delta_softplus: bool, chunk: int):
+        bsz, kd, length = u.shape
+        groups = B.shape[1]
+        d = _to_steps(delta, chunk, groups)                      # (nc, T, B, G, 1, Dg)
+        if delta_bias is not None:
+            d.add_(delta_bias.view(groups, 1, -1))
+        if delta_softplus:
+            _softplus_(d)
+            d.view(-1, bsz * kd)[length:] = 0                    # padded positions: decay 1, input 0
+        us = _to_steps(u, chunk, groups)
+        du = us * d
+        Bs, Cs = (_to_steps(x.flatten(1, 2), chunk, groups, state=True) for x in (B, C))   # b g n l -> b (g n) l
+        A2 = (A * _LOG2E).view(groups, -1, A.shape[1]).transpose(1, 2).contiguous()   # (G, N, Dg)
+        span = torch.exp2(d.sum(1) * A2)                        # decay across each whole chunk
         enter = _carry(_chunk_ends(d, du, Bs, A2), span)
-        ctx.save_for_backward(d, du, Bs, Cs, A2, enter, span)
-        return _chunk_states(d, du, Bs, Cs, A2, enter)
+        y = _from_steps(_chunk_states(d, du, Bs, Cs, A2, enter), length)
+        if D is not None:
+            y.addcmul_(u, D[:, None])
+        ctx.save_for_backward(u, us, d, du, Bs, Cs, A2, enter, span, D)
+        ctx.setup = (delta_bias is not None, delta_softplus, chunk, length)
+        return y
 
     @staticmethod
     def backward(ctx, gy):
-        d, du, Bs, Cs, A2, enter, span = ctx.saved_tensors
-        gy = gy.contiguous()
-        states = d.new_empty(d.shape[:4] + A2.shape[-2:])        # (T, B, G, nc, N, Dg): every h_t
+        u, us, d, du, Bs, Cs, A2, enter, span, D = ctx.saved_tensors
+        has_bias, softplus, chunk, length = ctx.setup
+        groups = Bs.shape[3]
+        g = _to_steps(gy, chunk, groups)                         # (nc, T, B, G, 1, Dg)
+        steps = d.shape[1]
+        states = d.new_empty((steps,) + enter.shape)            # (T, nc, B, G, N, Dg): every h_t
         _chunk_states(d, du, Bs, Cs, A2, enter, states)
         e, k = torch.empty_like(enter), torch.zeros_like(enter)
         # reverse pass 1: the adjoint each chunk passes to the left, from zero beyond its end.
         # k is the adjoint arriving at position t from the right; gh_t = k + C_t gy_t, then k = exp(d_t A) gh_t
-        for t in range(d.shape[0] - 1, -1, -1):
-            k.addcmul_(Cs[t], gy[t]).mul_(_decay(d[t], A2, e))
+        for t in range(steps - 1, -1, -1):
+            k.addcmul_(Cs[:, t], g[:, t]).mul_(_decay(d[:, t], A2, e))
         k = _carry(k, span, reverse=True)
         gh, w, dA = torch.empty_like(k), torch.empty_like(k), torch.zeros_like(k)
         g_d, g_du, g_B, g_C = torch.empty_like(d), torch.empty_like(du), torch.empty_like(Bs), torch.empty_like(Cs)
-        for t in range(d.shape[0] - 1, -1, -1):
-            _decay(d[t], A2, e)
-            torch.addcmul(k, Cs[t], gy[t], out=gh)               # gh_t, the whole adjoint of h_t
-            torch.matmul(Bs[t].transpose(-1, -2), gh, out=g_du[t])  # sum_n B_t[n] gh_t[n, :]
-            torch.matmul(gh, du[t].transpose(-1, -2), out=g_B[t])   # sum_d gh_t[:, d] du_t[d]
-            torch.matmul(states[t], gy[t].transpose(-1, -2), out=g_C[t])  # sum_d h_t[:, d] gy_t[d]
+        for t in range(steps - 1, -1, -1):
+            d_t, g_t = d[:, t], g[:, t]
+            _decay(d_t, A2, e)
+            torch.addcmul(k, Cs[:, t], g_t, out=gh)              # gh_t, the whole adjoint of h_t
+            torch.matmul(Bs[:, t].transpose(-1, -2), gh, out=g_du[:, t])   # sum_n B_t[n] gh_t[n, :]
+            torch.matmul(gh, du[:, t].transpose(-1, -2), out=g_B[:, t])    # sum_d gh_t[:, d] du_t[d]
+            torch.matmul(states[t], g_t.transpose(-1, -2), out=g_C[:, t])  # sum_d h_t[:, d] gy_t[d]
             torch.mul(gh, e, out=k)                              # passed on to position t - 1
             torch.mul(k, states[t - 1] if t else enter, out=w)  # gh_t exp(d_t A) h_{t-1}
-            dA.addcmul_(w, d[t])
-            torch.sum(w.mul_(A2), dim=-2, keepdim=True, out=g_d[t])
-        g_d.mul_(_LN2)                                           # d exp2(d A2) / dd = ln2 A2 exp2(d A2)
-        g_A2 = dA.sum((0, 2)).unsqueeze(1).mul_(_LN2)            # (B, G, nc, N, Dg) -> (G, 1, N, Dg)
-        return g_d, g_du, g_B, g_C, g_A2
+            dA.addcmul_(w, d_t)
+            torch.sum(w.mul_(A2), dim=-2, keepdim=True, out=g_d[:, t])
+        # d exp2(d A2) / dd = ln2 A2 exp2(d A2); du = d u
+        g_d.mul_(_LN2).addcmul_(g_du, us)
+        g_u = _from_steps(g_du.mul_(d), length)
+        if D is not None:
+            g_u.addcmul_(gy, D[:, None])
+        if softplus:  # softplus' = sigmoid = 1 - exp(-softplus), 1 above the threshold
+            g_d.mul_(torch.where(d > 20, 1.0, -torch.exp(-d) + 1))
+        g_A = (dA.sum((0, 1)) * (_LN2 * _LOG2E)).transpose(1, 2).reshape(-1, A2.shape[1])  # g n d -> (g d) n
+        g_bias = g_d.sum((0, 1, 2)).reshape(-1) if has_bias else None
+        g_D = (gy * u).sum((0, 2)) if D is not None else None
+        g_B, g_C = (_from_steps(x, length).view(-1, groups, A2.shape[1], length) for x in (g_B, g_C))
+        return g_u, _from_steps(g_d, length), g_A, g_B, g_C, g_D, g_bias, None, None
 
 
 def selective_scan_chunked(u, delta, A, B, C, D=None, delta_bias=None, delta_softplus=False, chunk_size=None):
@@ -274,23 +310,15 @@ def selective_scan_chunked(u, delta, A, B, C, D=None, delta_bias=None, delta_sof
     Pass 1 runs every chunk from a zero state to its end state; the carry turns those into the state
     entering each chunk (L / T small steps, with the chunk's total decay exp(A sum d)); pass 2 re-runs
     every chunk from its true entering state and reads y. Each step advances one position of all chunks
-    together on (B, G, nc, N, Dg) slabs (cache-sized; no (B, KD, L, N) tensor in the forward), written in
+    together on (nc, B, G, N, Dg) slabs (cache-sized; no (B, KD, L, N) tensor in the forward), written in
     place. 2 T + L / T Python steps; only decays in (0, 1] are multiplied. The backward is hand-written
     (:class:`_ChunkedScan`).
     """
     out_dtype = u.dtype
-    u, delta, A, B, C, D, groups = _prepare(u, delta, A, B, C, D, delta_bias, delta_softplus)
+    u, delta, A, B, C, D, bias = _check(u, delta, A, B, C, D, delta_bias)
     bsz, kd, length = u.shape
     chunk = min(chunk_size or _auto_chunk(length, bsz * kd * A.shape[1]), length)
-    pad = (-length) % chunk
-    u0 = u
-    if pad:  # padded positions: step 0 (decay 1), input 0, after every real position
-        u, delta = F.pad(u, (0, pad)), F.pad(delta, (0, pad))
-        B, C = F.pad(B, (0, pad)), F.pad(C, (0, pad))
-    A2 = (A * _LOG2E).reshape(groups, kd // groups, -1).transpose(1, 2).unsqueeze(1).contiguous()  # (G, 1, N, Dg)
-    y = _ChunkedScan.apply(_steps(delta, groups, chunk), _steps(delta * u, groups, chunk),
-                           _state_steps(B, chunk), _state_steps(C, chunk), A2)
-    return _finish(_unsteps(y)[..., :length], u0, D, out_dtype)
+    return _ChunkedScan.apply(u, delta, A, B, C, D, bias, delta_softplus, chunk).to(out_dtype)
 
 
 def selective_scan_chunked_autograd(u, delta, A, B, C, D=None, delta_bias=None, delta_softplus=False, chunk_size=None):
