@@ -152,29 +152,44 @@ def _carry_and_read(h_local, dA, C6, length, bsz, kd):
 
 # ------------------------------------------------------------------------- the fast chunked scan
 # Everything below works on a "step layout": position p = c T + t (chunk c, step t) of a (B, R, L) tensor
-# is stored at [c, t] of an (nc, T, B, R) tensor (one blocked 2-D transpose, L to the front), so one step of
-# the loops (position t of every chunk) is a slab [:, t]. The recurrence runs on (nc, B, G, N, Dg) slabs:
-# states before channels, so the broadcasts (a step size per channel, a B_t per state) run along the
-# contiguous channel axis. Slabs are preallocated and written in place (out=): on a CPU the cost is memory
-# traffic and allocation, not arithmetic.
+# is stored at [t, c] of a contiguous (T, nc, B, R) tensor, so one step of the loops (position t of every
+# chunk) reads one contiguous slab [t]. The recurrence runs on (nc, B, G, N, Dg) slabs: states before
+# channels, so the broadcasts (a step size per channel, a B_t per state) run along the contiguous channel
+# axis, and the contractions over N or Dg are batched matrix products on views. Slabs are preallocated and
+# written in place (out=): on a CPU the cost is memory traffic and allocation, not arithmetic.
 
 _LOG2E, _LN2 = 1.4426950408889634, 0.6931471805599453
 
 
-def _to_steps(x: torch.Tensor, chunk: int, groups: int, state: bool = False) -> torch.Tensor:
-    """(B, R, L) -> (nc, T, B, G, 1, R/G), or (nc, T, B, G, R/G, 1) if ``state``; zero-padded to nc T."""
+def _l_major(x: torch.Tensor, chunk: int) -> torch.Tensor:
+    """(B, R, L) -> (nc T, B R), zero-padded to a multiple of ``chunk`` (a blocked 2-D transpose)."""
     b, r, length = x.shape
-    lp = length + (-length) % chunk
-    out = x.new_empty(lp, b * r)
+    out = x.new_empty(length + (-length) % chunk, b * r)
     out[:length].copy_(x.reshape(b * r, length).t())            # b r l -> l (b r)
     out[length:].zero_()
-    return out.view(lp // chunk, chunk, b, groups, *((r // groups, 1) if state else (1, r // groups)))
+    return out
+
+
+def _t_major(x: torch.Tensor, chunk: int) -> torch.Tensor:
+    """(nc T, B R) -> (T, nc, B R), contiguous (a copy of whole rows)."""
+    return x.view(-1, chunk, x.shape[-1]).transpose(0, 1).contiguous()
+
+
+def _steps(x: torch.Tensor, chunk: int, groups: int, state: bool = False) -> torch.Tensor:
+    """(B, R, L) -> (T, nc, B, G, 1, R/G), or (T, nc, B, G, R/G, 1) if ``state``; zero-padded to nc T."""
+    return _shape(_t_major(_l_major(x, chunk), chunk), x.shape[0], groups, state)
+
+
+def _shape(x: torch.Tensor, bsz: int, groups: int, state: bool = False) -> torch.Tensor:
+    """(T, nc, B R) -> (T, nc, B, G, 1, R/G), or (T, nc, B, G, R/G, 1) if ``state`` (a view)."""
+    r = x.shape[-1] // bsz // groups
+    return x.view(*x.shape[:2], bsz, groups, *((r, 1) if state else (1, r)))
 
 
 def _from_steps(y: torch.Tensor, length: int) -> torch.Tensor:
-    """(nc, T, B, G, ., .) -> (B, R, L): the inverse of :func:`_to_steps`, padding dropped."""
-    b = y.shape[2]
-    flat = y.reshape(y.shape[0] * y.shape[1], -1)[:length]     # (nc T) b g x y -> l (b r)
+    """(T, nc, B, G, ., .) -> (B, R, L): the inverse of :func:`_steps`, padding dropped."""
+    steps, nc, b = y.shape[:3]
+    flat = y.transpose(0, 1).reshape(nc * steps, -1)[:length]  # T nc b g x y -> l (b r)
     return flat.t().contiguous().view(b, -1, length)
 
 
@@ -183,11 +198,16 @@ def _decay(d_t, A2, out):
     return torch.mul(d_t, A2, out=out).exp2_()
 
 
+def _bmm(a, b, out):
+    """Batched matrix product over the leading (nc, B, G) dims of step slabs, viewed as one batch dim."""
+    return torch.bmm(a.reshape(-1, *a.shape[-2:]), b.reshape(-1, *b.shape[-2:]), out=out.view(-1, *out.shape[-2:]))
+
+
 def _chunk_ends(d, du, Bs, A2):
     """Pass 1: every chunk from a zero state to its end state, all chunks per step. -> (nc, B, G, N, Dg)."""
-    slab = d.shape[:1] + d.shape[2:4] + A2.shape[-2:]
+    slab = d.shape[1:4] + A2.shape[-2:]
     h, e = d.new_zeros(slab), d.new_empty(slab)
-    for d_t, du_t, b_t in zip(d.unbind(1), du.unbind(1), Bs.unbind(1)):
+    for d_t, du_t, b_t in zip(d, du, Bs):
         h.mul_(_decay(d_t, A2, e)).addcmul_(du_t, b_t)          # h = exp(d A) h + (d u) B
     return h
 
@@ -206,15 +226,15 @@ def _carry(ends, span, reverse=False):
 
 
 def _chunk_states(d, du, Bs, Cs, A2, enter, states=None):
-    """Pass 2: every chunk from its true entering state. Returns y (nc, T, B, G, 1, Dg), y_t = C_t . h_t,
+    """Pass 2: every chunk from its true entering state. Returns y (T, nc, B, G, 1, Dg), y_t = C_t . h_t,
     or, given ``states`` (T, nc, B, G, N, Dg), fills it with every h_t instead (for the backward)."""
     h, e = enter.clone(), torch.empty_like(enter)
     y = None if states is not None else d.new_empty(d.shape)
-    for t, (d_t, du_t, b_t) in enumerate(zip(d.unbind(1), du.unbind(1), Bs.unbind(1))):
+    for t, (d_t, du_t, b_t) in enumerate(zip(d, du, Bs)):
         _decay(d_t, A2, e)
         if states is None:
             h.mul_(e).addcmul_(du_t, b_t)
-            torch.matmul(Cs[:, t].transpose(-1, -2), h, out=y[:, t])   # (.., 1, N) @ (.., N, Dg) -> (.., 1, Dg)
+            _bmm(Cs[t].transpose(-1, -2), h, out=y[t])          # (.., 1, N) @ (.., N, Dg) -> (.., 1, Dg)
         else:
             h = torch.mul(h, e, out=states[t]).addcmul_(du_t, b_t)
     return y
@@ -243,17 +263,17 @@ class _ChunkedScan(torch.autograd.Function):
     def forward(ctx, u, delta, A, B, C, D, delta_bias, delta_softplus: bool, chunk: int):
         bsz, kd, length = u.shape
         groups = B.shape[1]
-        d = _to_steps(delta, chunk, groups)                      # (nc, T, B, G, 1, Dg)
+        d = _l_major(delta, chunk)                               # (nc T, B KD)
         if delta_bias is not None:
-            d.add_(delta_bias.view(groups, 1, -1))
+            d.view(-1, bsz, kd).add_(delta_bias)
         if delta_softplus:
-            _softplus_(d)
-            d.view(-1, bsz * kd)[length:] = 0                    # padded positions: decay 1, input 0
-        us = _to_steps(u, chunk, groups)
+            _softplus_(d)[length:] = 0                           # padded positions: decay 1, input 0
+        d = _shape(_t_major(d, chunk), bsz, groups)              # (T, nc, B, G, 1, Dg)
+        us = _steps(u, chunk, groups)
         du = us * d
-        Bs, Cs = (_to_steps(x.flatten(1, 2), chunk, groups, state=True) for x in (B, C))   # b g n l -> b (g n) l
+        Bs, Cs = (_steps(x.flatten(1, 2), chunk, groups, state=True) for x in (B, C))  # b g n l -> b (g n) l
         A2 = (A * _LOG2E).view(groups, -1, A.shape[1]).transpose(1, 2).contiguous()   # (G, N, Dg)
-        span = torch.exp2(d.sum(1) * A2)                        # decay across each whole chunk
+        span = torch.exp2(d.sum(0) * A2)                        # decay across each whole chunk
         enter = _carry(_chunk_ends(d, du, Bs, A2), span)
         y = _from_steps(_chunk_states(d, du, Bs, Cs, A2, enter), length)
         if D is not None:
@@ -267,29 +287,28 @@ class _ChunkedScan(torch.autograd.Function):
         u, us, d, du, Bs, Cs, A2, enter, span, D = ctx.saved_tensors
         has_bias, softplus, chunk, length = ctx.setup
         groups = Bs.shape[3]
-        g = _to_steps(gy, chunk, groups)                         # (nc, T, B, G, 1, Dg)
-        steps = d.shape[1]
+        g = _steps(gy.contiguous(), chunk, groups)               # (T, nc, B, G, 1, Dg)
+        steps = d.shape[0]
         states = d.new_empty((steps,) + enter.shape)            # (T, nc, B, G, N, Dg): every h_t
         _chunk_states(d, du, Bs, Cs, A2, enter, states)
         e, k = torch.empty_like(enter), torch.zeros_like(enter)
         # reverse pass 1: the adjoint each chunk passes to the left, from zero beyond its end.
         # k is the adjoint arriving at position t from the right; gh_t = k + C_t gy_t, then k = exp(d_t A) gh_t
         for t in range(steps - 1, -1, -1):
-            k.addcmul_(Cs[:, t], g[:, t]).mul_(_decay(d[:, t], A2, e))
+            k.addcmul_(Cs[t], g[t]).mul_(_decay(d[t], A2, e))
         k = _carry(k, span, reverse=True)
         gh, w, dA = torch.empty_like(k), torch.empty_like(k), torch.zeros_like(k)
         g_d, g_du, g_B, g_C = torch.empty_like(d), torch.empty_like(du), torch.empty_like(Bs), torch.empty_like(Cs)
         for t in range(steps - 1, -1, -1):
-            d_t, g_t = d[:, t], g[:, t]
-            _decay(d_t, A2, e)
-            torch.addcmul(k, Cs[:, t], g_t, out=gh)              # gh_t, the whole adjoint of h_t
-            torch.matmul(Bs[:, t].transpose(-1, -2), gh, out=g_du[:, t])   # sum_n B_t[n] gh_t[n, :]
-            torch.matmul(gh, du[:, t].transpose(-1, -2), out=g_B[:, t])    # sum_d gh_t[:, d] du_t[d]
-            torch.matmul(states[t], g_t.transpose(-1, -2), out=g_C[:, t])  # sum_d h_t[:, d] gy_t[d]
+            _decay(d[t], A2, e)
+            torch.addcmul(k, Cs[t], g[t], out=gh)                # gh_t, the whole adjoint of h_t
+            _bmm(Bs[t].transpose(-1, -2), gh, out=g_du[t])      # sum_n B_t[n] gh_t[n, :]
+            _bmm(gh, du[t].transpose(-1, -2), out=g_B[t])       # sum_d gh_t[:, d] du_t[d]
+            _bmm(states[t], g[t].transpose(-1, -2), out=g_C[t])  # sum_d h_t[:, d] gy_t[d]
             torch.mul(gh, e, out=k)                              # passed on to position t - 1
             torch.mul(k, states[t - 1] if t else enter, out=w)  # gh_t exp(d_t A) h_{t-1}
-            dA.addcmul_(w, d_t)
-            torch.sum(w.mul_(A2), dim=-2, keepdim=True, out=g_d[:, t])
+            dA.addcmul_(w, d[t])
+            torch.sum(w.mul_(A2), dim=-2, keepdim=True, out=g_d[t])
         # d exp2(d A2) / dd = ln2 A2 exp2(d A2); du = d u
         g_d.mul_(_LN2).addcmul_(g_du, us)
         g_u = _from_steps(g_du.mul_(d), length)
