@@ -38,7 +38,7 @@ __all__ = ['selective_scan', 'selective_scan_ref', 'selective_scan_chunked', 'se
            'selective_scan_segsum']
 
 
-def _auto_chunk(length: int, width: int | None = None) -> int:
+def _auto_chunk(length: int) -> int:
     """The chunk size when none is given: the power of two nearest 2 sqrt(L), within [16, 256].
 
     Chosen by measurement (eval/scan_bench.py, docs/mamba_yolo.md): at the T model's stride-4 stage at
@@ -336,7 +336,7 @@ def selective_scan_chunked(u, delta, A, B, C, D=None, delta_bias=None, delta_sof
     out_dtype = u.dtype
     u, delta, A, B, C, D, bias = _check(u, delta, A, B, C, D, delta_bias)
     bsz, kd, length = u.shape
-    chunk = min(chunk_size or _auto_chunk(length, bsz * kd * A.shape[1]), length)
+    chunk = min(chunk_size or _auto_chunk(length), length)
     return _ChunkedScan.apply(u, delta, A, B, C, D, bias, delta_softplus, chunk).to(out_dtype)
 
 
