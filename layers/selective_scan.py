@@ -198,9 +198,11 @@ def _decay(d_t, A2, out):
     return torch.mul(d_t, A2, out=out).exp2_()
 
 
-def _bmm(a, b, out):
-    """Batched matrix product over the leading (nc, B, G) dims of step slabs, viewed as one batch dim."""
-    return torch.bmm(a.reshape(-1, *a.shape[-2:]), b.reshape(-1, *b.shape[-2:]), out=out.view(-1, *out.shape[-2:]))
+def _mats(x: torch.Tensor, transpose: bool = False) -> torch.Tensor:
+    """Step tensor (T, nc, B, G, a, b) -> (T, M, a, b) (or a slab (nc, B, G, a, b) -> (M, a, b)), M = nc B G:
+    a view for torch.bmm, the last two dims swapped if ``transpose`` (made once, outside the loops)."""
+    x = x.flatten(-5, -3)
+    return x.transpose(-1, -2) if transpose else x
 
 
 def _chunk_ends(d, du, Bs, A2):
@@ -230,11 +232,13 @@ def _chunk_states(d, du, Bs, Cs, A2, enter, states=None):
     or, given ``states`` (T, nc, B, G, N, Dg), fills it with every h_t instead (for the backward)."""
     h, e = enter.clone(), torch.empty_like(enter)
     y = None if states is not None else d.new_empty(d.shape)
+    if states is None:
+        hm, ym, cm = _mats(h), _mats(y), _mats(Cs, transpose=True)
     for t, (d_t, du_t, b_t) in enumerate(zip(d, du, Bs)):
         _decay(d_t, A2, e)
         if states is None:
             h.mul_(e).addcmul_(du_t, b_t)
-            _bmm(Cs[t].transpose(-1, -2), h, out=y[t])          # (.., 1, N) @ (.., N, Dg) -> (.., 1, Dg)
+            torch.bmm(cm[t], hm, out=ym[t])                      # (M, 1, N) @ (M, N, Dg) -> (M, 1, Dg)
         else:
             h = torch.mul(h, e, out=states[t]).addcmul_(du_t, b_t)
     return y
@@ -299,12 +303,14 @@ class _ChunkedScan(torch.autograd.Function):
         k = _carry(k, span, reverse=True)
         gh, w, dA = torch.empty_like(k), torch.empty_like(k), torch.zeros_like(k)
         g_d, g_du, g_B, g_C = torch.empty_like(d), torch.empty_like(du), torch.empty_like(Bs), torch.empty_like(Cs)
+        ghm, g_dum, g_Bm, g_Cm, sm = _mats(gh), _mats(g_du), _mats(g_B), _mats(g_C), _mats(states)
+        bm, dum, gm = _mats(Bs, transpose=True), _mats(du, transpose=True), _mats(g, transpose=True)
         for t in range(steps - 1, -1, -1):
             _decay(d[t], A2, e)
             torch.addcmul(k, Cs[t], g[t], out=gh)                # gh_t, the whole adjoint of h_t
-            _bmm(Bs[t].transpose(-1, -2), gh, out=g_du[t])      # sum_n B_t[n] gh_t[n, :]
-            _bmm(gh, du[t].transpose(-1, -2), out=g_B[t])       # sum_d gh_t[:, d] du_t[d]
-            _bmm(states[t], g[t].transpose(-1, -2), out=g_C[t])  # sum_d h_t[:, d] gy_t[d]
+            torch.bmm(bm[t], ghm, out=g_dum[t])                  # sum_n B_t[n] gh_t[n, :]
+            torch.bmm(ghm, dum[t], out=g_Bm[t])                  # sum_d gh_t[:, d] du_t[d]
+            torch.bmm(sm[t], gm[t], out=g_Cm[t])                 # sum_d h_t[:, d] gy_t[d]
             torch.mul(gh, e, out=k)                              # passed on to position t - 1
             torch.mul(k, states[t - 1] if t else enter, out=w)  # gh_t exp(d_t A) h_{t-1}
             dA.addcmul_(w, d[t])
