@@ -51,10 +51,16 @@ def conv_bn(in_chs, out_chs, kernel_size=1, stride=1, groups=1, bias=False, conv
 
 
 def cross_scan(x: torch.Tensor) -> torch.Tensor:
-    """(B, D, H, W) -> (B, 4, D, H*W): row-major, column-major, and both reversed."""
-    rows = x.flatten(2)                                   # b d h w -> b d (h w)
-    cols = x.transpose(2, 3).flatten(2)                   # b d h w -> b d (w h)
-    return torch.stack([rows, cols, rows.flip(-1), cols.flip(-1)], dim=1)
+    """(B, D, H, W) -> (B, 4, D, H*W): row-major, column-major, and both reversed.
+
+    Returned as a view of (B, H*W, 4, D) memory ("L-major"): the projections read it as rows of 4 D
+    channels and the selective scan takes it without a transpose.
+    """
+    b, d, h, w = x.shape
+    rows = x.permute(0, 2, 3, 1).reshape(b, h * w, d)      # b d h w -> b (h w) d
+    cols = x.permute(0, 3, 2, 1).reshape(b, w * h, d)      # b d h w -> b (w h) d
+    xs = torch.stack([rows, cols, rows.flip(1), cols.flip(1)], dim=2)   # (B, L, 4, D)
+    return xs.permute(0, 2, 3, 1)                          # b l k d -> b k d l (a view)
 
 
 def cross_merge(ys: torch.Tensor) -> torch.Tensor:
@@ -111,20 +117,25 @@ class SS2D(nn.Module):
         return {'A_logs', 'Ds'}
 
     def scan(self, x: torch.Tensor) -> torch.Tensor:
-        """Cross selective scan: (B, D, H, W) -> (B, H, W, D), out_norm included."""
+        """Cross selective scan: (B, D, H, W) -> (B, H, W, D), out_norm included.
+
+        Laid out position-major throughout ((B, L, K, D) memory, the (B, K*D, L) tensors the scan takes are
+        transposed views): the chunked scan works position-major, so no (K*D, L) transpose is copied.
+        """
         b, d, h, w = x.shape
         k, r, n = self.k, self.dt_rank, self.d_state
-        xs = cross_scan(x)                                                      # (B, K, D, L)
-        x_dbl = torch.einsum('bkdl,kcd->bkcl', xs, self.x_proj_weight)          # (B, K, R + 2N, L)
-        dts, bs, cs = torch.split(x_dbl, [r, n, n], dim=2)
-        dts = torch.einsum('bkrl,kdr->bkdl', dts, self.dt_projs_weight)         # (B, K, D, L)
-        ys = selective_scan(xs.reshape(b, k * d, h * w), dts.reshape(b, k * d, h * w),
-                            -torch.exp(self.A_logs.float()), bs, cs, self.Ds.float(),
-                            self.dt_projs_bias.reshape(-1).float(), delta_softplus=True,
+        xs = cross_scan(x).permute(0, 3, 1, 2)                                 # b k d l -> b l k d (a view)
+        x_dbl = torch.einsum('blkd,kcd->blkc', xs, self.x_proj_weight)          # (B, L, K, R + 2N)
+        dts, bs, cs = torch.split(x_dbl, [r, n, n], dim=3)
+        dts = torch.einsum('blkr,kdr->blkd', dts, self.dt_projs_weight)         # (B, L, K, D)
+        ys = selective_scan(xs.reshape(b, h * w, k * d).transpose(1, 2),        # b l (k d) -> b (k d) l
+                            dts.reshape(b, h * w, k * d).transpose(1, 2),
+                            -torch.exp(self.A_logs.float()), bs.permute(0, 2, 3, 1), cs.permute(0, 2, 3, 1),
+                            self.Ds.float(), self.dt_projs_bias.reshape(-1).float(), delta_softplus=True,
                             method=self.scan_method, chunk_size=self.chunk_size)  # (B, K*D, L)
-        y = cross_merge(ys.view(b, k, d, h, w))                                 # (B, D, L)
+        y = cross_merge(ys.reshape(b, k, d, h, w))                              # (B, D, L)
         y = self.out_norm(y.transpose(1, 2))                                    # (B, L, D)
-        return y.view(b, h, w, d).to(x.dtype)
+        return y.reshape(b, h, w, d).to(x.dtype)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x, z = self.in_proj(x).chunk(2, dim=1)                                  # 2 x (B, D, H, W)

@@ -165,7 +165,10 @@ def _l_major(x: torch.Tensor, chunk: int) -> torch.Tensor:
     """(B, R, L) -> (nc T, B R), zero-padded to a multiple of ``chunk`` (a blocked 2-D transpose)."""
     b, r, length = x.shape
     out = x.new_empty(length + (-length) % chunk, b * r)
-    out[:length].copy_(x.reshape(b * r, length).t())            # b r l -> l (b r)
+    if x.stride(1) == 1:  # already position-major memory (SS2D's layout): copies of whole rows
+        out[:length].view(length, b, r).copy_(x.permute(2, 0, 1))   # b r l -> l b r
+    else:
+        out[:length].copy_(x.reshape(b * r, length).t())         # b r l -> l (b r)
     out[length:].zero_()
     return out
 
@@ -187,10 +190,11 @@ def _shape(x: torch.Tensor, bsz: int, groups: int, state: bool = False) -> torch
 
 
 def _from_steps(y: torch.Tensor, length: int) -> torch.Tensor:
-    """(T, nc, B, G, ., .) -> (B, R, L): the inverse of :func:`_steps`, padding dropped."""
+    """(T, nc, B, G, ., .) -> (B, R, L): the inverse of :func:`_steps`, padding dropped. The result is a
+    transposed view of (L, B, R) memory (position-major, as SS2D reads it), not a contiguous tensor."""
     steps, nc, b = y.shape[:3]
-    flat = y.transpose(0, 1).reshape(nc * steps, -1)[:length]  # T nc b g x y -> l (b r)
-    return flat.t().contiguous().view(b, -1, length)
+    flat = y.transpose(0, 1).reshape(nc * steps, b, -1)[:length]   # T nc b g x y -> l b r
+    return flat.permute(1, 2, 0)
 
 
 def _decay(d_t, A2, out):
