@@ -39,13 +39,16 @@ __all__ = ['selective_scan', 'selective_scan_ref', 'selective_scan_chunked', 'se
 
 
 def _auto_chunk(length: int) -> int:
-    """The chunk size when none is given: the power of two nearest 2 sqrt(L), within [16, 256].
+    """The chunk size when none is given: one chunk up to L = 128, else the power of two nearest 2 sqrt(L)
+    within [16, 256].
 
-    Chosen by measurement (eval/scan_bench.py, docs/mamba_yolo.md): at the T model's stride-4 stage at
-    320 px (L = 6400) chunks of 128 and 256 were fastest (32: 0.82x, 64: 0.73x of chunk 128's speed, under
-    load); 2 T + L / T steps alone would favour sqrt(L), but the per-step work shrinks with T.
+    Chosen by measurement (``python -m zoo.eval.scan_bench scan --stride 4|8|16|32``, docs/mamba_yolo.md):
+    the chunked scan is flat within noise from 32 to 512 at L = 6400 (stride 4 at 320 px) and best near
+    2 sqrt(L) at L = 1600 and 400; at L = 100 one chunk (no first pass, no carry) was fastest.
     """
-    return int(min(256, max(16, 2 ** round(math.log2(max(1.0, 2 * math.sqrt(length)))))))
+    if length <= 128:
+        return max(1, length)
+    return int(min(256, max(16, 2 ** round(math.log2(2 * math.sqrt(length))))))
 
 
 def _check(u, delta, A, B, C, D, delta_bias):
@@ -213,21 +216,25 @@ def _chunk_ends(d, du, Bs, A2):
     """Pass 1: every chunk from a zero state to its end state, all chunks per step. -> (nc, B, G, N, Dg)."""
     slab = d.shape[1:4] + A2.shape[-2:]
     h, e = d.new_zeros(slab), d.new_empty(slab)
+    if not len(h):
+        return h
     for d_t, du_t, b_t in zip(d, du, Bs):
         h.mul_(_decay(d_t, A2, e)).addcmul_(du_t, b_t)          # h = exp(d A) h + (d u) B
     return h
 
 
 def _carry(ends, span, reverse=False):
-    """The state entering every chunk from the chunk-local end states (L / T small steps).
+    """The state entering every chunk (nc of them) from nc - 1 chunk-local end states (L / T small steps).
 
-    Forward: enter[c] = span[c-1] enter[c-1] + ends[c-1]; reverse (adjoints, from the right):
+    Forward, ``ends``/``span`` of chunks 0 .. nc-2: enter[c] = span[c-1] enter[c-1] + ends[c-1].
+    Reverse (adjoints, from the right), ``ends``/``span`` of chunks 1 .. nc-1 (row i is chunk i + 1):
     enter[c] = span[c+1] enter[c+1] + ends[c+1]. ``span`` is the decay across a whole chunk.
     """
-    enter, nc = torch.zeros_like(ends), ends.shape[0]
+    nc = ends.shape[0] + 1
+    enter = ends.new_zeros((nc,) + ends.shape[1:])
     for c in (range(nc - 2, -1, -1) if reverse else range(1, nc)):
-        p = c + 1 if reverse else c - 1
-        torch.addcmul(ends[p], span[p], enter[p], out=enter[c])
+        torch.addcmul(ends[c if reverse else c - 1], span[c if reverse else c - 1], enter[c + 1 if reverse else c - 1],
+                      out=enter[c])
     return enter
 
 
@@ -282,7 +289,8 @@ class _ChunkedScan(torch.autograd.Function):
         Bs, Cs = (_steps(x.flatten(1, 2), chunk, groups, state=True) for x in (B, C))  # b g n l -> b (g n) l
         A2 = (A * _LOG2E).view(groups, -1, A.shape[1]).transpose(1, 2).contiguous()   # (G, N, Dg)
         span = torch.exp2(d.sum(0) * A2)                        # decay across each whole chunk
-        enter = _carry(_chunk_ends(d, du, Bs, A2), span)
+        # the last chunk's end state is never used: pass 1 runs on the others (not at all for one chunk)
+        enter = _carry(_chunk_ends(d[:, :-1], du[:, :-1], Bs[:, :-1], A2), span[:-1])
         y = _from_steps(_chunk_states(d, du, Bs, Cs, A2, enter), length)
         if D is not None:
             y.addcmul_(u, D[:, None])
@@ -299,12 +307,14 @@ class _ChunkedScan(torch.autograd.Function):
         steps = d.shape[0]
         states = d.new_empty((steps,) + enter.shape)            # (T, nc, B, G, N, Dg): every h_t
         _chunk_states(d, du, Bs, Cs, A2, enter, states)
-        e, k = torch.empty_like(enter), torch.zeros_like(enter)
-        # reverse pass 1: the adjoint each chunk passes to the left, from zero beyond its end.
-        # k is the adjoint arriving at position t from the right; gh_t = k + C_t gy_t, then k = exp(d_t A) gh_t
-        for t in range(steps - 1, -1, -1):
-            k.addcmul_(Cs[t], g[t]).mul_(_decay(d[t], A2, e))
-        k = _carry(k, span, reverse=True)
+        # reverse pass 1: the adjoint each chunk passes to the left, from zero beyond its end (chunk 0's
+        # is never used). k is the adjoint arriving at position t from the right; gh_t = k + C_t gy_t, then
+        # k = exp(d_t A) gh_t
+        k, e = torch.zeros_like(enter[1:]), torch.empty_like(enter[1:])
+        if len(k):
+            for t in range(steps - 1, -1, -1):
+                k.addcmul_(Cs[t, 1:], g[t, 1:]).mul_(_decay(d[t, 1:], A2, e))
+        k, e = _carry(k, span[1:], reverse=True), torch.empty_like(enter)
         gh, w, dA = torch.empty_like(k), torch.empty_like(k), torch.zeros_like(k)
         g_d, g_du, g_B, g_C = torch.empty_like(d), torch.empty_like(du), torch.empty_like(Bs), torch.empty_like(Cs)
         ghm, g_dum, g_Bm, g_Cm, sm = _mats(gh), _mats(g_du), _mats(g_B), _mats(g_C), _mats(states)

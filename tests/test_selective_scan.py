@@ -117,7 +117,8 @@ def test_gradcheck_chunked():
 
 
 def test_auto_chunk_and_errors():
-    assert _auto_chunk(6400) == 128 and _auto_chunk(1024) == 64 and _auto_chunk(10) == 16 and _auto_chunk(10 ** 6) == 256
+    assert _auto_chunk(6400) == 128 and _auto_chunk(1024) == 64 and _auto_chunk(10 ** 6) == 256
+    assert _auto_chunk(100) == 100 and _auto_chunk(129) == 32 and _auto_chunk(400) == 32
     t = _inputs(length=10)
     with pytest.raises(ValueError, match='unknown scan method'):
         selective_scan(**t, method='fast')
@@ -129,11 +130,13 @@ def test_auto_chunk_and_errors():
         selective_scan(**t, method='cuda')
 
 
-@pytest.mark.parametrize('kw', [dict(), dict(delta_softplus=False), dict(delta_bias=None, D=None), dict(groups=1)])
+@pytest.mark.parametrize('kw', [dict(), dict(delta_softplus=False), dict(delta_bias=None, D=None), dict(groups=1),
+                                dict(chunk=16)])
 def test_gradcheck_hand_written_backward_options(kw):
     """The chunked scan's backward is written by hand (``_ChunkedScan``): gradcheck it in float64 with the
-    options off one at a time, a chunk that does not divide L (padding) and B/C given as one (B, N, L) group."""
-    groups = kw.pop('groups', 2)
+    options off one at a time, a chunk that does not divide L (padding), one chunk (no first pass, no carry)
+    and B/C given as one (B, N, L) group."""
+    groups, chunk = kw.pop('groups', 2), kw.pop('chunk', 4)
     t = _inputs(b=2, groups=groups, dg=2, n=3, length=11, a_scale=2.0)
     if groups == 1:
         t['B'], t['C'] = t['B'][:, 0], t['C'][:, 0]
@@ -142,7 +145,7 @@ def test_gradcheck_hand_written_backward_options(kw):
     t.update(kw)
     names = [k for k, v in t.items() if isinstance(v, torch.Tensor)]
     args = tuple(t[k].requires_grad_(True) for k in names)
-    assert torch.autograd.gradcheck(lambda *a: selective_scan(**dict(t, **dict(zip(names, a))), chunk_size=4), args)
+    assert torch.autograd.gradcheck(lambda *a: selective_scan(**dict(t, **dict(zip(names, a))), chunk_size=chunk), args)
 
 
 def test_hand_written_backward_equals_autograd_large_A_long_L():
