@@ -97,10 +97,10 @@ def scan_rows(size: int = 320, stride: int = 4, chunks=(32, 64, 128, 256, 512), 
     return rows
 
 
-def _mamba(method: str):
+def _mamba(method: str, name: str = 'mamba_yolo_t'):
     import zoo
     torch.manual_seed(0)
-    return zoo.create('mamba_yolo_t', scan_method=method).eval()
+    return zoo.create(name, scan_method=method).eval()
 
 
 def model_rows(sizes=(320, 640), repeats: int = 5, loop_repeats: int = 1, conv: bool = True) -> list[dict]:
@@ -131,11 +131,11 @@ def model_rows(sizes=(320, 640), repeats: int = 5, loop_repeats: int = 1, conv: 
     return rows
 
 
-def share_rows(sizes=(320, 640), repeats: int = 3) -> list[dict]:
+def share_rows(sizes=(320, 640), repeats: int = 3, name: str = 'mamba_yolo_t') -> list[dict]:
     """Share of ``mamba_yolo_t``'s eval forward spent inside SS2D modules and inside the selective scan itself
     (timed with forward hooks and a wrapper around the scan function: wall time, one thread per default)."""
     from zoo.layers import mamba
-    model = _mamba('chunked')
+    model = _mamba('chunked', name)
     spent = {'ss2d': 0.0, 'scan': 0.0}
     stack = []
 

@@ -171,3 +171,14 @@ def test_inference_mode_and_no_grad_give_the_same_values():
         assert torch.equal(selective_scan(**t, chunk_size=16), ref)
     with torch.no_grad():
         assert torch.equal(selective_scan(**t, chunk_size=16), ref)
+
+
+def test_scan_bench_rows_and_share_are_consistent():
+    """eval/scan_bench at toy sizes (no timing asserted): every candidate is exact against the float64
+    scan, and the SS2D / scan shares of a Mamba-YOLO's time are nested fractions."""
+    from zoo.eval import scan_bench
+    rows = scan_bench.scan_rows(size=32, stride=4, chunks=(4, 8), repeats=1, modes=('inference',))
+    assert {r['case'] for r in rows} == {'sequential', 'chunked/4', 'chunked/8', 'chunked_autograd/64'}  # auto: one chunk
+    assert all(float(r['max_abs_err']) < 1e-4 for r in rows)
+    (share,) = scan_bench.share_rows(sizes=(64,), repeats=1, name='mamba_yolo_tiny')
+    assert 0 < share['scan_share'] <= share['ss2d_share'] <= 1
