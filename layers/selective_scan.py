@@ -155,7 +155,7 @@ def _carry_and_read(h_local, dA, C6, length, bsz, kd):
 
 # ------------------------------------------------------------------------- the fast chunked scan
 # Everything below works on a "step layout": position p = c T + t (chunk c, step t) of a (B, R, L) tensor
-# is stored at [t, c] of a contiguous (T, nc, B, R) tensor, so one step of the loops (position t of every
+# is stored at [t, c] of a contiguous (T, nc, B, R) tensor (:func:`_steps`), so one step of the loops (position t of every
 # chunk) reads one contiguous slab [t]. The recurrence runs on (nc, B, G, N, Dg) slabs: states before
 # channels, so the broadcasts (a step size per channel, a B_t per state) run along the contiguous channel
 # axis, and the contractions over N or Dg are batched matrix products on views. Slabs are preallocated and
@@ -164,32 +164,32 @@ def _carry_and_read(h_local, dA, C6, length, bsz, kd):
 _LOG2E, _LN2 = 1.4426950408889634, 0.6931471805599453
 
 
-def _l_major(x: torch.Tensor, chunk: int) -> torch.Tensor:
-    """(B, R, L) -> (nc T, B R), zero-padded to a multiple of ``chunk`` (a blocked 2-D transpose)."""
-    b, r, length = x.shape
-    out = x.new_empty(length + (-length) % chunk, b * r)
-    if x.stride(1) == 1:  # already position-major memory (SS2D's layout): copies of whole rows
-        out[:length].view(length, b, r).copy_(x.permute(2, 0, 1))   # b r l -> l b r
-    else:
-        out[:length].copy_(x.reshape(b * r, length).t())         # b r l -> l (b r)
-    out[length:].zero_()
-    return out
-
-
-def _t_major(x: torch.Tensor, chunk: int) -> torch.Tensor:
-    """(nc T, B R) -> (T, nc, B R), contiguous (a copy of whole rows)."""
-    return x.view(-1, chunk, x.shape[-1]).transpose(0, 1).contiguous()
-
-
 def _steps(x: torch.Tensor, chunk: int, groups: int, state: bool = False) -> torch.Tensor:
-    """(B, R, L) -> (T, nc, B, G, 1, R/G), or (T, nc, B, G, R/G, 1) if ``state``; zero-padded to nc T."""
-    return _shape(_t_major(_l_major(x, chunk), chunk), x.shape[0], groups, state)
+    """(B, R, L) or (B, G, N, L) -> (T, nc, B, G, 1, R/G), or (T, nc, B, G, R/G, 1) if ``state``; contiguous,
+    zero-padded to nc T positions. One copy of whole rows when ``x`` is position-major in memory (SS2D's
+    layout); a (.., L)-contiguous ``x`` is first turned position-major by a blocked 2-D transpose."""
+    b, length = x.shape[0], x.shape[-1]
+    if x.stride(-1) == 1 and length > 1:
+        src = x.reshape(-1, length).t().contiguous().view(length, *x.shape[:-1])   # b ... l -> l b ...
+    else:
+        src = x.movedim(-1, 0)                                   # b ... l -> l b ... (a view)
+    full, rem = divmod(length, chunk)
+    out = x.new_empty((chunk, full + (rem > 0)) + src.shape[1:])
+    if full:                                                     # (nc T) b ... -> T nc b ...
+        out[:, :full].copy_(src[:full * chunk].unflatten(0, (full, chunk)).transpose(0, 1))
+    if rem:
+        out[:rem, full].copy_(src[full * chunk:])
+        out[rem:, full].zero_()
+    r = out[0, 0, 0].numel() // groups
+    return out.view(*out.shape[:3], groups, *((r, 1) if state else (1, r)))
 
 
-def _shape(x: torch.Tensor, bsz: int, groups: int, state: bool = False) -> torch.Tensor:
-    """(T, nc, B R) -> (T, nc, B, G, 1, R/G), or (T, nc, B, G, R/G, 1) if ``state`` (a view)."""
-    r = x.shape[-1] // bsz // groups
-    return x.view(*x.shape[:2], bsz, groups, *((r, 1) if state else (1, r)))
+def _zero_padding_(x: torch.Tensor, length: int) -> torch.Tensor:
+    """Zero the padded positions (after ``length``) of a step tensor (T, nc, ...), in place."""
+    rem = length - (x.shape[1] - 1) * x.shape[0]
+    if rem < x.shape[0]:
+        x[rem:, -1] = 0
+    return x
 
 
 def _from_steps(y: torch.Tensor, length: int) -> torch.Tensor:
@@ -278,15 +278,15 @@ class _ChunkedScan(torch.autograd.Function):
     def forward(ctx, u, delta, A, B, C, D, delta_bias, delta_softplus: bool, chunk: int):
         bsz, kd, length = u.shape
         groups = B.shape[1]
-        d = _l_major(delta, chunk)                               # (nc T, B KD)
+        d = _steps(delta, chunk, groups)                         # (T, nc, B, G, 1, Dg)
         if delta_bias is not None:
-            d.view(-1, bsz, kd).add_(delta_bias)
+            d.add_(delta_bias.view(groups, 1, -1))
         if delta_softplus:
-            _softplus_(d)[length:] = 0                           # padded positions: decay 1, input 0
-        d = _shape(_t_major(d, chunk), bsz, groups)              # (T, nc, B, G, 1, Dg)
+            _softplus_(d)
+        _zero_padding_(d, length)                                # padded positions: decay 1, input 0
         us = _steps(u, chunk, groups)
         du = us * d
-        Bs, Cs = (_steps(x.flatten(1, 2), chunk, groups, state=True) for x in (B, C))  # b g n l -> b (g n) l
+        Bs, Cs = (_steps(x, chunk, groups, state=True) for x in (B, C))   # (T, nc, B, G, N, 1)
         A2 = (A * _LOG2E).view(groups, -1, A.shape[1]).transpose(1, 2).contiguous()   # (G, N, Dg)
         span = torch.exp2(d.sum(0) * A2)                        # decay across each whole chunk
         # the last chunk's end state is never used: pass 1 runs on the others (not at all for one chunk)
@@ -303,7 +303,7 @@ class _ChunkedScan(torch.autograd.Function):
         u, us, d, du, Bs, Cs, A2, enter, span, D = ctx.saved_tensors
         has_bias, softplus, chunk, length = ctx.setup
         groups = Bs.shape[3]
-        g = _steps(gy.contiguous(), chunk, groups)               # (T, nc, B, G, 1, Dg)
+        g = _steps(gy, chunk, groups)                            # (T, nc, B, G, 1, Dg)
         steps = d.shape[0]
         states = d.new_empty((steps,) + enter.shape)            # (T, nc, B, G, N, Dg): every h_t
         _chunk_states(d, du, Bs, Cs, A2, enter, states)
