@@ -124,10 +124,10 @@ def model_rows(sizes=(320, 640), repeats: int = 5, loop_repeats: int = 1, conv: 
             times[k] += t
         ref = statistics.median(times['mamba_yolo_t'])
         for k, t in times.items():
-            m = {**fast, **slow}[k]
+            macs = count_macs(fast[k], (3, size, size)) / 1e9 if k in fast else None   # the loop model: same MACs
             rows.append(_print(dict(size=size, model=k, median_ms=_median_ms(t), repeats=len(t),
                                     vs_mamba_yolo_t=round(statistics.median(t) / ref, 2),
-                                    gmacs=round(count_macs(m, (3, size, size)) / 1e9, 2) if k != 'mamba_yolo_t/loop' else '')))
+                                    gmacs=round(macs, 2) if macs else '')))
     return rows
 
 
