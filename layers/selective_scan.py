@@ -18,9 +18,11 @@ head" matrix form does not apply. Candidates (measured in ``eval/scan_bench.py``
 - ``'chunked'`` (default): the sequence is cut into chunks of ``T``; a sequential pass runs *inside*
   every chunk at once (T steps on tensors holding all chunks) to get each chunk's end state, the states
   are carried across chunks (L/T cheap steps), and a second pass re-runs the chunks from their true
-  entering states, reading y. Decays and inputs are formed per step (cache-sized). About 2 sqrt(L) steps.
-- ``'stored'``: the same passes with every decay exp(d A) and input d B u formed up front (one
-  exponential per element, but (L, N, D) tensors through memory): measured slower on the CPU.
+  entering states, reading y. Decays and inputs are formed per step (cache-sized), in place, on
+  position-major slabs; a custom autograd Function with a hand-written backward (the adjoint is a reverse
+  linear recurrence, chunked the same way). About 2 sqrt(L) steps.
+- ``'chunked_autograd'``: the same passes as plain tensor ops under autograd (the previous default; the
+  A/B baseline of the benchmark and a check of the hand-written backward).
 - ``'segsum'``: inside a chunk, ``h_t = sum_{s<=t} exp(S_t - S_s) * dBu_s`` as a masked (T x T) product
   (exponents never positive); same carry. Work grows with T.
 
