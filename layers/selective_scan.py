@@ -447,8 +447,10 @@ def selective_scan(u, delta, A, B, C, D=None, delta_bias=None, delta_softplus=Tr
 
     u, delta: (batch, KD, L); A: (KD, N); B, C: (batch, G, N, L) shared by the KD/G channels of each
     group (or (batch, N, L) for one group); D, delta_bias: (KD,) or None. Returns (batch, KD, L) in
-    u's dtype. ``method`` is ``'chunked'`` (default), ``'sequential'`` (the reference), ``'segsum'`` or
-    ``'cuda'`` (mamba-ssm's kernel, if installed and the tensors are on a GPU; else an error).
+    u's dtype. ``method`` is ``'chunked'`` (default), ``'chunked_autograd'``, ``'sequential'`` (the reference),
+    ``'segsum'`` or ``'cuda'`` (mamba-ssm's kernel, if installed and the tensors are on a GPU; else an error).
+    The chunked result is a transposed view of position-major (L, batch, KD) memory: ``reshape``, not ``view``.
+    Inputs in that layout (as SS2D passes them) are read without a transpose.
     """
     if method == 'cuda':
         fn = _cuda_kernel()
