@@ -51,10 +51,16 @@ def conv_bn(in_chs, out_chs, kernel_size=1, stride=1, groups=1, bias=False, conv
 
 
 def cross_scan(x: torch.Tensor) -> torch.Tensor:
-    """(B, D, H, W) -> (B, 4, D, H*W): row-major, column-major, and both reversed."""
-    rows = x.flatten(2)                                   # b d h w -> b d (h w)
-    cols = x.transpose(2, 3).flatten(2)                   # b d h w -> b d (w h)
-    return torch.stack([rows, cols, rows.flip(-1), cols.flip(-1)], dim=1)
+    """(B, D, H, W) -> (B, 4, D, H*W): row-major, column-major, and both reversed.
+
+    Returned as a view of (B, H*W, 4, D) memory ("L-major"): the projections read it as rows of 4 D
+    channels and the selective scan takes it without a transpose.
+    """
+    b, d, h, w = x.shape
+    rows = x.permute(0, 2, 3, 1).reshape(b, h * w, d)      # b d h w -> b (h w) d
+    cols = x.permute(0, 3, 2, 1).reshape(b, w * h, d)      # b d h w -> b (w h) d
+    xs = torch.stack([rows, cols, rows.flip(1), cols.flip(1)], dim=2)   # (B, L, 4, D)
+    return xs.permute(0, 2, 3, 1)                          # b l k d -> b k d l (a view)
 
 
 def cross_merge(ys: torch.Tensor) -> torch.Tensor:
@@ -62,13 +68,14 @@ def cross_merge(ys: torch.Tensor) -> torch.Tensor:
 
     ``ys[:, k]`` holds direction k's outputs laid out as its scan visited them, viewed as (H, W); the
     column-major ones are (W, H) sequences, un-transposed here. ``cross_merge(cross_scan(x)) == 4 x``.
+    Computed position-major ((B, H*W, 4, D), a view for SS2D's scan output) and returned as a transposed
+    view of (B, H*W, D) memory, which the LayerNorm over D reads as it is.
     """
     b, k, d, h, w = ys.shape
-    ys = ys.flatten(3)                                    # b k d h w -> b k d (h w)
-    fwd = ys[:, 0] + ys[:, 2].flip(-1)                    # row-major and its reverse
-    col = ys[:, 1] + ys[:, 3].flip(-1)                    # column-major sequences, (w h) order
-    col = col.view(b, d, w, h).transpose(2, 3).flatten(2)  # b d (w h) -> b d (h w)
-    return fwd + col
+    y = ys.permute(0, 3, 4, 1, 2).reshape(b, h * w, k, d)               # b k d h w -> b (h w) k d
+    fwd = y[:, :, 0] + y[:, :, 2].flip(1)                                # row-major and its reverse
+    col = (y[:, :, 1] + y[:, :, 3].flip(1)).view(b, w, h, d).transpose(1, 2)  # b (w h) d -> b h w d
+    return (fwd.view(b, h, w, d) + col).view(b, h * w, d).transpose(1, 2)   # b (h w) d -> b d (h w)
 
 
 # --------------------------------------------------------------------------------------------- SS2D
@@ -111,20 +118,27 @@ class SS2D(nn.Module):
         return {'A_logs', 'Ds'}
 
     def scan(self, x: torch.Tensor) -> torch.Tensor:
-        """Cross selective scan: (B, D, H, W) -> (B, H, W, D), out_norm included."""
+        """Cross selective scan: (B, D, H, W) -> (B, H, W, D), out_norm included.
+
+        Laid out position-major throughout ((B, L, K, D) memory, the (B, K*D, L) tensors the scan takes are
+        transposed views): the chunked scan works position-major, so no (K*D, L) transpose is copied.
+        """
         b, d, h, w = x.shape
-        k, r, n = self.k, self.dt_rank, self.d_state
-        xs = cross_scan(x)                                                      # (B, K, D, L)
-        x_dbl = torch.einsum('bkdl,kcd->bkcl', xs, self.x_proj_weight)          # (B, K, R + 2N, L)
-        dts, bs, cs = torch.split(x_dbl, [r, n, n], dim=2)
-        dts = torch.einsum('bkrl,kdr->bkdl', dts, self.dt_projs_weight)         # (B, K, D, L)
-        ys = selective_scan(xs.reshape(b, k * d, h * w), dts.reshape(b, k * d, h * w),
-                            -torch.exp(self.A_logs.float()), bs, cs, self.Ds.float(),
-                            self.dt_projs_bias.reshape(-1).float(), delta_softplus=True,
+        k, r, n, length = self.k, self.dt_rank, self.d_state, h * w
+        # (B, 4, D, L) as (K, B L, D): a view of cross_scan's (B, L, K, D) memory; batched products per direction
+        xs = cross_scan(x).permute(0, 3, 1, 2).reshape(b * length, k, d).transpose(0, 1)
+        x_dbl = torch.bmm(xs, self.x_proj_weight.transpose(1, 2))                 # (K, B L, R + 2N)
+        dts = torch.bmm(x_dbl[..., :r], self.dt_projs_weight.transpose(1, 2))     # (K, B L, D)
+        dts = dts.transpose(0, 1).reshape(b, length, k * d)                       # k (b l) d -> b l (k d)
+        bs, cs = (x_dbl[..., i:i + n].view(k, b, length, n).permute(1, 0, 3, 2)  # k (b l) n -> b k n l
+                  for i in (r, r + n))
+        ys = selective_scan(xs.transpose(0, 1).reshape(b, length, k * d).transpose(1, 2),  # b (k d) l, a view
+                            dts.transpose(1, 2), -torch.exp(self.A_logs.float()), bs, cs,
+                            self.Ds.float(), self.dt_projs_bias.reshape(-1).float(), delta_softplus=True,
                             method=self.scan_method, chunk_size=self.chunk_size)  # (B, K*D, L)
-        y = cross_merge(ys.view(b, k, d, h, w))                                 # (B, D, L)
+        y = cross_merge(ys.reshape(b, k, d, h, w))                              # (B, D, L)
         y = self.out_norm(y.transpose(1, 2))                                    # (B, L, D)
-        return y.view(b, h, w, d).to(x.dtype)
+        return y.reshape(b, h, w, d).to(x.dtype)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x, z = self.in_proj(x).chunk(2, dim=1)                                  # 2 x (B, D, H, W)
