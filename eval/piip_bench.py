@@ -194,8 +194,9 @@ def compare_table(db: str, measure: bool = False, repeats: int = 30, threads: in
                   warmup: int = 3) -> list[dict]:
     """The side-by-side table of the CPU-scale comparison (issue 18 item 5) from the results database ``db``:
     per task and configuration (the recipe file), the seeds' final metrics (mean and 95 % Student-t half-width,
-    and each value), parameters, MACs (the runs' counter MACs plus PIIP's bilinear sampling) and batch-1 CPU
-    latency with its ratio to the single-branch baseline of the same task.
+    and each value), parameters, MACs (the runs' counter MACs plus PIIP's bilinear sampling; for a detector also
+    its backbone's alone, where the compared models differ) and batch-1 CPU latency, with ratios to the
+    single-branch baseline of the same task.
 
     Latency comes from rows this function wrote (``measure=True``: every network is rebuilt from its runs'
     hyper-parameters and timed interleaved with the others of its task; ``run_id`` empty, keyed by the
@@ -222,6 +223,9 @@ def compare_table(db: str, measure: bool = False, repeats: int = 30, threads: in
                    macs=(int(counter_macs.iloc[0]) if len(counter_macs) else count_macs(net, (3, side, side)))
                    + (deform_sampling_macs(piip) if piip is not None else 0),
                    fingerprint=fingerprint(net), net=net)
+        backbone = getattr(net, 'backbone', None)    # a detector: its backbone alone, where the models differ
+        row['backbone_macs'] = (row['macs'] if backbone is None else count_macs(backbone, (3, side, side))
+                                + (deform_sampling_macs(piip) if piip is not None else 0))
         for metric in COMPARE_METRICS.get(task, ()):
             if metric in g:
                 vals = g.sort_values('seed')[metric].astype(float).tolist()
@@ -249,6 +253,7 @@ def compare_table(db: str, measure: bool = False, repeats: int = 30, threads: in
         base = next((i for i in idx if rows[i]['branches'] == 1), idx[0])
         for i in idx:
             rows[i]['macs_ratio'] = rows[i]['macs'] / rows[base]['macs']
+            rows[i]['backbone_macs_ratio'] = rows[i]['backbone_macs'] / rows[base]['backbone_macs']
             if 'latency_ms' in rows[i] and 'latency_ms' in rows[base]:
                 rows[i]['latency_ratio'] = rows[i]['latency_ms'] / rows[base]['latency_ms']
     for r in rows:
@@ -266,8 +271,8 @@ def format_compare(rows, db: str) -> str:
                 f"({', '.join(f'{100 * x:.1f}' for x in v['values'])})")
 
     lines = ['| task | config | branches | px | epochs | seeds | metric: mean ± 95 % t half-width (each seed) '
-             '| params | MMACs | MACs x | latency ms (IQR) | latency x |',
-             '|---|---|---|---|---|---|---|---|---|---|---|---|']
+             '| params | MMACs | MACs x | backbone MMACs (x) | latency ms (IQR) | latency x |',
+             '|---|---|---|---|---|---|---|---|---|---|---|---|---|']
     for r in rows:
         ms = ' / '.join(f'{m.split("/")[-1]} {metric(r, m)}' for m in COMPARE_METRICS.get(r['task'], ()) if m in r)
         lat = (f"{r['latency_ms']:.2f} ({r['iqr_ms']:.2f}; {r['threads']} thr, {r['measured_at']})"
@@ -275,7 +280,7 @@ def format_compare(rows, db: str) -> str:
         ratio = f"{r['latency_ratio']:.2f}" if 'latency_ratio' in r else ''
         lines.append(f"| {r['task']} / {r['dataset']} | {r['config']} | {r['branches']} | {r['side']} | {r['epochs']} "
                      f"| {','.join(map(str, r['seeds']))} | {ms} | {r['params'] / 1e6:.3f} M | {r['macs'] / 1e6:.1f} "
-                     f"| {r['macs_ratio']:.2f} | {lat} | {ratio} |")
+                     f"| {r['macs_ratio']:.2f} | {r['backbone_macs'] / 1e6:.1f} ({r['backbone_macs_ratio']:.2f}) | {lat} | {ratio} |")
     loads = sorted({r['load'] for r in rows if 'load' in r})
     if loads:
         lines.append('\nload average while timing (before, after): ' + '; '.join(f'{a:.2f}, {b:.2f}' for a, b in loads))

@@ -74,3 +74,22 @@ def test_compare_cli_errors(tmp_path, capsys):
     ResultsDB(f'sqlite:///{tmp_path / "empty.db"}')
     assert main(['compare', '--db', str(tmp_path / 'empty.db')]) == 2
     assert 'no finished fit runs' in capsys.readouterr().err
+
+
+def test_compare_detectors_count_their_backbones_apart(tmp_path):
+    db = ResultsDB(f'sqlite:///{tmp_path / "det.db"}')
+    for label, args in (('det3', _THREE), ('det1', _ONE_BRANCH)):
+        rid = db.start_run('yolo_det', task='detection', dataset='shapes_det', stage='fit', seed=0, max_epochs=1,
+                           recipe=f'{label}.yaml', config={'data': {'init_args': {'img_size': 64}}},
+                           hparams={'name': 'yolo_det', 'num_classes': 3, 'in_chans': 3,
+                                    'model_args': {'backbone': 'piip_tiny', 'backbone_kwargs': args,
+                                                   'neck_channels': [32, 64, 64]}})
+        db.log_metrics(rid, {'val/map50': 0.5, 'val/map': 0.25}, final=True)
+        db.finish_run(rid)
+    rows = {r['config']: r for r in compare_table(str(tmp_path / 'det.db'))}
+    d3, d1 = rows['det3'], rows['det1']
+    assert (d3['branches'], d1['branches']) == (3, 1)
+    assert d3['val/map50']['values'] == [0.5] and math.isnan(d3['val/map']['half'])
+    # the same neck and head on both: the whole detectors differ by what their backbones differ by
+    assert 0 < d3['backbone_macs'] < d3['macs'] and 0 < d1['backbone_macs'] < d1['macs']
+    assert d3['macs'] - d1['macs'] == d3['backbone_macs'] - d1['backbone_macs']
