@@ -39,6 +39,7 @@ def test_compare_reads_the_seeds_and_puts_ratios_beside_them(tmp_path):
     assert set(rows) == {'piip3', 'vit1'}
     p, v = rows['piip3'], rows['vit1']
     assert (p['branches'], v['branches'], p['seeds'], p['side']) == (3, 1, [0, 1, 2], 32)
+    assert v['seeds'] == [0, 1, 2]      # the failed run (seed 9) is left out
     acc = p['val/acc1']
     assert acc['values'] == pytest.approx(accs['piip3'])
     # Student t, 2 degrees of freedom: t_0.975 = 4.3027; sd of (0.5, 0.6, 0.7) = 0.1
