@@ -182,6 +182,14 @@ def _network_of_run(run):
     return net, int(run.config['data']['init_args']['img_size'])
 
 
+def _task_of_run(run) -> str | None:
+    """The task of a run that did not record one (a timm model has no registry record), from its metrics."""
+    for task, metrics in COMPARE_METRICS.items():
+        if any(m in run and run[m] == run[m] for m in metrics):     # x == x: not NaN
+            return task
+    return None
+
+
 def _piip_of(net):
     """The PIIP model inside a network (itself, or a detector's backbone), else None."""
     for m in (net, getattr(net, 'backbone', None)):
@@ -211,12 +219,14 @@ def compare_table(db: str, measure: bool = False, repeats: int = 30, threads: in
     runs = store.runs(status='finished', stage='fit')
     if runs.empty:
         raise ValueError(f'no finished fit runs in {db}')
+    runs['task'] = runs.task.fillna(runs.apply(_task_of_run, axis=1))  # timm models carry no task in the registry
     rows = []
-    for (task, dataset, recipe, key), g in runs.groupby(['task', 'dataset', 'recipe', 'config_key'], sort=False):
+    for (task, dataset, recipe, key), g in runs.groupby(['task', 'dataset', 'recipe', 'config_key'], sort=False,
+                                                        dropna=False):
         net, side = _network_of_run(g.iloc[0])
         piip = _piip_of(net)
         counter_macs = g.macs.dropna()
-        row = dict(task=task, dataset=dataset, config=os.path.basename(recipe).removesuffix('.yaml'),
+        row = dict(task=task, dataset=dataset, config=os.path.basename(str(recipe)).removesuffix('.yaml'),
                    model=g.model.iloc[0], branches=len(piip.branches) if piip is not None else 1, side=side,
                    epochs=int(g.max_epochs.iloc[0]), seeds=sorted(int(s) for s in g.seed),
                    params=count_params(net)['params'],
