@@ -131,7 +131,8 @@ def _print_ratios(rows, macs, res) -> None:
           f'{len(res[ref].times_ms)} interleaved repeats, batch 1')
     for name, _, _ in rows:
         lat = res[name]
-        print(f'{name:44s} median {lat.median_ms:9.2f} ms (IQR {lat.iqr_ms:7.2f})  latency x{lat.median_ms / res[ref].median_ms:5.2f}'
+        print(f'{name:44s} median {lat.median_ms:9.2f} ms (IQR {lat.iqr_ms:7.2f})  '
+              f'latency x{lat.median_ms / res[ref].median_ms:5.2f}'
               f'  MACs x{macs[name] / macs[ref]:5.2f}  (vs {ref.strip()})')
 
 
@@ -290,7 +291,8 @@ def format_compare(rows, db: str) -> str:
         ratio = f"{r['latency_ratio']:.2f}" if 'latency_ratio' in r else ''
         lines.append(f"| {r['task']} / {r['dataset']} | {r['config']} | {r['branches']} | {r['side']} | {r['epochs']} "
                      f"| {','.join(map(str, r['seeds']))} | {ms} | {r['params'] / 1e6:.3f} M | {r['macs'] / 1e6:.1f} "
-                     f"| {r['macs_ratio']:.2f} | {r['backbone_macs'] / 1e6:.1f} ({r['backbone_macs_ratio']:.2f}) | {lat} | {ratio} |")
+                     f"| {r['macs_ratio']:.2f} | {r['backbone_macs'] / 1e6:.1f} ({r['backbone_macs_ratio']:.2f}) "
+                     f"| {lat} | {ratio} |")
     loads = sorted({r['load'] for r in rows if 'load' in r})
     if loads:
         lines.append('\nload average while timing (before, after): ' + '; '.join(f'{a:.2f}, {b:.2f}' for a, b in loads))
