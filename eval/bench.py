@@ -24,6 +24,14 @@ def _build(name: str, vs: str | None, num_classes: int | None):
     return zoo.create(name, **kwargs).eval()
 
 
+def _reference(vs: str, model, num_classes: int | None):
+    """The ``--vs`` model: a zoo/timm name, or ``official:SOURCE[:CALLABLE]`` (eval/official.py)."""
+    if vs.startswith('official:'):  # the user's copy of the official code, with ``model``'s weights
+        from .official import build_official
+        return build_official(vs, model)
+    return _build(vs, None, num_classes)
+
+
 def input_size_of(name: str, img_size: int | None) -> tuple:
     if name.startswith('timm/'):
         size = (3, 224, 224)
@@ -51,7 +59,7 @@ def run(names: list[str], vs: str | None = None, batch_sizes=(1,), img_size: int
     for name in names:
         models = {name: _build(name, vs, num_classes)}
         if vs:
-            models[vs] = _build(vs, None, num_classes)
+            models[vs] = _reference(vs, models[name], num_classes)
         size = input_size_of(name, img_size)
         diff = max_logit_diff(models[name], models[vs], size) if vs else None
         static = {n: {**count_params(m), 'macs': count_macs(m, size), 'arch_fingerprint': fingerprint(m)}

@@ -2,7 +2,7 @@
 
     zoo list [PATTERN] [--family F] [--task T] [--blocks]
     zoo info NAME
-    zoo bench NAME... [--batch-size 1 16] [--img-size 224] [--vs timm/NAME] [--db URL]
+    zoo bench NAME... [--batch-size 1 16] [--img-size 224] [--vs timm/NAME|official:FILE.py[:CALLABLE]] [--db URL]
     zoo results [--task T] [--dataset D] [--model PATTERN] [--metric val/acc1] [--format table|csv|json|markdown]
                 [--plot pareto.png] [--aggregate] [--runs] [--db URL]
     zoo sweep recipes/sweeps/NAME.py [--n-trials N] [--n-jobs J] [--study-name S] [--db URL] [--trial-args '...']
@@ -161,7 +161,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser('bench', help='params, MACs and CPU latency, optionally against a reference')
     p.add_argument('names', nargs='+', metavar='NAME')
-    p.add_argument('--vs', help='reference model, e.g. timm/poolformer_s12 (run interleaved in one process)')
+    p.add_argument('--vs', help='reference model, run interleaved in one process: timm/NAME, a zoo NAME, or '
+                   'official:FILE.py[:CALLABLE] (your copy of the official code, given our weights; RaftMLP, Strip-MLP)')
     p.add_argument('--batch-size', type=int, nargs='+', default=[1])
     p.add_argument('--img-size', type=int)
     p.add_argument('--repeats', type=int, default=10)
