@@ -33,6 +33,7 @@ from einops import rearrange
 from torch import nn
 
 from zoo.layers import DropPath
+from zoo.layers.onednn import linear
 from zoo.layers.raft import RaftMixing, resize_grid
 
 from ._builder import ClassifierBase, FeatureInfo, build_model, check_image, select_features
@@ -113,7 +114,7 @@ class RaftBlock(nn.Module):
         # Inference: the residual writes the tokens stored as (B, w, h, C), where the next block's norm and
         # vertical mixing read them without a copy (logically still (B, h, w, C)).
         out = x.new_empty(x.shape[0], x.shape[2], x.shape[1], x.shape[3]).transpose(1, 2)
-        return torch.add(x, self.mlp(self.norm3(x)), out=out)
+        return torch.add(x, linear(linear(self.norm3(x), self.mlp[0], gelu=True), self.mlp[3]), out=out)
 
     def _raft_inference(self, x: torch.Tensor) -> torch.Tensor:
         """The two raft sub-blocks without autograd: the vertical residual is written in (B, h, w, C) memory
