@@ -1,4 +1,4 @@
-"""Linear layers through oneDNN in CPU inference: ``linear(x, layer, gelu=...)``.
+"""Linear layers and convolutions through oneDNN in CPU inference: ``linear``, ``conv_bn_act``.
 
 PyTorch runs an fp32 ``nn.Linear`` on the CPU through MKL's GEMM. oneDNN (which PyTorch also ships, and
 uses for convolutions) has its own fp32 GEMM and can apply GELU to the output while it is still in cache
@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-__all__ = ['linear', 'onednn_enabled']
+__all__ = ['linear', 'conv_bn_act', 'onednn_enabled']
 
 
 def onednn_enabled() -> bool:
@@ -39,3 +39,20 @@ def linear(x: torch.Tensor, layer: nn.Linear, gelu: bool = False) -> torch.Tenso
         return torch.ops.mkldnn._linear_pointwise(x.contiguous(), layer.weight, layer.bias, attr, [], algorithm)
     y = F.linear(x, layer.weight, layer.bias)
     return F.gelu(y) if gelu else y
+
+
+def conv_bn_act(x: torch.Tensor, conv: nn.Conv2d, bn: nn.BatchNorm2d | None = None, gelu: bool = False) -> torch.Tensor:
+    """``gelu(bn(conv(x)))`` (each part optional). In CPU inference (eval BN, no autograd) the BN is folded
+    into the convolution's weights and the GELU runs as a oneDNN post-op: one pass instead of three."""
+    if not (_use_onednn(x, conv.weight) and conv.padding_mode == 'zeros' and not isinstance(conv.padding, str)
+            and (bn is None or (not bn.training and bn.running_var is not None and bn.affine))):
+        y = conv(x) if bn is None else bn(conv(x))
+        return F.gelu(y) if gelu else y
+    weight, bias = conv.weight, conv.bias
+    if bn is not None:  # bn(y) = (y - mean) * weight / sqrt(var + eps) + bias, per output channel
+        scale = bn.weight * torch.rsqrt(bn.running_var + bn.eps)
+        weight = weight * scale.view(-1, *([1] * (weight.ndim - 1)))
+        bias = (-bn.running_mean if bias is None else bias - bn.running_mean) * scale + bn.bias
+    attr, algorithm = ('gelu', 'none') if gelu else ('none', '')
+    return torch.ops.mkldnn._convolution_pointwise(x.contiguous(), weight, bias, list(conv.padding), list(conv.stride),
+                                                   list(conv.dilation), conv.groups, attr, [], algorithm)

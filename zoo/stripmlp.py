@@ -38,6 +38,7 @@ from einops import rearrange
 from torch import nn
 
 from zoo.layers import DropPath
+from zoo.layers.onednn import linear
 from zoo.layers.strip import StripTokenMixer
 
 from ._builder import ClassifierBase, FeatureInfo, build_model, check_image, select_features
@@ -58,7 +59,7 @@ class GRN(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gx = torch.linalg.vector_norm(x, dim=(1, 2), keepdim=True)  # (B, 1, 1, C): L2 over the grid
         nx = gx / (gx.mean(dim=-1, keepdim=True) + self.eps)  # relative to the channel mean
-        return self.gamma * (x * nx) + self.beta + x
+        return torch.addcmul(self.beta, x, self.gamma * nx + 1)  # gamma * (x * nx) + beta + x, in one pass
 
 
 class ChannelMixing(nn.Module):
@@ -75,7 +76,10 @@ class ChannelMixing(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         t = rearrange(self.dwconv(x), 'b c h w -> b h w c')
-        t = self.fc2(self.grn(self.act(self.fc1(self.norm(t)))))
+        if type(self.act) is nn.GELU and self.act.approximate == 'none':  # oneDNN in inference, GELU fused
+            t = linear(self.grn(linear(self.norm(t), self.fc1, gelu=True)), self.fc2)
+        else:
+            t = self.fc2(self.grn(self.act(self.fc1(self.norm(t)))))
         return rearrange(t, 'b h w c -> b c h w')
 
 
