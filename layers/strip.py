@@ -113,7 +113,7 @@ class CascadeGroupStripMixing(nn.Module):
             rows = conv_bn_act(rows, self.fuse_h, self.norm, gelu=True) + self.pos_w()
         else:
             rows = self.act(self.norm(self.fuse_h(rows))) + self.pos_w()
-        return self.fuse_w(torch.cat([x, self.proj_w(rows)], dim=1))
+        return conv_bn_act(torch.cat([x, self.proj_w(rows)], dim=1), self.fuse_w)  # oneDNN in inference
 
 
 class LocalStripMixing(nn.Module):
@@ -159,7 +159,7 @@ class StripMLPBlock(nn.Module):
         else:
             x = self.act(self.norm(self.proj(x)))
         x1, x2 = x.chunk(2, dim=1)
-        return self.fuse(torch.cat([self.cgsmm(x1), self.lsmm(x2)], dim=1))
+        return conv_bn_act(torch.cat([self.cgsmm(x1), self.lsmm(x2)], dim=1), self.fuse)  # oneDNN in inference
 
 
 @register('token_mixer', 'strip', layout='nchw', fixed_size=True,
