@@ -54,5 +54,7 @@ def conv_bn_act(x: torch.Tensor, conv: nn.Conv2d, bn: nn.BatchNorm2d | None = No
         weight = weight * scale.view(-1, *([1] * (weight.ndim - 1)))
         bias = (-bn.running_mean if bias is None else bias - bn.running_mean) * scale + bn.bias
     attr, algorithm = ('gelu', 'none') if gelu else ('none', '')
-    return torch.ops.mkldnn._convolution_pointwise(x.contiguous(), weight, bias, list(conv.padding), list(conv.stride),
+    if not x.is_contiguous(memory_format=torch.channels_last):  # NCHW, or channels-last kept as it is
+        x = x.contiguous()
+    return torch.ops.mkldnn._convolution_pointwise(x, weight, bias, list(conv.padding), list(conv.stride),
                                                    list(conv.dilation), conv.groups, attr, [], algorithm)

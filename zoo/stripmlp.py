@@ -145,6 +145,9 @@ class StripMLP(ClassifierBase):
     def _stages(self, x: torch.Tensor) -> list[torch.Tensor]:
         check_image(x, self.in_chans, min_size=32, model=getattr(self, 'zoo_name', 'StripMLP'),
                     fixed_size=(self.img_size, self.img_size))
+        # Channels-last memory (logically still NCHW): the convolutions run on oneDNN's NHWC kernels and the
+        # channel MLP's (B, H, W, C) view is contiguous (no copy before its LayerNorm).
+        x = x.contiguous(memory_format=torch.channels_last)
         x1 = self.stages[0](self.patch_embed(x))       # (B, C, s/4, s/4)
         x = self.merging[0](x1)                         # (B, 2C, s/8, s/8)
         s1_16 = self.conv_s1_28(x)                      # (B, 4C, s/16, s/16)
