@@ -62,8 +62,8 @@ class RaftMixing(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """(B, H, W, C) tokens in any memory layout -> (B, H, W, C).
 
-        Computed as two batched matrix products on the tokens where they lie, instead of moving every raft
-        into a row of its own (``reference``, the plain form; same function). With the mixed axis L next to
+        Short rafts: computed as two batched matrix products on the tokens where they lie, instead of moving
+        every raft into a row of its own (``reference``, the plain form; same function). With the mixed axis L next to
         the channels, (L, C) = (L, r, co) memory is an (L*r) x co matrix per (batch, other axis) whose column
         co holds raft co's r*L values, in (l r) order, so the weights are permuted from (r l) to (l r) (small copies).
         Vertical mixing reads (B, W, H, C) memory (free when the caller stores the tokens so, see
@@ -75,9 +75,12 @@ class RaftMixing(nn.Module):
         if size != self.length:
             raise ValueError(f'raft mixing along {self.axis.upper()} was built for length {self.length}, got {size}')
         r, co = self.r, c // self.r
-        if size * r >= 48 and self._onednn():
-            # Long rafts (the 56 and 28 grids), inference: moving the rafts into rows (``reference``) and two
-            # large oneDNN GEMMs with GELU fused beat the batched products, copy included.
+        if size * r >= 48:
+            # Long rafts (the 56 and 28 grids): moving the rafts into rows (``reference``) and two large GEMMs
+            # beat the batched products, copy included; in inference through oneDNN with GELU fused. (With
+            # autograd, the batched products' weight gradient would be a (B*n, e*r*L, r*L) tensor summed.)
+            if not self._onednn():
+                return self.reference(x)
             pattern = 'b h w (r co) -> b co w (r h)' if self.axis == 'h' else 'b h w (r co) -> b co h (r w)'
             t = linear(linear(rearrange(x, pattern, r=r), self.fc1, gelu=True), self.fc2)
             return rearrange(t, f"{pattern.split(' -> ')[1]} -> {pattern.split(' -> ')[0]}", r=r)  # a view
