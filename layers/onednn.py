@@ -6,9 +6,11 @@ uses for convolutions) has its own fp32 GEMM and can apply GELU to the output wh
 machine its GEMMs ran about 2x faster than MKL's for the shapes of RaftMLP's and Strip-MLP's MLPs
 (docs/mlp.md). Same function, to float rounding: the tests compare both paths.
 
-Used only where it can be: CPU, float32, no autograd (oneDNN's fused op has no backward), and PyTorch
-built with oneDNN. Everything else, and every call when the environment sets ``ZOO_ONEDNN=0`` (for A/B
-timing), runs ``F.linear`` (+ ``F.gelu``).
+Used only where it can be: CPU, float32, PyTorch built with oneDNN, and no dispatch mode active (so
+``FlopCounterMode`` counts the plain ops). oneDNN's fused ops have no backward: with autograd, ``linear``
+runs ``_Linear`` (oneDNN forward and input gradient) and GELU apart, ``conv_bn_act`` the plain modules.
+Everything else, and every call when the environment sets ``ZOO_ONEDNN=0`` (for A/B timing), runs
+``F.linear`` (+ ``F.gelu``).
 """
 from __future__ import annotations
 
@@ -17,6 +19,8 @@ import os
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.autograd.function import once_differentiable
+from torch.utils._python_dispatch import _get_current_dispatch_mode
 
 __all__ = ['linear', 'conv_bn_act', 'onednn_enabled']
 
@@ -27,17 +31,53 @@ def onednn_enabled() -> bool:
             and hasattr(torch.ops.mkldnn, '_linear_pointwise'))
 
 
-def _use_onednn(x: torch.Tensor, weight: torch.Tensor) -> bool:
+def _traced() -> bool:
+    """A dispatch mode is active (FlopCounterMode, fake tensors, ...): run the plain ops it knows how to count."""
+    return _get_current_dispatch_mode() is not None
+
+
+def _use_onednn(x: torch.Tensor, weight: torch.Tensor, grad: bool = False) -> bool:
     return (x.device.type == 'cpu' and x.dtype == torch.float32 and weight.dtype == torch.float32
-            and not torch.is_grad_enabled() and onednn_enabled())
+            and torch.is_grad_enabled() == grad and onednn_enabled() and not _traced())
+
+
+class _Linear(torch.autograd.Function):
+    """``x @ weight.T + bias`` for training: oneDNN's GEMM for the output and the input gradient, MKL's
+    (``mm`` with a transposed operand, no copy) for the weight gradient."""
+
+    @staticmethod
+    def forward(ctx, x, weight, bias):
+        ctx.save_for_backward(x, weight)
+        ctx.has_bias = bias is not None
+        return torch.ops.mkldnn._linear_pointwise(x, weight, bias, 'none', [], '')
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad):
+        x, weight = ctx.saved_tensors
+        g = grad.contiguous().view(-1, grad.shape[-1])                   # (tokens, out)
+        gx = gw = gb = None
+        if ctx.needs_input_grad[0]:
+            gx = torch.ops.mkldnn._linear_pointwise(g, weight.t().contiguous(), None, 'none', [], '').view(x.shape)
+        if ctx.needs_input_grad[1]:
+            gw = g.t().mm(x.view(-1, x.shape[-1]))                       # (out, in)
+        if ctx.has_bias and ctx.needs_input_grad[2]:
+            gb = g.sum(0)
+        return gx, gw, gb
 
 
 def linear(x: torch.Tensor, layer: nn.Linear, gelu: bool = False) -> torch.Tensor:
-    """``layer(x)``, or ``F.gelu(layer(x))`` (exact, erf GELU) with ``gelu=True``; (..., in) -> (..., out)."""
+    """``layer(x)``, or ``F.gelu(layer(x))`` (exact, erf GELU) with ``gelu=True``; (..., in) -> (..., out).
+
+    Inference: one oneDNN call, GELU fused. Autograd: oneDNN's GEMM forward and for the input gradient
+    (``_Linear``), GELU separate. Plain ``F.linear`` elsewhere."""
     if _use_onednn(x, layer.weight):
         attr, algorithm = ('gelu', 'none') if gelu else ('none', '')
         return torch.ops.mkldnn._linear_pointwise(x.contiguous(), layer.weight, layer.bias, attr, [], algorithm)
-    y = F.linear(x, layer.weight, layer.bias)
+    if _use_onednn(x, layer.weight, grad=True):
+        y = _Linear.apply(x.contiguous(), layer.weight, layer.bias)
+    else:
+        y = F.linear(x, layer.weight, layer.bias)
     return F.gelu(y) if gelu else y
 
 

@@ -22,7 +22,7 @@ from einops import rearrange
 from torch import nn
 
 from ._registry import register
-from .onednn import linear, onednn_enabled
+from .onednn import linear
 
 
 def _pair(v: int | Sequence[int]) -> tuple[int, int]:
@@ -76,13 +76,14 @@ class RaftMixing(nn.Module):
             raise ValueError(f'raft mixing along {self.axis.upper()} was built for length {self.length}, got {size}')
         r, co = self.r, c // self.r
         if size * r >= 48:
-            # Long rafts (the 56 and 28 grids): moving the rafts into rows (``reference``) and two large GEMMs
-            # beat the batched products, copy included; in inference through oneDNN with GELU fused. (With
-            # autograd, the batched products' weight gradient would be a (B*n, e*r*L, r*L) tensor summed.)
-            if not self._onednn():
+            # Long rafts (the 56 and 28 grids): moving the rafts into rows (as ``reference``) and two large
+            # oneDNN GEMMs (GELU fused in inference) beat the batched products, copy included. (With autograd,
+            # the batched products' weight gradient would also be a (B*n, e*r*L, r*L) tensor to sum.)
+            if not (type(self.act) is nn.GELU and self.act.approximate == 'none'):
                 return self.reference(x)
             pattern = 'b h w (r co) -> b co w (r h)' if self.axis == 'h' else 'b h w (r co) -> b co h (r w)'
-            t = linear(linear(rearrange(x, pattern, r=r), self.fc1, gelu=True), self.fc2)
+            t = self.drop1(linear(rearrange(x, pattern, r=r), self.fc1, gelu=True))
+            t = self.drop2(linear(t, self.fc2))
             return rearrange(t, f"{pattern.split(' -> ')[1]} -> {pattern.split(' -> ')[0]}", r=r)  # a view
         t = x.transpose(1, 2) if self.axis == 'h' else x                 # (B, n, L, C), L the mixed axis
         n = t.shape[1]
@@ -96,11 +97,6 @@ class RaftMixing(nn.Module):
         y = torch.baddbmm(b2.expand(b * n, -1, co), w2.expand(b * n, -1, -1), u)
         y = self.drop2(y).view(b, n, size, c)                            # (B, n, L, (r co))
         return y.transpose(1, 2) if self.axis == 'h' else y
-
-    def _onednn(self) -> bool:
-        """oneDNN's fused linear + GELU computes this module (inference, exact GELU, dropout inactive)."""
-        return (not self.training and not torch.is_grad_enabled() and onednn_enabled()
-                and type(self.act) is nn.GELU and self.act.approximate == 'none')
 
     def reference(self, x: torch.Tensor) -> torch.Tensor:
         """The plain form of ``forward`` (each raft's r*L values moved into a row, nn.Linear, moved back)."""

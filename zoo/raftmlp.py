@@ -109,8 +109,9 @@ class RaftBlock(nn.Module):
             x = self._raft_inference(x)
         if size != self.grid:  # RaftExpansion: back to the input grid before channel mixing
             x = rearrange(resize_grid(rearrange(x, 'b h w c -> b c h w'), size), 'b c h w -> b h w c')
-        if self.training or torch.is_grad_enabled():
-            return x + self.drop_path(self.mlp(self.norm3(x)))
+        if self.training or torch.is_grad_enabled():  # ``linear``: self.mlp's function, oneDNN GEMMs
+            return x + self.drop_path(self.mlp[4](linear(self.mlp[2](linear(self.norm3(x), self.mlp[0], gelu=True)),
+                                                         self.mlp[3])))
         # Inference: the residual writes the tokens stored as (B, w, h, C), where the next block's norm and
         # vertical mixing read them without a copy (logically still (B, h, w, C)).
         out = x.new_empty(x.shape[0], x.shape[2], x.shape[1], x.shape[3]).transpose(1, 2)
