@@ -3,8 +3,9 @@
 PyTorch runs an fp32 ``nn.Linear`` on the CPU through MKL's GEMM. oneDNN (which PyTorch also ships, and
 uses for convolutions) has its own fp32 GEMM and can apply GELU to the output while it is still in cache
 (a "post-op"), saving a pass over the largest activation of an MLP. On the 2-core AMD EPYC development
-machine its GEMMs ran about 2x faster than MKL's for the shapes of RaftMLP's and Strip-MLP's MLPs
-(docs/mlp.md). Same function, to float rounding: the tests compare both paths.
+machine its GEMMs ran about 2x faster than MKL's for the shapes of RaftMLP's and Strip-MLP's MLPs (measured
+under load, to be confirmed on a quiet machine; docs/mlp.md). Same function, to float rounding: the tests
+compare both paths.
 
 Used only where it can be: CPU, float32, PyTorch built with oneDNN, and no dispatch mode active (so
 ``FlopCounterMode`` counts the plain ops). oneDNN's fused ops have no backward: with autograd, ``linear``
