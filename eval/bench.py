@@ -38,6 +38,14 @@ def _build(name: str, vs: str | None, num_classes: int | None):
     return zoo.create(name, **kwargs).eval()
 
 
+def _reference(vs: str, model, num_classes: int | None):
+    """The ``--vs`` model: a zoo/timm name, or ``official:SOURCE[:CALLABLE]`` (eval/official.py)."""
+    if vs.startswith('official:'):  # the user's copy of the official code, with ``model``'s weights
+        from .official import build_official
+        return build_official(vs, model)
+    return _build(vs, None, num_classes)
+
+
 def max_logit_diff(model, reference, input_size, task: str | None = None) -> float | None:
     """Copy the reference's weights into ``model`` (through its key mapping) and compare outputs."""
     try:
@@ -82,7 +90,7 @@ def run(names: list[str], vs: str | None = None, batch_sizes=(1,), img_size: int
     for name in names:
         models = {name: _build(name, vs, num_classes)}
         if vs:
-            models[vs] = _build(vs, None, num_classes)
+            models[vs] = _reference(vs, models[name], num_classes)
         size, task = input_size_of(name, img_size), task_of(name)
         diff = max_logit_diff(models[name], models[vs], size, task) if vs else None
         static = {n: {**count_params(m), 'arch_fingerprint': fingerprint(m),

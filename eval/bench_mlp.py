@@ -1,7 +1,9 @@
 """RaftMLP, Strip-MLP and TNT against the PoolFormer of similar size: params, MACs, CPU latency.
 
-No timm implementation of RaftMLP or Strip-MLP exists, so the reference is our PoolFormer at similar MACs
-(TNT-S, 5.2 G, beside PoolFormer-S36, 5.0 G; ``zoo bench`` compares TNT with timm's).
+No timm implementation of RaftMLP or Strip-MLP exists, so the reference here is our PoolFormer at similar MACs
+(TNT-S, 5.2 G, beside PoolFormer-S36, 5.0 G; ``zoo bench`` compares TNT with timm's). Against the official
+code, with your copy of it: ``zoo bench raftmlp_s --vs official:/src/raft-mlp/libs/models.py`` (eval/official.py,
+docs/mlp.md).
 All models of one batch size run in one process, interleaved (A, B, C, A, B, C, ...), so machine noise
 hits them alike; figures are medians over the repeats and ratios against the paired PoolFormer.
 

@@ -22,6 +22,7 @@ from einops import rearrange
 from torch import nn
 
 from ._registry import register
+from .onednn import linear
 
 
 def _pair(v: int | Sequence[int]) -> tuple[int, int]:
@@ -59,10 +60,46 @@ class RaftMixing(nn.Module):
         self.drop2 = nn.Dropout(drop)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """(B, H, W, C) tokens in any memory layout -> (B, H, W, C).
+
+        Short rafts: computed as two batched matrix products on the tokens where they lie, instead of moving
+        every raft into a row of its own (``reference``, the plain form; same function). With the mixed axis L next to
+        the channels, (L, C) = (L, r, co) memory is an (L*r) x co matrix per (batch, other axis) whose column
+        co holds raft co's r*L values, in (l r) order, so the weights are permuted from (r l) to (l r) (small copies).
+        Vertical mixing reads (B, W, H, C) memory (free when the caller stores the tokens so, see
+        ``zoo.raftmlp.RaftBlock``) and returns its result stored that way; horizontal mixing works on
+        (B, H, W, C) memory.
+        """
         b, h, w, c = x.shape
         size = h if self.axis == 'h' else w
         if size != self.length:
             raise ValueError(f'raft mixing along {self.axis.upper()} was built for length {self.length}, got {size}')
+        r, co = self.r, c // self.r
+        if size * r >= 48:
+            # Long rafts (the 56 and 28 grids): moving the rafts into rows (as ``reference``) and two large
+            # oneDNN GEMMs (GELU fused in inference) beat the batched products, copy included. (With autograd,
+            # the batched products' weight gradient would also be a (B*n, e*r*L, r*L) tensor to sum.)
+            if not (type(self.act) is nn.GELU and self.act.approximate == 'none'):
+                return self.reference(x)
+            pattern = 'b h w (r co) -> b co w (r h)' if self.axis == 'h' else 'b h w (r co) -> b co h (r w)'
+            t = self.drop1(linear(rearrange(x, pattern, r=r), self.fc1, gelu=True))
+            t = self.drop2(linear(t, self.fc2))
+            return rearrange(t, f"{pattern.split(' -> ')[1]} -> {pattern.split(' -> ')[0]}", r=r)  # a view
+        t = x.transpose(1, 2) if self.axis == 'h' else x                 # (B, n, L, C), L the mixed axis
+        n = t.shape[1]
+        t = t.contiguous().view(b * n, size * r, co)                     # (B*n, (l r), co)
+        hidden = self.fc1.out_features
+        w1 = rearrange(self.fc1.weight, 'e (r l) -> e (l r)', r=r)
+        w2 = rearrange(self.fc2.weight, '(r l) e -> (l r) e', r=r)
+        b2 = rearrange(self.fc2.bias, '(r l) -> (l r) 1', r=r)
+        u = torch.baddbmm(self.fc1.bias[:, None].expand(b * n, hidden, co), w1.expand(b * n, -1, -1), t)
+        u = self.drop1(self.act(u))                                      # (B*n, e*r*L, co)
+        y = torch.baddbmm(b2.expand(b * n, -1, co), w2.expand(b * n, -1, -1), u)
+        y = self.drop2(y).view(b, n, size, c)                            # (B, n, L, (r co))
+        return y.transpose(1, 2) if self.axis == 'h' else y
+
+    def reference(self, x: torch.Tensor) -> torch.Tensor:
+        """The plain form of ``forward`` (each raft's r*L values moved into a row, nn.Linear, moved back)."""
         if self.axis == 'h':
             t = rearrange(x, 'b h w (r co) -> b co w (r h)', r=self.r)
         else:

@@ -23,6 +23,7 @@ from einops import rearrange
 from torch import nn
 
 from ._registry import register
+from .onednn import conv_bn_act
 
 
 def _square(input_resolution, who: str) -> int:
@@ -107,9 +108,12 @@ class CascadeGroupStripMixing(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # Both fuses read the module's *input* x, as the official code does (it never reassigns x): the row
         # fuse sees x without the position bias, and the column fuse sees x, not the row-mixed map.
-        rows = self.fuse_h(torch.cat([self.proj_h(x + self.pos_h()), x], dim=1))  # (N, C', s, s)
-        rows = self.act(self.norm(rows)) + self.pos_w()
-        return self.fuse_w(torch.cat([x, self.proj_w(rows)], dim=1))
+        rows = torch.cat([self.proj_h(x + self.pos_h()), x], dim=1)  # (N, 2C', s, s)
+        if type(self.act) is nn.GELU and self.act.approximate == 'none':  # inference: BN folded, GELU fused
+            rows = conv_bn_act(rows, self.fuse_h, self.norm, gelu=True) + self.pos_w()
+        else:
+            rows = self.act(self.norm(self.fuse_h(rows))) + self.pos_w()
+        return conv_bn_act(torch.cat([x, self.proj_w(rows)], dim=1), self.fuse_w)  # oneDNN in inference
 
 
 class LocalStripMixing(nn.Module):
@@ -129,9 +133,10 @@ class LocalStripMixing(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         a, b = self.strip_w(x), self.strip_h(x)
-        att = self.reweight((a + b + x).mean((2, 3), keepdim=True))  # (N, 3C', 1, 1)
+        gap = a.mean((2, 3), keepdim=True) + b.mean((2, 3), keepdim=True) + x.mean((2, 3), keepdim=True)
+        att = self.reweight(gap)  # GAP(a + b + x) -> (N, 3C', 1, 1)
         att = rearrange(att, 'n (c k) 1 1 -> k n c 1 1', k=3).softmax(dim=0)
-        return b * att[0] + a * att[1] + x * att[2]
+        return torch.addcmul(torch.addcmul(b * att[0], a, att[1]), x, att[2])  # b*att0 + a*att1 + x*att2
 
 
 class StripMLPBlock(nn.Module):
@@ -149,9 +154,12 @@ class StripMLPBlock(nn.Module):
         self.fuse = nn.Conv2d(dim, dim, 1, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = self.act(self.norm(self.proj(x)))
+        if type(self.act) is nn.GELU and self.act.approximate == 'none':  # inference: BN folded, GELU fused
+            x = conv_bn_act(x, self.proj, self.norm, gelu=True)
+        else:
+            x = self.act(self.norm(self.proj(x)))
         x1, x2 = x.chunk(2, dim=1)
-        return self.fuse(torch.cat([self.cgsmm(x1), self.lsmm(x2)], dim=1))
+        return conv_bn_act(torch.cat([self.cgsmm(x1), self.lsmm(x2)], dim=1), self.fuse)  # oneDNN in inference
 
 
 @register('token_mixer', 'strip', layout='nchw', fixed_size=True,

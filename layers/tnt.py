@@ -21,6 +21,7 @@ from einops import rearrange
 from torch import nn
 
 from ._registry import register
+from .onednn import linear
 
 
 class TokenAttention(nn.Module):
@@ -46,8 +47,8 @@ class TokenAttention(nn.Module):
                 num_queries: int | None = None) -> torch.Tensor:
         """(B, L, dim) -> (B, L, dim); with ``num_queries`` = n, only the first n tokens' outputs (B, n, dim):
         the same values, from the queries of those tokens alone (every token still gives keys and values)."""
-        if num_queries is None:
-            q, k, v = rearrange(self.qkv(x), 'b l (three h d) -> three b h l d', three=3, h=self.num_heads)
+        if num_queries is None:  # ``linear``: nn.Linear's function, through oneDNN in CPU inference
+            q, k, v = rearrange(linear(x, self.qkv), 'b l (three h d) -> three b h l d', three=3, h=self.num_heads)
         else:
             dim, w, bias = x.shape[-1], self.qkv.weight, self.qkv.bias  # weight rows: q, k, v
             q = F.linear(x[:, :num_queries], w[:dim], None if bias is None else bias[:dim])
@@ -56,7 +57,7 @@ class TokenAttention(nn.Module):
             k, v = rearrange(kv, 'b l (two h d) -> two b h l d', two=2, h=self.num_heads)
         x = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask,
                                            dropout_p=self.attn_drop if self.training else 0.0)
-        return self.proj_drop(self.proj(rearrange(x, 'b h l d -> b l (h d)')))
+        return self.proj_drop(linear(rearrange(x, 'b h l d -> b l (h d)'), self.proj))
 
 
 class WordToSentence(nn.Module):

@@ -2,7 +2,7 @@
 
     zoo list [PATTERN] [--family F] [--task T] [--blocks]
     zoo info NAME                # or timm/NAME
-    zoo bench NAME... [--batch-size 1 16] [--img-size 224] [--vs timm/NAME] [--db URL]
+    zoo bench NAME... [--batch-size 1 16] [--img-size 224] [--vs timm/NAME|official:FILE.py[:CALLABLE]] [--db URL]
     zoo bench --db URL [--task T] [--dataset D] [--model PATTERN]      (re-measure the models recorded there)
     zoo results [--task T] [--dataset D] [--model PATTERN] [--metric val/acc1] [--format table|csv|json|markdown]
                 [--plot pareto.png] [--aggregate] [--runs] [--db URL]
@@ -299,7 +299,8 @@ def build_parser() -> argparse.ArgumentParser:
                                    'run it on a quiet machine to refresh the leaderboard\'s latency.')
     p.add_argument('names', nargs='*', metavar='NAME',
                    help='registered models (or timm/NAME); none with --db: the models recorded in that database')
-    p.add_argument('--vs', help='reference model, e.g. timm/poolformer_s12 (run interleaved in one process)')
+    p.add_argument('--vs', help='reference model, run interleaved in one process: timm/NAME, a zoo NAME, or '
+                   'official:FILE.py[:CALLABLE] (your copy of the official code, given our weights; RaftMLP, Strip-MLP)')
     p.add_argument('--batch-size', type=int, nargs='+', default=[1], help='batch sizes to time (default 1)')
     p.add_argument('--img-size', type=int, help='image height and width (default: the model\'s input size)')
     p.add_argument('--repeats', type=int, default=20, help='at least this many timed calls per model (default 20)')

@@ -108,3 +108,18 @@ class OfficialRaftMLP(nn.Module):
         for level in self.levels:
             x = level(x)
         return self.classifier(self.heads[0][1](x.permute(0, 2, 3, 1)).mean((1, 2)))
+
+
+def RaftMLP(layers, in_channels=3, pretrained_image_size=224, num_classes=1000, token_expansion_factor=2,  # noqa: N802
+            channel_expansion_factor=4, dropout=0.0, token_mixing_type='ser_pm', embedding_type='emb_cross_mlp',
+            shortcut=False, drop_path_rate=0.0):
+    """The re-statement behind the official constructor's signature (``libs/models.py: RaftMLP(layers=[{depth,
+    dim, patch_size, raft_size, embedding_kernels}], ...)``), so that ``zoo bench --vs official:`` can be tested
+    on it. Only the published configuration is re-stated (eval mode: dropout and drop path do not act)."""
+    if (in_channels, token_expansion_factor, channel_expansion_factor, token_mixing_type, embedding_type,
+            shortcut) != (3, 2, 4, 'ser_pm', 'emb_cross_mlp', False):
+        raise NotImplementedError('the re-statement covers the published cross-scale RaftMLP only')
+    (r,) = {layer['raft_size'] for layer in layers}
+    return OfficialRaftMLP(dims=[layer['dim'] for layer in layers], depths=[layer['depth'] for layer in layers],
+                           kernels=[tuple(layer['embedding_kernels']) for layer in layers], r=r,
+                           img_size=pretrained_image_size, num_classes=num_classes)

@@ -192,3 +192,12 @@ class OfficialStripMLP(nn.Module):
         x = self.merging3(self.run(self.blocks3, x + a))
         x = self.run(self.blocks4, x + b + c)
         return self.head(self.norm(x).mean((2, 3)))
+
+
+def StripMLPNet(img_size=224, patch_size=4, in_chans=3, num_classes=1000, embed_dim=80, layers=(2, 8, 14, 2),  # noqa: N802
+                drop_rate=0.5, alpha=3, **kwargs):
+    """The re-statement behind the official constructor's signature (``models/strip_mlp.py: StripMLPNet``), so
+    that ``zoo bench --vs official:`` can be tested on it (eval mode: dropout and drop path do not act)."""
+    if (patch_size, in_chans, alpha) != (4, 3, 3):
+        raise NotImplementedError('the re-statement covers patch 4, 3 input channels and alpha 3 only')
+    return OfficialStripMLP(embed_dim=embed_dim, layers=tuple(layers), img_size=img_size, num_classes=num_classes)

@@ -266,3 +266,25 @@ def test_short_conv_is_the_official_short_convolution_without_residual():
     h = torch.randn(1, 7, 6)
     with torch.no_grad():
         assert_close(ours(h), canon_taps(h, ours.conv.weight, residual=False, activation=True))
+
+
+# ---- the fast inference paths (issue 19) on the full-size grids ----------------------------------------
+
+@pytest.mark.parametrize('onednn', ['1', '0'])
+def test_strip_and_raft_fast_inference_at_224_match_the_restatements(onednn, monkeypatch):
+    """Narrow Strip-MLP and RaftMLP built for 224 (grids 56/28/14/7, so every fast path runs: oneDNN convs
+    with BN folded and GELU fused, oneDNN linears, addcmul GRN/LSMM, raft rows through oneDNN and batched
+    products, tokens stored (B, w, h, C)), random weights and BN statistics, in inference mode, against the
+    re-statements of the official forwards; with and without oneDNN (``ZOO_ONEDNN=0``)."""
+    monkeypatch.setenv('ZOO_ONEDNN', onednn)
+    x = torch.randn(2, 3, 224, 224, generator=torch.Generator().manual_seed(6))
+    ref = randomize(OfficialStripMLP(embed_dim=16, layers=(1, 1, 2, 1), img_size=224, num_classes=10), seed=7)
+    ours = StripMLP(embed_dim=16, depths=(1, 1, 2, 1), num_classes=10, img_size=224, drop_path_rate=0.0)
+    ours.load_state_dict(StripMLP.remap_checkpoint(ref.state_dict()))
+    with torch.inference_mode():
+        assert_close(ours.eval()(x), ref(x))
+    ref = randomize(OfficialRaftMLP(dims=(8, 16, 16, 24), depths=(2, 1, 2, 1), img_size=224, num_classes=10), seed=8)
+    ours = RaftMLP(dims=(8, 16, 16, 24), depths=(2, 1, 2, 1), num_classes=10, drop_path_rate=0.0)
+    ours.load_state_dict(ours.remap_checkpoint(ref.state_dict()))
+    with torch.inference_mode():
+        assert_close(ours.eval()(x), ref(x))

@@ -162,3 +162,53 @@ def test_official_layout_of_full_size_models_maps_key_for_key(name, dims):
     assert mapped.keys() == ours.keys()
     assert all(mapped[k].shape == ours[k].shape for k in ours)
     assert model.to_official(ours).keys() == official.keys()
+
+
+# ---- the fast paths compute the plain function (issue 19) ----------------------------------------------------
+
+def _close(fast: torch.Tensor, plain: torch.Tensor) -> None:
+    diff = (fast - plain).abs().max().item()
+    assert diff <= 1e-5 * plain.abs().max().item(), f'max |diff| {diff:.3g} vs max |plain| {plain.abs().max():.3g}'
+
+
+@pytest.mark.parametrize('onednn', ['1', '0'])
+@pytest.mark.parametrize('axis, length', [('h', 8), ('w', 8), ('h', 28), ('w', 28)])
+def test_raft_mixing_forward_equals_the_plain_form(axis, length, onednn, monkeypatch):
+    """Batched products on the tokens in place (short rafts, and every autograd call), and the oneDNN
+    row GEMMs (rafts of r*L >= 48 values, inference) against ``reference`` (einops + nn.Linear), for tokens
+    stored either way."""
+    from zoo.layers.raft import RaftMixing
+    monkeypatch.setenv('ZOO_ONEDNN', onednn)
+    torch.manual_seed(0)
+    mix = RaftMixing(12, length, axis).eval()
+    x = torch.randn(2, length, length, 12)
+    for tokens in (x, x.transpose(1, 2).contiguous().transpose(1, 2)):
+        plain = mix.reference(tokens)
+        with torch.inference_mode():
+            _close(mix(tokens), plain)
+        _close(mix(tokens).detach(), plain.detach())
+
+
+def test_cross_scale_embedding_as_convolutions_equals_unfold_and_linear():
+    from zoo.raftmlp import CrossScaleEmbedding, RaftMLP
+    torch.manual_seed(0)
+    for cin, kernels, size in ((3, (4, 8), 32), (5, (2, 4), 12), (6, (2,), 6)):
+        emb = CrossScaleEmbedding(cin, 7, kernels)
+        x = torch.randn(2, cin, size, size)
+        _close(emb(x).detach(), emb.reference(x).detach())
+
+
+def test_inference_path_equals_the_plain_path_on_the_full_size_grids(monkeypatch):
+    """A narrow RaftMLP at 224 (grids 56/28/14/7, so every path runs): inference (oneDNN rows, batched
+    products, tokens stored (B, w, h, C) between blocks, in-place residuals) against the plain path
+    (autograd, einops + nn.Linear raft mixings, unfold embedding)."""
+    from zoo.layers.raft import RaftMixing
+    from zoo.raftmlp import CrossScaleEmbedding, RaftMLP
+    torch.manual_seed(0)
+    model = RaftMLP(dims=(8, 16, 16, 24), depths=(2, 1, 2, 1), num_classes=10).eval()
+    x = torch.randn(2, 3, 224, 224)
+    with torch.inference_mode():
+        fast = model(x)
+    monkeypatch.setattr(RaftMixing, 'forward', RaftMixing.reference)
+    monkeypatch.setattr(CrossScaleEmbedding, 'forward', CrossScaleEmbedding.reference)
+    _close(fast, model(x).detach())

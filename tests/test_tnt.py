@@ -226,8 +226,9 @@ def test_in_place_inference_path_equals_the_autograd_path_and_leaves_inputs_alon
     x = torch.randn(3, 3, 32, 32, generator=torch.Generator().manual_seed(2))
     with_grad = model.forward_features(x)                  # eval, autograd on: the out-of-place path
     with torch.inference_mode():
-        fast = model.forward_features(x)                   # eval, no autograd: in-place residuals and GELU
-    torch.testing.assert_close(fast, with_grad.detach(), rtol=0, atol=1e-6)
+        fast = model.forward_features(x)                   # eval, no autograd: in place, oneDNN linears
+    # oneDNN's GEMMs round differently from MKL's: equal within 1e-5 of the largest output (issue 19's criterion)
+    torch.testing.assert_close(fast, with_grad.detach(), rtol=0, atol=1e-5 * with_grad.abs().max().item())
     blk = model.blocks[0]
     words, sentences = torch.randn(3 * 16, 16, 12), torch.randn(3, 17, 96)
     w0, s0 = words.clone(), sentences.clone()
@@ -242,7 +243,7 @@ def test_inference_logits_from_the_class_token_only_last_block_equal_the_full_fo
     model = _perturb(zoo.create('tnt_tiny', num_classes=10))
     x = torch.randn(3, 3, 32, 32, generator=torch.Generator().manual_seed(3))
     seen = []
-    hook = model.blocks[-1].outer_mlp.fc1.register_forward_hook(lambda m, i, o: seen.append(i[0].shape[1]))
+    hook = model.blocks[-1].outer_norm2.register_forward_hook(lambda m, i, o: seen.append(i[0].shape[1]))  # MLP input
     with_grad = model(x)                                       # autograd: all 1+N tokens through the last block
     with torch.inference_mode():
         full = model.forward_head(model.forward_features(x))   # every token, no autograd
@@ -262,9 +263,12 @@ def test_attention_for_the_first_queries_equals_the_first_rows():
 
 
 @pytest.mark.parametrize('name,batch', [('tnt_tiny', 2), ('tnt_s', 1)])
-def test_speed_floor_runs_exactly_the_inference_multiply_adds(name, batch):
-    """zoo.eval.tnt_floor sums the forward's ops timed alone; it is a floor only if it leaves no op out."""
+def test_speed_floor_runs_exactly_the_inference_multiply_adds(name, batch, monkeypatch):
+    """zoo.eval.tnt_floor sums the forward's ops timed alone; it is a floor only if it leaves no op out.
+    The floor is the analysis of the F.linear (MKL) path: oneDNN's fused linears (layers/onednn.py) are
+    invisible to FlopCounterMode, so the forward is counted with them off."""
     from torch.utils.flop_counter import FlopCounterMode
+    monkeypatch.setenv('ZOO_ONEDNN', '0')
 
     from zoo.eval.profile import _register_cpu_sdpa_flops
     from zoo.eval.tnt_floor import floor_ops

@@ -33,6 +33,7 @@ from einops import rearrange
 from torch import nn
 
 from zoo.layers import DropPath
+from zoo.layers.onednn import linear
 from zoo.layers.raft import RaftMixing, resize_grid
 
 from ._builder import ClassifierBase, FeatureInfo, build_model, check_image, select_features
@@ -56,6 +57,22 @@ class CrossScaleEmbedding(nn.Module):
         self.proj = nn.Linear(in_chs * sum(k * k for k in kernels), out_chs)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """As ``reference``, computed as one strided convolution per kernel (channels-last, so the sum is
+        (B, h, w, C_out) in memory): the unfolded k x k windows times their columns of ``proj`` are exactly
+        a k x k convolution at stride p with the same zero padding, without materialising the windows."""
+        x = x.contiguous(memory_format=torch.channels_last)
+        out, start = None, 0
+        for u in self.unfolds:
+            k = u.kernel_size
+            n = x.shape[1] * k * k
+            weight = self.proj.weight[:, start:start + n].view(-1, x.shape[1], k, k)  # unfold order (c, ki, kj)
+            y = F.conv2d(x, weight, stride=self.patch, padding=u.padding)
+            out = y if out is None else out + y
+            start += n
+        return (out + self.proj.bias[:, None, None]).permute(0, 2, 3, 1)  # (B, h, w, C_out), contiguous
+
+    def reference(self, x: torch.Tensor) -> torch.Tensor:
+        """The official form: unfold every k x k window, concatenate, one Linear."""
         h, w = x.shape[-2] // self.patch, x.shape[-1] // self.patch
         t = torch.cat([u(x) for u in self.unfolds], dim=1)  # (B, C_in * sum(k^2), h*w)
         return self.proj(rearrange(t, 'b f (h w) -> b h w f', h=h, w=w))
@@ -85,11 +102,35 @@ class RaftBlock(nn.Module):
         size = tuple(x.shape[1:3])
         if size != self.grid:  # RaftShrink: (B, h, w, C) -> trained grid
             x = rearrange(resize_grid(rearrange(x, 'b h w c -> b c h w'), self.grid), 'b c h w -> b h w c')
-        x = x + self.drop_path(self.vertical(self.norm1(x)))
-        x = x + self.drop_path(self.horizontal(self.norm2(x)))
+        if self.training or torch.is_grad_enabled():
+            x = x + self.drop_path(self.vertical(_token_norm(self.norm1, x)))
+            x = x + self.drop_path(self.horizontal(self.norm2(x)))
+        else:
+            x = self._raft_inference(x)
         if size != self.grid:  # RaftExpansion: back to the input grid before channel mixing
             x = rearrange(resize_grid(rearrange(x, 'b h w c -> b c h w'), size), 'b c h w -> b h w c')
-        return x + self.drop_path(self.mlp(self.norm3(x)))
+        if self.training or torch.is_grad_enabled():  # ``linear``: self.mlp's function, oneDNN GEMMs
+            return x + self.drop_path(self.mlp[4](linear(self.mlp[2](linear(self.norm3(x), self.mlp[0], gelu=True)),
+                                                         self.mlp[3])))
+        # Inference: the residual writes the tokens stored as (B, w, h, C), where the next block's norm and
+        # vertical mixing read them without a copy (logically still (B, h, w, C)).
+        out = x.new_empty(x.shape[0], x.shape[2], x.shape[1], x.shape[3]).transpose(1, 2)
+        return torch.add(x, linear(linear(self.norm3(x), self.mlp[0], gelu=True), self.mlp[3]), out=out)
+
+    def _raft_inference(self, x: torch.Tensor) -> torch.Tensor:
+        """The two raft sub-blocks without autograd: the vertical residual is written in (B, h, w, C) memory
+        for the horizontal mixing, whose residual is then added in place (a tensor made here)."""
+        v = self.vertical(_token_norm(self.norm1, x))                     # stored (B, w, h, C)
+        x = torch.add(x, v, out=torch.empty(x.shape, dtype=x.dtype, device=x.device))  # stored (B, h, w, C)
+        x += self.horizontal(self.norm2(x))
+        return x
+
+
+def _token_norm(norm: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """A per-token norm of (B, h, w, C) tokens stored either way (per token, so it commutes with h <-> w)."""
+    if not x.is_contiguous() and x.transpose(1, 2).is_contiguous():
+        return norm(x.transpose(1, 2)).transpose(1, 2)
+    return norm(x)
 
 
 class RaftLevel(nn.Module):

@@ -38,6 +38,7 @@ from einops import rearrange
 from torch import nn
 
 from zoo.layers import DropPath
+from zoo.layers.onednn import linear
 from zoo.layers.strip import StripTokenMixer
 
 from ._builder import ClassifierBase, FeatureInfo, build_model, check_image, select_features
@@ -58,7 +59,7 @@ class GRN(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gx = torch.linalg.vector_norm(x, dim=(1, 2), keepdim=True)  # (B, 1, 1, C): L2 over the grid
         nx = gx / (gx.mean(dim=-1, keepdim=True) + self.eps)  # relative to the channel mean
-        return self.gamma * (x * nx) + self.beta + x
+        return torch.addcmul(self.beta, x, self.gamma * nx + 1)  # gamma * (x * nx) + beta + x, in one pass
 
 
 class ChannelMixing(nn.Module):
@@ -75,7 +76,10 @@ class ChannelMixing(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         t = rearrange(self.dwconv(x), 'b c h w -> b h w c')
-        t = self.fc2(self.grn(self.act(self.fc1(self.norm(t)))))
+        if type(self.act) is nn.GELU and self.act.approximate == 'none':  # oneDNN in inference, GELU fused
+            t = linear(self.grn(linear(self.norm(t), self.fc1, gelu=True)), self.fc2)
+        else:
+            t = self.fc2(self.grn(self.act(self.fc1(self.norm(t)))))
         return rearrange(t, 'b h w c -> b c h w')
 
 
@@ -141,6 +145,9 @@ class StripMLP(ClassifierBase):
     def _stages(self, x: torch.Tensor) -> list[torch.Tensor]:
         check_image(x, self.in_chans, min_size=32, model=getattr(self, 'zoo_name', 'StripMLP'),
                     fixed_size=(self.img_size, self.img_size))
+        # Channels-last memory (logically still NCHW): the convolutions run on oneDNN's NHWC kernels and the
+        # channel MLP's (B, H, W, C) view is contiguous (no copy before its LayerNorm).
+        x = x.contiguous(memory_format=torch.channels_last)
         x1 = self.stages[0](self.patch_embed(x))       # (B, C, s/4, s/4)
         x = self.merging[0](x1)                         # (B, 2C, s/8, s/8)
         s1_16 = self.conv_s1_28(x)                      # (B, 4C, s/16, s/16)
