@@ -134,11 +134,10 @@ class ResultsDB:
             conn.exec_driver_sql('BEGIN IMMEDIATE' if conn.get_execution_options().get('write') else 'BEGIN')
 
     @contextlib.contextmanager
-    def write(self):
-        """A write transaction (committed on exit, rolled back on error)."""
+    def _damage_as_one_line(self):
+        """A damaged file's DatabaseError becomes the store's one-line error; others pass unchanged."""
         try:
-            with self.engine.connect().execution_options(write=True) as conn, conn.begin():
-                yield conn
+            yield
         except sa_exc.DatabaseError as e:
             err = self._damaged(e)
             if err is None:
@@ -146,15 +145,15 @@ class ResultsDB:
             raise err from e
 
     @contextlib.contextmanager
+    def write(self):
+        """A write transaction (committed on exit, rolled back on error)."""
+        with self._damage_as_one_line(), self.engine.connect().execution_options(write=True) as conn, conn.begin():
+            yield conn
+
+    @contextlib.contextmanager
     def read(self):
-        try:
-            with self.engine.connect() as conn:
-                yield conn
-        except sa_exc.DatabaseError as e:
-            err = self._damaged(e)
-            if err is None:
-                raise
-            raise err from e
+        with self._damage_as_one_line(), self.engine.connect() as conn:
+            yield conn
 
     # --- schema
     def schema_version(self) -> int:
