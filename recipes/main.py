@@ -56,13 +56,13 @@ def _cmd_list(args) -> int:
         print(f'no model matches {args.pattern!r}', file=sys.stderr)
         return 1
     table = Table(title=f'zoo models ({len(names)})')
-    for col in ('model', 'family', 'task', 'input', 'params (M)', 'GMACs', 'top-1', 'tiny'):
-        table.add_column(col, justify='right' if col in ('params (M)', 'GMACs', 'top-1') else 'left')
+    for col in ('model', 'family', 'task', 'input', 'params (M)', 'GMACs', 'top-1', 'COCO AP', 'tiny'):
+        table.add_column(col, justify='right' if col in ('params (M)', 'GMACs', 'top-1', 'COCO AP') else 'left')
     for n in names:
         i = zoo.model_info(n)
         table.add_row(n, i.family, i.task, 'x'.join(map(str, i.input_size)),
                       f'{i.params / 1e6:.2f}' if i.params else '', f'{i.macs / 1e9:.2f}' if i.macs else '',
-                      f'{i.top1:.1f}' if i.top1 else '', i.tiny or '')
+                      f'{i.top1:.1f}' if i.top1 else '', f'{i.coco_ap:.1f}' if i.coco_ap else '', i.tiny or '')
     console().print(table)
     return 0
 

@@ -135,9 +135,9 @@ def test_mamba_yolo_t_per_layer_counts():
     assert sum(n for *_, n in T_LAYERS) == _count(m) == 6_131_704
 
 
-@pytest.mark.parametrize('name,total', [('mamba_yolo_t', 6_131_704), ('mamba_yolo_b', 21_828_000),
-                                        ('mamba_yolo_l', 57_631_024)])
-def test_shipped_config_counts(name, total):
+@pytest.mark.parametrize('name,total,ap', [('mamba_yolo_t', 6_131_704, 44.5), ('mamba_yolo_b', 21_828_000, 49.1),
+                                           ('mamba_yolo_l', 57_631_024, 52.1)])
+def test_shipped_config_counts(name, total, ap):
     with torch.device('meta'):
         m = zoo.create(name)
     assert _count(m) == total                                        # as the official code prints it
@@ -145,7 +145,7 @@ def test_shipped_config_counts(name, total):
     assert trainable == total - 16 == zoo.model_info(name).params    # the DFL's 16 weights are fixed
     info = zoo.model_info(name)
     assert info.task == 'detection' and info.tiny == 'mamba_yolo_tiny'
-    assert zoo.mamba_yolo.PUBLISHED_COCO[name]['ap'] > 40
+    assert info.coco_ap == zoo.mamba_yolo.PUBLISHED_COCO[name]['ap'] == ap   # the official README's COCO AP
 
 
 def test_train_and_eval_outputs_non_square():

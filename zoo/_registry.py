@@ -26,6 +26,7 @@ class ModelInfo:
     params: int | None = None        # published trainable parameters, exact where the paper's code gives it
     macs: int | None = None          # published multiply-adds at input_size (fvcore-style: 1 MAC = 1 multiply-add)
     top1: float | None = None        # published ImageNet-1k top-1 (%)
+    coco_ap: float | None = None     # published COCO val2017 box AP@[.5:.95] (%), for detectors
     capabilities: tuple = ()         # e.g. ('features', 'timm_weights', 'official_weights')
     tiny: str | None = None          # name of the tiny CPU variant of the same family
     is_tiny: bool = False

@@ -191,19 +191,19 @@ _MAMBA_YOLO = dict(family='mamba_yolo', task='detection', paper='https://arxiv.o
                    capabilities=('features', 'tune_mode', 'weighted_conv', 'detection'), tiny='mamba_yolo_tiny')
 
 
-@register_model(**_MAMBA_YOLO, params=6_131_688)
+@register_model(**_MAMBA_YOLO, params=6_131_688, coco_ap=PUBLISHED_COCO['mamba_yolo_t']['ap'])
 def mamba_yolo_t(**kwargs):
     """Mamba-YOLO-T (COCO AP 44.5, official README): 6,131,704 parameters as shipped (16 fixed DFL weights)."""
     return _create(dict(widths=(32, 64, 128, 256), depths=(1, 1, 3, 1), neck_depth=1), kwargs)
 
 
-@register_model(**_MAMBA_YOLO, params=21_827_984)
+@register_model(**_MAMBA_YOLO, params=21_827_984, coco_ap=PUBLISHED_COCO['mamba_yolo_b']['ap'])
 def mamba_yolo_b(**kwargs):
     """Mamba-YOLO-B (the README's "M", COCO AP 49.1): 21,828,000 parameters as shipped."""
     return _create(dict(widths=(64, 128, 256, 512), depths=(1, 1, 3, 1), neck_depth=1), kwargs)
 
 
-@register_model(**_MAMBA_YOLO, params=57_631_008)
+@register_model(**_MAMBA_YOLO, params=57_631_008, coco_ap=PUBLISHED_COCO['mamba_yolo_l']['ap'])
 def mamba_yolo_l(**kwargs):
     """Mamba-YOLO-L (COCO AP 52.1): 57,631,024 parameters as shipped."""
     return _create(dict(widths=(96, 192, 384, 576), depths=(2, 2, 6, 2), neck_depth=2), kwargs)
