@@ -18,6 +18,7 @@ from torch import nn
 import zoo
 
 from . import optim
+from .ema import WeightEMA
 
 # model_args keys that choose a block: recorded as ``block_choices`` by the results database.
 _BLOCK_KEYS = ('token_mixer', 'canon', 'mixer')
@@ -40,7 +41,7 @@ def block_choices(model_args: dict | None) -> dict:
     return out
 
 
-class ImageClassifier(LightningModule):
+class ImageClassifier(WeightEMA, LightningModule):
     """Train, validate and test any registered classifier.
 
     Args:
@@ -79,10 +80,7 @@ class ImageClassifier(LightningModule):
             from timm.data import Mixup
             self.mixup = Mixup(mixup_alpha=mixup_alpha, cutmix_alpha=cutmix_alpha, prob=mixup_prob,
                                label_smoothing=label_smoothing, num_classes=self.num_classes)
-        self.ema = None
-        if ema_decay is not None:
-            from timm.utils import ModelEmaV3
-            self.ema = ModelEmaV3(self.model, decay=ema_decay)
+        self.init_ema(ema_decay)
         from torchmetrics.classification import MulticlassAccuracy
         top5 = min(5, self.num_classes)
         for split in ('val', 'test'):  # torchmetrics reduces these across processes itself
@@ -97,10 +95,6 @@ class ImageClassifier(LightningModule):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.model(x)
-
-    @property
-    def eval_model(self) -> nn.Module:
-        return self.ema.module if self.ema is not None else self.model
 
     # -- steps -------------------------------------------------------------------------------------
     def training_step(self, batch, batch_idx):
@@ -118,15 +112,8 @@ class ImageClassifier(LightningModule):
         self._nonfinite = bad if self._nonfinite is None else self._nonfinite | bad
         return loss
 
-    def on_fit_start(self) -> None:
-        # timm's EMA keeps its copy in eval mode, which Lightning reports as "N modules in eval mode" on every
-        # fit. The copy only runs in evaluation (which sets eval mode), so its mode while training is moot.
-        if self.ema is not None:
-            self.ema.train()
-
     def on_train_batch_end(self, outputs, batch, batch_idx) -> None:
-        if self.ema is not None:
-            self.ema.update(self.model, step=self.global_step)
+        super().on_train_batch_end(outputs, batch, batch_idx)  # the EMA's update
         # One host sync every log interval and before each epoch's validation/checkpoint, not per step.
         if self._nonfinite is not None and (self.global_step % self.trainer.log_every_n_steps == 0
                                             or self.trainer.is_last_batch):

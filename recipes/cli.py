@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import difflib
+import functools
 import importlib
 import inspect
 import logging
@@ -158,16 +159,12 @@ def _check_world_size(cfg, env) -> None:
                          f'and --trainer.num_nodes <nodes>')
 
 
-_GLOO = []
-
-
+@functools.cache
 def _gloo_group():
     """One gloo group beside an NCCL default group, made once per process (every rank must make it)."""
     import torch.distributed as dist
 
-    if not _GLOO:
-        _GLOO.append(dist.new_group(backend='gloo'))
-    return _GLOO[0]
+    return dist.new_group(backend='gloo')
 
 
 def _pg_backend(cfg) -> str:

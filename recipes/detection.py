@@ -20,7 +20,6 @@ from typing import Literal
 
 import torch
 from lightning.pytorch import LightningModule
-from torch import nn
 
 import zoo
 from zoo.detection import DetectionLoss, postprocess
@@ -28,6 +27,7 @@ from zoo.eval.detection import MeanAveragePrecision, coco_detections
 
 from . import optim
 from .classification import block_choices, require_task
+from .ema import WeightEMA
 
 __all__ = ['Detection', 'draw_predictions']
 
@@ -53,7 +53,7 @@ def draw_predictions(image: torch.Tensor, det: dict, names: list[str] | None = N
                                width=width)
 
 
-class Detection(LightningModule):
+class Detection(WeightEMA, LightningModule):
     """Train, validate, test and predict with any registered detector.
 
     Args:
@@ -96,20 +96,13 @@ class Detection(LightningModule):
             self.block_choices['backbone'] = self.model.backbone_name
         self.num_classes = self.model.num_classes
         self.criterion = DetectionLoss(self.model.head, box=box_gain, cls=cls_gain, dfl=dfl_gain)
-        self.ema = None
-        if ema_decay is not None:
-            from timm.utils import ModelEmaV3
-            self.ema = ModelEmaV3(self.model, decay=ema_decay, use_warmup=True)
+        self.init_ema(ema_decay, use_warmup=True)
         self.val_map = MeanAveragePrecision(self.num_classes, map_backend)
         self.test_map = MeanAveragePrecision(self.num_classes, map_backend)
         self._plot_batch = None
 
     def forward(self, x: torch.Tensor):
         return self.model(x)
-
-    @property
-    def eval_model(self) -> nn.Module:
-        return self.ema.module if self.ema is not None else self.model
 
     def _names(self) -> list[str] | None:
         dm = getattr(self.trainer, 'datamodule', None) if self._trainer is not None else None
@@ -128,16 +121,6 @@ class Detection(LightningModule):
                                      f'{self.global_step}; stopped (lower --model.lr or set '
                                      f'--trainer.gradient_clip_val). Checkpoints saved before this are intact.')
         return loss
-
-    def on_fit_start(self) -> None:
-        # timm's EMA keeps its copy in eval mode, which Lightning reports as "N modules in eval mode" on every
-        # fit. The copy only runs in evaluation (which sets eval mode), so its mode while training is moot.
-        if self.ema is not None:
-            self.ema.train()
-
-    def on_train_batch_end(self, outputs, batch, batch_idx) -> None:
-        if self.ema is not None:
-            self.ema.update(self.model, step=self.global_step)
 
     def _evaluate(self, batch, split: str, batch_idx: int):
         x, targets = batch
