@@ -3,32 +3,43 @@
 PyTorch runs an fp32 ``nn.Linear`` on the CPU through MKL's GEMM. oneDNN (which PyTorch also ships, and
 uses for convolutions) has its own fp32 GEMM and can apply GELU to the output while it is still in cache
 (a "post-op"), saving a pass over the largest activation of an MLP. On the 2-core AMD EPYC development
-machine its GEMMs ran about 2x faster than MKL's for the shapes of RaftMLP's and Strip-MLP's MLPs (measured
-under load, to be confirmed on a quiet machine; docs/mlp.md). Same function, to float rounding: the tests
-compare both paths.
+machine its GEMMs ran about 2x faster than MKL's for the shapes of RaftMLP's and Strip-MLP's MLPs
+(docs/mlp.md). Same function, to float rounding: the tests compare both paths.
+
+oneDNN wants weights in a blocked layout of its own and reorders plain weights on every call (for Strip-MLP's
+2x2/s2 merging convolution at batch 1 the reorder costs more than the convolution). A module in eval mode
+therefore keeps its prepared weight (BatchNorm folded, reordered; ``_prepared``), as inference compilers do
+when they freeze weights. It is rebuilt when a weight or BN statistic is replaced or changed in place (its
+version counter moves: ``load_state_dict``, an optimiser or EMA step, ``.to()``, ``with torch.no_grad():
+w.mul_(2)``) or when the input shape changes. A write through ``w.data`` bypasses the version counter
+(PyTorch discourages it); call ``clear_prepared()`` after one. The cache holds one extra copy of the weights
+while a model runs inference.
 
 Used only where it can be: CPU, float32, PyTorch built with oneDNN, and no dispatch mode active (so
 ``FlopCounterMode`` counts the plain ops). oneDNN's fused ops have no backward: with autograd, ``linear``
 runs ``_Linear`` (oneDNN forward and input gradient) and GELU apart, ``conv_bn_act`` the plain modules.
 Everything else, and every call when the environment sets ``ZOO_ONEDNN=0`` (for A/B timing), runs
-``F.linear`` (+ ``F.gelu``).
+``F.linear`` (+ ``F.gelu``) and the modules.
 """
 from __future__ import annotations
 
 import os
+import weakref
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 from torch.autograd.function import once_differentiable
 
-__all__ = ['linear', 'conv_bn_act', 'onednn_enabled']
+__all__ = ['linear', 'conv_bn_act', 'onednn_enabled', 'clear_prepared']
 
 
 def onednn_enabled() -> bool:
-    """oneDNN's fused linear is available and not switched off with ``ZOO_ONEDNN=0``."""
+    """oneDNN's fused ops and weight reorders are available and not switched off with ``ZOO_ONEDNN=0``."""
     return (os.environ.get('ZOO_ONEDNN', '1') != '0' and torch.backends.mkldnn.is_available()
-            and hasattr(torch.ops.mkldnn, '_linear_pointwise'))
+            and all(hasattr(torch.ops.mkldnn, op) for op in ('_linear_pointwise', '_convolution_pointwise',
+                                                             '_reorder_linear_weight', '_reorder_convolution_weight')))
 
 
 try:  # a private helper of PyTorch's; without it, take the plain path whenever a counter could be listening
@@ -46,6 +57,28 @@ def _traced() -> bool:
 def _use_onednn(x: torch.Tensor, weight: torch.Tensor, grad: bool = False) -> bool:
     return (x.device.type == 'cpu' and x.dtype == torch.float32 and weight.dtype == torch.float32
             and torch.is_grad_enabled() == grad and onednn_enabled() and not _traced())
+
+
+# module -> (its tensors, their (address, version), input shape, prepared weights); one entry per module.
+_PREPARED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def _prepared(owner: nn.Module, tensors: tuple, shape: tuple, make: Callable[[], tuple]) -> tuple:
+    """``make()``, cached on ``owner`` until one of ``tensors`` is replaced or modified in place (its version
+    counter moves), or the input shape changes. The cache sits beside the module (a weak-keyed dict), so
+    state dicts, ``deepcopy`` and pickling never see it."""
+    state = tuple((t.data_ptr(), t._version) for t in tensors)
+    hit = _PREPARED.get(owner)
+    if hit is not None and hit[2] == shape and hit[1] == state and all(a is b for a, b in zip(hit[0], tensors)):
+        return hit[3]
+    value = make()
+    _PREPARED[owner] = (tensors, state, shape, value)
+    return value
+
+
+def clear_prepared() -> None:
+    """Forget every prepared weight (needed only after writing weights through ``.data``)."""
+    _PREPARED.clear()
 
 
 class _Linear(torch.autograd.Function):
@@ -80,7 +113,11 @@ def linear(x: torch.Tensor, layer: nn.Linear, gelu: bool = False) -> torch.Tenso
     (``_Linear``), GELU separate. Plain ``F.linear`` elsewhere."""
     if _use_onednn(x, layer.weight):
         attr, algorithm = ('gelu', 'none') if gelu else ('none', '')
-        return torch.ops.mkldnn._linear_pointwise(x.contiguous(), layer.weight, layer.bias, attr, [], algorithm)
+        weight = layer.weight
+        if not layer.training:  # reordered once for oneDNN (the layout does not depend on the token count)
+            weight, = _prepared(layer, (weight,), (), lambda: (torch.ops.mkldnn._reorder_linear_weight(
+                layer.weight, x.numel() // x.shape[-1]),))
+        return torch.ops.mkldnn._linear_pointwise(x.contiguous(), weight, layer.bias, attr, [], algorithm)
     if _use_onednn(x, layer.weight, grad=True):
         y = _Linear.apply(x.contiguous(), layer.weight, layer.bias)
     else:
@@ -95,13 +132,31 @@ def conv_bn_act(x: torch.Tensor, conv: nn.Conv2d, bn: nn.BatchNorm2d | None = No
             and (bn is None or (not bn.training and bn.running_var is not None and bn.affine))):
         y = conv(x) if bn is None else bn(conv(x))
         return F.gelu(y) if gelu else y
+    if not x.is_contiguous(memory_format=torch.channels_last):  # NCHW, or channels-last kept as it is
+        x = x.contiguous()
+    if conv.training:  # weights change every step: fold and let oneDNN reorder per call
+        weight, bias = _fold(conv, bn)
+    else:
+        tensors = (conv.weight, conv.bias) + (() if bn is None else (bn.weight, bn.bias, bn.running_mean, bn.running_var))
+        weight, bias = _prepared(conv, tuple(t for t in tensors if t is not None), tuple(x.shape),
+                                 lambda: _pack_conv(conv, bn, list(x.shape)))
+    attr, algorithm = ('gelu', 'none') if gelu else ('none', '')
+    return torch.ops.mkldnn._convolution_pointwise(x, weight, bias, list(conv.padding), list(conv.stride),
+                                                   list(conv.dilation), conv.groups, attr, [], algorithm)
+
+
+def _fold(conv: nn.Conv2d, bn: nn.BatchNorm2d | None) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The weight and bias of ``bn(conv(x))`` as one convolution (eval BN: a per-output-channel affine map)."""
     weight, bias = conv.weight, conv.bias
     if bn is not None:  # bn(y) = (y - mean) * weight / sqrt(var + eps) + bias, per output channel
         scale = bn.weight * torch.rsqrt(bn.running_var + bn.eps)
         weight = weight * scale.view(-1, *([1] * (weight.ndim - 1)))
         bias = (-bn.running_mean if bias is None else bias - bn.running_mean) * scale + bn.bias
-    attr, algorithm = ('gelu', 'none') if gelu else ('none', '')
-    if not x.is_contiguous(memory_format=torch.channels_last):  # NCHW, or channels-last kept as it is
-        x = x.contiguous()
-    return torch.ops.mkldnn._convolution_pointwise(x, weight, bias, list(conv.padding), list(conv.stride),
-                                                   list(conv.dilation), conv.groups, attr, [], algorithm)
+    return weight, bias
+
+
+def _pack_conv(conv: nn.Conv2d, bn: nn.BatchNorm2d | None, input_size: list[int]) -> tuple:
+    weight, bias = _fold(conv, bn)
+    weight = torch.ops.mkldnn._reorder_convolution_weight(weight.contiguous(), list(conv.padding), list(conv.stride),
+                                                          list(conv.dilation), conv.groups, input_size)
+    return weight, bias

@@ -73,9 +73,9 @@ class StripMLPLayer(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.axis == 'w':  # channels (c2, w); conv runs over (c1, h): kernel 3 along h
             t = rearrange(x, 'n (c1 c2) h w -> n (c2 w) c1 h', c2=self.g)
-            return rearrange(self.proj(t), 'n (c2 w) c1 h -> n (c1 c2) h w', c2=self.g)
+            return rearrange(conv_bn_act(t, self.proj), 'n (c2 w) c1 h -> n (c1 c2) h w', c2=self.g)
         t = rearrange(x, 'n (c1 c2) h w -> n (c2 h) c1 w', c2=self.g)
-        return rearrange(self.proj(t), 'n (c2 h) c1 w -> n (c1 c2) h w', c2=self.g)
+        return rearrange(conv_bn_act(t, self.proj), 'n (c2 h) c1 w -> n (c1 c2) h w', c2=self.g)
 
 
 class CascadeGroupStripMixing(nn.Module):
@@ -132,9 +132,13 @@ class LocalStripMixing(nn.Module):
         self.reweight = nn.Sequential(nn.Conv2d(half, dim // 4, 1), nn.GELU(), nn.Conv2d(dim // 4, 3 * half, 1))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        a, b = self.strip_w(x), self.strip_h(x)
+        a, b = conv_bn_act(x, self.strip_w), conv_bn_act(x, self.strip_h)
         gap = a.mean((2, 3), keepdim=True) + b.mean((2, 3), keepdim=True) + x.mean((2, 3), keepdim=True)
-        att = self.reweight(gap)  # GAP(a + b + x) -> (N, 3C', 1, 1)
+        fc1, act, fc2 = self.reweight
+        if type(act) is nn.GELU and act.approximate == 'none':
+            att = conv_bn_act(conv_bn_act(gap, fc1, gelu=True), fc2)  # GAP(a + b + x) -> (N, 3C', 1, 1)
+        else:
+            att = self.reweight(gap)
         att = rearrange(att, 'n (c k) 1 1 -> k n c 1 1', k=3).softmax(dim=0)
         return torch.addcmul(torch.addcmul(b * att[0], a, att[1]), x, att[2])  # b*att0 + a*att1 + x*att2
 
@@ -182,4 +186,5 @@ class StripTokenMixer(nn.Module):
             raise ValueError(f'the strip token mixer was built for a {self.size}x{self.size} token grid (its weights '
                              f'depend on it) but got {x.shape[-2]}x{x.shape[-1]}; build the model with the input '
                              f'size you feed it (img_size=...)')
-        return self.strip(self.dwsc(x))
+        bn, act, dwconv = self.dwsc
+        return self.strip(conv_bn_act(act(bn(x)), dwconv))

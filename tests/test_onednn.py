@@ -67,3 +67,50 @@ def test_counters_and_zoo_onednn_0_see_the_plain_linear(monkeypatch):
     assert not onednn_enabled()
     with torch.inference_mode():
         assert torch.equal(linear(x, layer, gelu=True), F.gelu(layer(x)))
+
+
+@needs_onednn
+def test_prepared_weights_follow_every_change_of_the_weights():
+    """In eval mode conv_bn_act and linear keep oneDNN-reordered (BN-folded) weights between calls; the output must
+    still follow in-place edits, load_state_dict, BN statistics, a new input shape and .to(), and the cache must
+    stay out of state dicts, deepcopy and pickling."""
+    import copy
+    import io
+
+    from zoo.layers.onednn import _PREPARED, clear_prepared
+
+    torch.manual_seed(0)
+    conv, bn, fc = nn.Conv2d(8, 8, (1, 3), padding=(0, 1), groups=2), nn.BatchNorm2d(8), nn.Linear(8, 5)
+    for m in (conv, bn, fc):
+        m.eval()
+    x = torch.randn(2, 8, 4, 6).contiguous(memory_format=torch.channels_last)
+
+    def check(inp=x):
+        with torch.inference_mode():
+            _close(conv_bn_act(inp, conv, bn, gelu=True), F.gelu(bn(conv(inp))))
+            _close(linear(inp.permute(0, 2, 3, 1), fc), fc(inp.permute(0, 2, 3, 1)))
+
+    check()
+    assert conv in _PREPARED and fc in _PREPARED
+    with torch.no_grad():
+        conv.weight.mul_(-2)
+        bn.running_var.add_(3)
+        fc.bias.add_(1)
+    check()
+    conv.load_state_dict({k: torch.randn_like(v) for k, v in conv.state_dict().items()})
+    fc.load_state_dict({k: torch.randn_like(v) for k, v in fc.state_dict().items()})
+    check()
+    check(torch.randn(1, 8, 4, 6))  # another batch size (the conv weights were reordered for the input shape)
+    conv.double().float()  # new tensors
+    check()
+    conv.weight.data.mul_(3)  # bypasses the version counter: stale until cleared
+    clear_prepared()
+    check()
+    assert set(conv.state_dict()) == {'weight', 'bias'}
+    copy.deepcopy(conv)
+    torch.save(conv, io.BytesIO())
+    conv.train()  # weights change every step in training mode: nothing is kept
+    clear_prepared()
+    with torch.inference_mode():
+        conv_bn_act(x, conv, bn)
+    assert conv not in _PREPARED
