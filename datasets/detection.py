@@ -3,7 +3,9 @@
 A sample is ``(image, target)``: ``image`` a float (3, S, S) tensor in [0, 1] (``tv_tensors.Image``) and
 ``target`` a dict with ``boxes`` (``tv_tensors.BoundingBoxes``, xyxy pixels of the network input), ``labels``
 (long, contiguous 0..num_classes-1), ``iscrowd`` (bool, True for a COCO crowd region: ignored by the loss, and by
-COCO mAP as COCOeval does), ``image_id`` (int), ``orig_size`` (H, W) of the file and ``scale``/``pad`` of the letterbox (input = orig * scale + pad), so predictions map back to the file's pixels with
+COCO mAP as COCOeval does), for COCO files the annotation's ``area`` (the file's pixels, as COCOeval's
+small / medium / large ranges read it), ``image_id`` (int), ``orig_size`` (H, W) of the file and ``scale``/``pad``
+of the letterbox (input = orig * scale + pad), so predictions and boxes map back to the file's pixels with
 :func:`unletterbox`. :func:`collate` stacks the images and keeps the targets as a list (one per image, any
 number of boxes, zero included).
 
@@ -24,6 +26,7 @@ Sources (``DataModule`` / dataset):
 Training augmentation is ``torchvision.transforms.v2`` (boxes follow every geometric step): optional mosaic
 (four images in a 2x2 canvas, a random crop of the input size), horizontal flip, random affine scale and
 translation, colour jitter, then boxes are clamped and degenerate ones removed (``SanitizeBoundingBoxes``).
+Evaluation keeps every ground-truth box, however small, as COCOeval on the file does.
 Files are letterboxed (resized keeping the aspect ratio, padded with grey) to ``img_size``, a multiple of 32.
 
 Bad data raises :class:`DetectionDataError` naming the file (and line or annotation): a missing image, a box
@@ -46,9 +49,10 @@ from torchvision.transforms.v2 import functional as F
 from ._base import DatasetNotFoundError, ImageDataModule, split_indices
 from .shapes import SHAPES, _polygon
 
-__all__ = ['DetectionDataError', 'DetectionDataset', 'collate', 'unletterbox', 'letterbox', 'detection_transforms',
-           'read_coco', 'read_yolo', 'generate_shapes_det', 'generate_digits_det', 'DetectionDataModule',
-           'CocoDetectionDataModule', 'YoloDetectionDataModule', 'ShapesDetDataModule', 'DigitsDetDataModule']
+__all__ = ['DetectionDataError', 'DetectionDataset', 'collate', 'unletterbox', 'to_file_pixels', 'letterbox',
+           'detection_transforms', 'read_coco', 'read_yolo', 'generate_shapes_det', 'generate_digits_det',
+           'DetectionDataModule', 'CocoDetectionDataModule', 'YoloDetectionDataModule', 'ShapesDetDataModule',
+           'DigitsDetDataModule']
 
 IMG_EXTS = ('.jpg', '.jpeg', '.png', '.bmp', '.webp', '.tif', '.tiff')
 PAD_VALUE = 114  # letterbox grey (0-255), YOLO's
@@ -91,6 +95,16 @@ def unletterbox(boxes: torch.Tensor, target: dict) -> torch.Tensor:
     return out
 
 
+def to_file_pixels(dets: Sequence[dict], targets: Sequence[dict]) -> tuple[list[dict], list[dict]]:
+    """Detections and their ground truth moved back to each file's pixels (:func:`unletterbox` on both), as
+    COCOeval on the annotation file sees them: IoUs do not change, but the small / medium / large ranges are
+    areas in the file, and a detection's area is taken from its box."""
+    dets = [{**d, 'boxes': unletterbox(d['boxes'].float(), t)} for d, t in zip(dets, targets)]
+    targets = [{**t, 'boxes': unletterbox(torch.as_tensor(t['boxes']).as_subclass(torch.Tensor).float(), t)}
+               for t in targets]
+    return dets, targets
+
+
 class RandomScaleTranslate(v2.Transform):
     """Zoom by a factor in ``scale`` and shift by up to ``translate`` of the side, keeping the canvas size.
 
@@ -126,15 +140,17 @@ def detection_transforms(train: bool, flip: float = 0.5, scale: tuple[float, flo
 
     Training: flip, scale/translate (YOLOv8's defaults: scale 0.5, translate 0.1), colour jitter (hue,
     saturation, brightness as YOLOv8's hsv gains), clamp boxes, drop boxes smaller than ``min_size`` pixels.
+    Evaluation: only the conversion to float; no box is dropped (a tiny object still counts as a miss).
     """
+    if not train:
+        return v2.ToDtype(torch.float32, scale=True)
     steps = []
-    if train:
-        if flip > 0:
-            steps.append(v2.RandomHorizontalFlip(flip))
-        if tuple(scale) != (1.0, 1.0) or translate > 0:
-            steps.append(RandomScaleTranslate(scale, translate))
-        if any(hsv):  # hue costs ~30 ms per 256 px image on CPU (an HSV round trip); 0 skips it
-            steps.append(v2.ColorJitter(brightness=hsv[2] or None, saturation=hsv[1] or None, hue=hsv[0] or None))
+    if flip > 0:
+        steps.append(v2.RandomHorizontalFlip(flip))
+    if tuple(scale) != (1.0, 1.0) or translate > 0:
+        steps.append(RandomScaleTranslate(scale, translate))
+    if any(hsv):  # hue costs ~30 ms per 256 px image on CPU (an HSV round trip); 0 skips it
+        steps.append(v2.ColorJitter(brightness=hsv[2] or None, saturation=hsv[1] or None, hue=hsv[0] or None))
     steps += [v2.ClampBoundingBoxes(), v2.SanitizeBoundingBoxes(min_size=min_size, labels_getter=_per_box),
               v2.ToDtype(torch.float32, scale=True)]
     return v2.Compose(steps)
@@ -143,7 +159,7 @@ def detection_transforms(train: bool, flip: float = 0.5, scale: tuple[float, flo
 def _per_box(inputs) -> tuple[torch.Tensor, ...]:
     """The per-box tensors of an ``(image, target)`` pair that must be dropped with their boxes."""
     target = inputs[1]
-    return tuple(target[k] for k in ('labels', 'iscrowd') if k in target)
+    return tuple(target[k] for k in ('labels', 'iscrowd', 'area') if k in target)
 
 
 def collate(batch: Sequence[tuple]) -> tuple[torch.Tensor, list[dict]]:
@@ -160,7 +176,7 @@ class DetectionDataset(Dataset):
 
     A record is ``(load, image_id, source)``: ``load()`` returns ``(image, boxes, labels)`` -- a uint8
     (3, H, W) tensor, an (n, 4) float xyxy array in that image's pixels and (n,) ints -- or those and an (n,)
-    ``iscrowd`` array (COCO), and ``source`` names the sample in errors. ``mosaic`` is the probability of a 4-image mosaic (training only).
+    ``iscrowd`` array, or those and an (n,) ``area`` array (COCO), and ``source`` names the sample in errors. ``mosaic`` is the probability of a 4-image mosaic (training only).
     """
 
     def __init__(self, records: list[tuple], img_size: int, transform: Callable | None = None, mosaic: float = 0.0,
@@ -177,15 +193,17 @@ class DetectionDataset(Dataset):
     def load(self, i: int):
         """The letterboxed uint8 image and its target, before augmentation."""
         load, image_id, _ = self.records[i]
-        img, boxes, labels, *crowd = load()
+        img, boxes, labels, *extra = load()  # extra: () or (iscrowd,) or (iscrowd, area)
         h, w = img.shape[-2:]
         labels = torch.as_tensor(labels, dtype=torch.long).reshape(-1)
         target = {'boxes': tv_tensors.BoundingBoxes(torch.as_tensor(boxes, dtype=torch.float32).reshape(-1, 4),
                                                     format='XYXY', canvas_size=(h, w)),
                   'labels': labels,
-                  'iscrowd': torch.as_tensor(crowd[0], dtype=torch.bool).reshape(-1) if crowd
+                  'iscrowd': torch.as_tensor(extra[0], dtype=torch.bool).reshape(-1) if extra
                   else torch.zeros(len(labels), dtype=torch.bool),
                   'image_id': image_id, 'orig_size': (h, w)}
+        if len(extra) > 1:
+            target['area'] = torch.as_tensor(extra[1], dtype=torch.float32).reshape(-1)
         return letterbox(tv_tensors.Image(img), target, self.img_size)
 
     def _mosaic(self, i: int):
@@ -221,7 +239,7 @@ class DetectionDataset(Dataset):
 
 def _image_loader(path: Path, *annotations: np.ndarray) -> Callable[[], tuple]:
     """``load()`` for one image file: (uint8 image, *annotations) with the annotations as given (boxes, labels
-    and optionally iscrowd)."""
+    and optionally iscrowd and area)."""
     def load() -> tuple:
         from torchvision.io import ImageReadMode, decode_image
         if not path.is_file():
@@ -272,12 +290,12 @@ def read_coco(ann_file: str | Path, image_dir: str | Path, tolerance: float = 1.
         if not path.is_file():
             raise DetectionDataError(f'{ann_file}: image {im["file_name"]!r} (id {im["id"]}) not found at {path}')
         h, w = (int(im['height']), int(im['width'])) if 'height' in im and 'width' in im else _image_size(path)
-        images[im['id']] = (path, h, w, [], [], [])
+        images[im['id']] = (path, h, w, [], [], [], [])
     for a in data['annotations']:
         where = f'{ann_file}: annotation id {a.get("id")}'
         if a.get('image_id') not in images:
             raise DetectionDataError(f'{where}: image_id {a.get("image_id")} is not in "images"')
-        path, h, w, boxes, labels, crowd = images[a['image_id']]
+        path, h, w, boxes, labels, crowd, areas = images[a['image_id']]
         if a.get('category_id') not in label_of:
             raise DetectionDataError(f'{where} ({path.name}): category_id {a.get("category_id")} is not one of the '
                                      f'categories {categories}')
@@ -291,9 +309,10 @@ def read_coco(ann_file: str | Path, image_dir: str | Path, tolerance: float = 1.
         boxes.append([max(0.0, x), max(0.0, y), min(float(w), x + bw), min(float(h), y + bh)])
         labels.append(label_of[a['category_id']])
         crowd.append(bool(a.get('iscrowd', 0)))  # a crowd region: not an object to find, a place to ignore
+        areas.append(float(a.get('area', bw * bh)))  # the segment's area: what COCOeval's size ranges read
     records = [(_image_loader(p, np.asarray(b, np.float32).reshape(-1, 4), np.asarray(l, np.int64),
-                              np.asarray(c, bool)), int(i), str(p))
-               for i, (p, _, _, b, l, c) in images.items()]
+                              np.asarray(c, bool), np.asarray(ar, np.float32)), int(i), str(p))
+               for i, (p, _, _, b, l, c, ar) in images.items()]
     return records, categories, names
 
 
@@ -565,7 +584,8 @@ class DetectionDataModule(ImageDataModule):
         self.aug = dict(flip=flip, scale=tuple(scale), translate=translate, hsv=tuple(hsv))
 
     def train_transform(self):
-        return detection_transforms(train=self.augment, **self.aug)
+        aug = self.aug if self.augment else dict(flip=0.0, scale=(1.0, 1.0), translate=0.0, hsv=(0.0, 0.0, 0.0))
+        return detection_transforms(train=True, **aug)  # without augmentation still drop degenerate boxes
 
     def eval_transform(self):
         return detection_transforms(train=False)

@@ -131,7 +131,8 @@ class Detection(WeightEMA, LightningModule):
         self.log(f'{split}/loss', loss / len(x), on_step=False, on_epoch=True, batch_size=len(x), sync_dist=True)
         hp = self.hparams
         dets = postprocess(y, conf=hp.conf, iou=hp.iou, max_det=hp.max_det)
-        getattr(self, f'{split}_map').update(dets, targets)
+        from zoo.datasets.detection import to_file_pixels
+        getattr(self, f'{split}_map').update(*to_file_pixels(dets, targets))  # COCO's size ranges: file pixels
         if split == 'val' and batch_idx == 0 and hp.plot_images > 0:
             n = min(hp.plot_images, len(x))
             self._plot_batch = (x[:n].cpu(), [{k: v.cpu() for k, v in d.items()} for d in dets[:n]],

@@ -67,7 +67,8 @@ def test_mosaic_boxes_follow_their_images():
     rects = [[(8, 8, 40, 40)], [(20, 30, 60, 50)], [(0, 0, 30, 30)], [(30, 30, 64, 64)]]
     records = [(lambda r=r: (_rect_image(64, 64, r), np.asarray(r, np.float32), np.zeros(len(r), np.int64)), i, str(i))
                for i, r in enumerate(rects)]
-    ds = DetectionDataset(records, 64, detection_transforms(train=False), mosaic=1.0)
+    no_aug = detection_transforms(train=True, flip=0.0, scale=(1.0, 1.0), translate=0.0, hsv=(0.0, 0.0, 0.0))
+    ds = DetectionDataset(records, 64, no_aug, mosaic=1.0)
     torch.manual_seed(0)
     for i in range(8):
         img, t = ds[i % 4]
