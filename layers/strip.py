@@ -135,10 +135,10 @@ class LocalStripMixing(nn.Module):
         a, b = conv_bn_act(x, self.strip_w), conv_bn_act(x, self.strip_h)
         gap = a.mean((2, 3), keepdim=True) + b.mean((2, 3), keepdim=True) + x.mean((2, 3), keepdim=True)
         fc1, act, fc2 = self.reweight
-        if type(act) is nn.GELU and act.approximate == 'none':
-            att = conv_bn_act(conv_bn_act(gap, fc1, gelu=True), fc2)  # GAP(a + b + x) -> (N, 3C', 1, 1)
+        if type(act) is nn.GELU and act.approximate == 'none':  # inference: oneDNN (PyTorch's own path for a
+            att = conv_bn_act(conv_bn_act(gap, fc1, gelu=True), fc2)  # 1x1 conv on a 1x1 map is im2col)
         else:
-            att = self.reweight(gap)
+            att = self.reweight(gap)  # GAP(a + b + x) -> (N, 3C', 1, 1)
         att = rearrange(att, 'n (c k) 1 1 -> k n c 1 1', k=3).softmax(dim=0)
         return torch.addcmul(torch.addcmul(b * att[0], a, att[1]), x, att[2])  # b*att0 + a*att1 + x*att2
 
