@@ -226,10 +226,17 @@ class ResultsCallback(Callback):
 
     # ------------------------------------------------------------------------------------------ metrics
     def on_train_epoch_end(self, trainer, pl_module) -> None:
-        # Runs after the epoch's validation, so val/* of this epoch are in callback_metrics.
+        # Runs after the epoch's validation, so val/* of this epoch are in callback_metrics. In an epoch without
+        # validation (check_val_every_n_epoch > 1) they still hold the last validation's values: not recorded.
         if self.run_id is not None and not trainer.sanity_checking:
-            self._store.log_metrics(self.run_id, _scalars(trainer.callback_metrics), epoch=trainer.current_epoch,
-                                    step=trainer.global_step)
+            metrics = _scalars(trainer.callback_metrics)
+            if getattr(self, '_validated_epoch', None) != trainer.current_epoch:
+                metrics = {k: v for k, v in metrics.items() if not k.startswith('val/')}
+            self._store.log_metrics(self.run_id, metrics, epoch=trainer.current_epoch, step=trainer.global_step)
+
+    def on_validation_epoch_end(self, trainer, pl_module) -> None:
+        if not trainer.sanity_checking:
+            self._validated_epoch = trainer.current_epoch
 
     def on_fit_end(self, trainer, pl_module) -> None:
         if self.run_id is None:

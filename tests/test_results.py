@@ -674,6 +674,23 @@ def test_callback_records_run_metrics_and_latency(monkeypatch):
     assert len(R.latency()) == 1                     # latency is measured after training only
 
 
+def test_epochs_without_validation_record_no_stale_val_metrics():
+    """With ``check_val_every_n_epoch=2`` Lightning keeps the last validation's values in callback_metrics through
+    the next epoch; the per-epoch rows must hold val/* only for the epochs that validated."""
+    import lightning.pytorch as pl
+
+    from zoo.recipes.callbacks import ResultsCallback
+
+    System, loader = _tiny_system()
+    cb = ResultsCallback(latency=False)
+    trainer = pl.Trainer(max_epochs=4, check_val_every_n_epoch=2, accelerator='cpu', devices=1, logger=False,
+                         enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+                         callbacks=[cb])
+    trainer.fit(System(), loader, loader)
+    assert R.metrics(cb.run_id, name='val/acc1', final=False).epoch.tolist() == [1, 3]
+    assert R.metrics(cb.run_id, name='train/loss', final=False).epoch.tolist() == [0, 1, 2, 3]
+
+
 def test_callback_records_a_network_built_in_setup():
     """A system that builds its network in ``setup`` (``CausalLM`` takes vocab_size from the data module):
     the run's hparams and fingerprint are those of the network that trained, so ``zoo bench --db`` can
