@@ -268,9 +268,82 @@ def test_features_only_pyramid():
 def test_detection_resolutions_are_an_option():
     with torch.device('meta'):
         det = zoo.create('piip_tsb', img_sizes=(448, 896, 1120), features_only=True)
+        own = zoo.create('piip_tsb', img_sizes=(448, 896, 1120), features_only=True, pos_embed_size=(448, 896, 1120))
     assert det.img_sizes == (448, 896, 1120)
-    assert det.branch1.pos_embed.shape == (1, 28 * 28, 768) and det.branch3.pos_embed.shape == (1, 70 * 70, 192)
+    # position grids stay on the 224-px pretraining grid (official detection backbone), resized in every forward
+    assert det.branch1.pos_embed.shape == (1, 14 * 14, 768) and det.branch3.pos_embed.shape == (1, 14 * 14, 192)
+    assert own.branch1.pos_embed.shape == (1, 28 * 28, 768) and own.branch3.pos_embed.shape == (1, 70 * 70, 192)
     assert [i.num_chs for i in det.feature_info] == [768] * 4
+    with pytest.raises(ValueError, match='pos_embed_size'):
+        zoo.create('piip_tiny', features_only=True, pos_embed_size=(32, 48))
+
+
+# The official detection backbones, counted outside the repository (see the docstring below).
+_OFFICIAL_DET = {  # name: (zoo kwargs, total, merge modules + w_i, simple pyramid fpn1/fpn2, interactions)
+    'tsb': (dict(name='piip_tsb', img_sizes=(448, 896, 1120), window_size=14),
+            175_043_715, 25_224_195, 7_081_728, 29_722_176),
+    'sbl': (dict(name='piip_sbl', img_sizes=(448, 672, 1120), window_size=28, branch_style='deit'),
+            547_810_051, 48_377_859, 12_588_032, 76_010_112),
+    'tsbl': (dict(name='piip_tsbl', img_sizes=(448, 672, 896, 1344), window_size=28),
+             571_066_500, 59_588_612, 12_588_032, 82_527_552),
+}
+
+
+@pytest.mark.parametrize('key', list(_OFFICIAL_DET))
+def test_detection_backbone_counts_equal_the_official_mmdet_backbone(key):
+    """Exact parameter counts of the official Mask R-CNN backbones (OpenGVLab/PIIP at commit
+    7a8ecebfbd6230509ac9f2f8a0de80dd729b2af7, ``mmdetection/mmdet/models/backbones/piip_{3,4}branch.py``).
+
+    Run outside the repository: ``PIIPThreeBranch`` / ``PIIPFourBranch`` built on the meta device from
+    ``configs/piip/3branch/mask_rcnn_deit_tsb_1120_896_448_fpn_1x_coco_bs16.py``,
+    ``.../mask_rcnn_deit_sbl_1120_672_448_fpn_1x_coco_bs16.py`` and
+    ``configs/piip/4branch/mask_rcnn_deit_tsbl_1344_896_672_448_fpn_1x_coco_bs16.py``, with count-only stand-ins
+    for the mmdet registry, mmcv's ``BaseModule``, the logger and flash-attn's parameter-free kernel, the real
+    ``MSDeformAttn`` module (only its CUDA function stubbed), and no checkpoint loading. Every parameter name
+    (DeiT's ``gamma_1/2`` read as timm's ``ls1/ls2.gamma``, the official ``fpn2.0`` as our ``fpn2``) and every
+    shape equals ours. Two things had to be matched: the official branches keep their position embeddings on
+    the 224-px pretraining grid (14 x 14) and resize them in every forward (ours used to store them at the
+    branch's size, 2.48M / 3.61M / 4.25M more), and the SBL configs use DeiT III branches (LayerScale,
+    ``branch_style='deit'``; the AugReg style lacks its 76,800 gammas). The official ``piip_4branch.py`` builds
+    branch4 from branch3's config (``vit_models(**branch3)``: a second ViT-S instead of the config's ViT-T,
+    593,216,388 parameters); the TSBL count here is the official code with that line reading ``branch4``.
+    The README's "#Param" (146M / 493M / 506M) is none of these; see docs/piip.md.
+    """
+    kw, total, merge, fpn, inter = _OFFICIAL_DET[key]
+    kw = dict(kw)
+    with torch.device('meta'):
+        model = zoo.create(kw.pop('name'), features_only=True, **kw)
+
+    def count(prefixes):
+        return sum(p.numel() for n, p in model.named_parameters() if n.startswith(prefixes))
+
+    nb = model.num_branches
+    assert sum(p.numel() for p in model.parameters()) == total
+    assert count(tuple(f'merge_branch{i + 1}.' for i in range(nb)) + tuple(f'w{i + 1}' for i in range(nb))) == merge
+    assert count(('fpn1.', 'fpn2.')) == fpn
+    assert count(('interactions.',)) == inter
+    assert all(b.pos_embed.shape[1] == 14 * 14 for b in model.branches)
+
+
+def test_position_grid_of_pos_embed_size_is_resized_in_every_forward():
+    """With ``pos_embed_size`` the stored grid is smaller than the branch's; the forward resizes it (bicubic),
+    so the branch equals one built at its own size holding that resized grid."""
+    torch.manual_seed(0)
+    small = zoo.create('piip_tiny', features_only=True, pos_embed_size=32).eval()
+    assert [tuple(b.pos_embed.shape) for b in small.branches] == [(1, 4, 128), (1, 4, 64), (1, 4, 32)]
+    full = zoo.create('piip_tiny', features_only=True).eval()
+    own = {k: v for k, v in small.state_dict().items() if not k.endswith('pos_embed')}
+    full.load_state_dict(own, strict=False)
+    with torch.no_grad():
+        for b_small, b_full in zip(small.branches, full.branches):
+            b_small.pos_embed.normal_()
+            side = b_full.patch_embed.grid_size
+            b_full.pos_embed.copy_(F.interpolate(b_small.pos_embed.reshape(1, 2, 2, -1).permute(0, 3, 1, 2),
+                                                 size=side, mode='bicubic', align_corners=False)
+                                   .flatten(2).transpose(1, 2))
+        x = torch.randn(1, 3, 64, 64)
+        for a, b in zip(small(x), full(x)):
+            torch.testing.assert_close(a, b)
 
 
 # -- window attention of the detection branches ---------------------------------------------------------------
