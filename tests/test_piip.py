@@ -325,6 +325,72 @@ def test_detection_backbone_counts_equal_the_official_mmdet_backbone(key):
     assert all(b.pos_embed.shape[1] == 14 * 14 for b in model.branches)
 
 
+# Official get_flops_det.py figures (mmcv MACs, see the docstring below): conv / linear MACs of the branches'
+# blocks, patch embeddings (incl. conv bias), interactions (incl. depthwise-conv bias) and merge modules, and the
+# script's own window-attention term 2 * H * W * window^2 * D per block (unpadded token counts).
+_OFFICIAL_DET_MACS = {
+    'tsb': dict(blocks=159_188_779_008, patch=2_112_547_584, interactions=65_840_269_824, merges=65_808_433_152,
+                attention=12_922_527_744),
+    'sbl': dict(blocks=531_207_290_880, patch=3_106_120_192, interactions=136_499_241_984, merges=107_513_118_720,
+                attention=91_106_770_944),
+}
+
+
+@pytest.mark.parametrize('key', list(_OFFICIAL_DET_MACS))
+def test_detection_backbone_macs_equal_the_official_flops_script(key):
+    """MACs of the detection backbones, group by group, against OpenGVLab/PIIP's ``mmdetection/get_flops_det.py``
+    (commit 7a8ecebf) run outside the repository on the official backbone built as in the parameter test above:
+    mmcv's flops counter (the repo's vendored ``mmcv/cnn/utils/flops_counter.py``) on the meta device with
+    ``cal_flops=True`` (the forward stops after the merge, so fpn1 / fpn2 are not counted), flash-attn and the
+    CUDA deformable function replaced by zero-cost stand-ins (mmcv does not count them; the script adds both
+    analytically). The script's totals: TSB 1120/896/448 307.31 G, SBL 1120/672/448 871.43 G (README: 243 G,
+    727 G; see docs/piip.md).
+
+    Ours (torch's FlopCounterMode, no bias terms) equals it exactly once counting conventions are accounted for:
+    mmcv adds conv biases (patch embeddings, the ConvFFN depthwise conv), subtracted here; the window attention
+    is the same formula on the zero-padded grid, which is what both implementations compute (SBL's 42- and
+    70-token grids are padded to 56 and 84 for window 28; the script's formula uses the unpadded counts, an
+    undercount of its own kernel). The output projection of windowed attention runs after the crop, as the
+    official flash path does (it used to run on the padded tokens: 13.5 G more for SBL).
+    """
+    from torch.utils.flop_counter import FlopCounterMode
+    from zoo.eval.profile import _register_cpu_sdpa_flops
+    _register_cpu_sdpa_flops()
+    kw, *_ = _OFFICIAL_DET[key]
+    kw = dict(kw)
+    with torch.device('meta'):
+        model = zoo.create(kw.pop('name'), features_only=True, **kw).eval()
+    size = model.img_sizes[-1]
+    with FlopCounterMode(display=False) as counter, torch.no_grad():
+        model(torch.zeros(1, 3, size, size, device='meta'))
+    macs = {k: sum(v.values()) // 2 for k, v in counter.get_flop_counts().items()}
+
+    def group(pred):
+        return sum(v for k, v in macs.items() if pred(k.split('.')))
+
+    grids = [s // 16 for s in model.img_sizes]
+    official = _OFFICIAL_DET_MACS[key]
+    blocks = group(lambda p: len(p) == 5 and p[4] == 'mlp' or len(p) == 6 and p[5] in ('qkv', 'proj'))
+    assert blocks == official['blocks']
+    patch_bias = sum(d * g * g for d, g in zip(model.embed_dims, grids))
+    assert group(lambda p: len(p) == 3 and p[2] == 'patch_embed') == official['patch'] - patch_bias
+    dims = model.embed_dims
+    dw_bias = 12 * sum(dims[i] // 4 * grids[i] ** 2 + dims[i + 1] // 4 * grids[i + 1] ** 2
+                       for i in range(model.num_branches - 1))
+    assert group(lambda p: len(p) == 3 and p[1] == 'interactions') == official['interactions'] - dw_bias
+    assert group(lambda p: len(p) == 2 and p[1].startswith('merge_branch')) == official['merges']
+    win = model.window_sizes
+
+    def attention(g, w, d, depth, pad):
+        n = (-(-g // w) * w) ** 2 if pad else g * g
+        return 2 * n * w * w * d * depth
+
+    depths = [len(b.blocks) for b in model.branches]
+    assert sum(attention(g, w, d, n, False) for g, w, d, n in zip(grids, win, dims, depths)) == official['attention']
+    bmm = sum(v for k, v in counter.get_flop_counts()['Global'].items() if 'bmm' in str(k)) // 2
+    assert bmm == sum(attention(g, w, d, n, True) for g, w, d, n in zip(grids, win, dims, depths))
+
+
 def test_position_grid_of_pos_embed_size_is_resized_in_every_forward():
     """With ``pos_embed_size`` the stored grid is smaller than the branch's; the forward resizes it (bicubic),
     so the branch equals one built at its own size holding that resized grid."""

@@ -103,17 +103,23 @@ def _make_branch(style: str, img_size: int, patch_size: int, in_chans: int, num_
 
 
 def windowed_attention(attn: nn.Module, x: torch.Tensor, grid: tuple[int, int], window: int) -> torch.Tensor:
-    """Run ``attn`` (timm's Attention, (B, N, C) -> (B, N, C)) inside non-overlapping window x window blocks of
-    the token grid. As the official detection branches (``WindowedFlashAttention``): the map is zero-padded to a
-    multiple of the window BEFORE the qkv projection, padded tokens take part unmasked, and are cropped after."""
+    """timm's ``Attention`` ((B, N, C) -> (B, N, C)) inside non-overlapping window x window blocks of the token
+    grid. As the official detection branches (``WindowedFlashAttention``): the map is zero-padded to a multiple
+    of the window BEFORE the qkv projection, padded tokens take part unmasked, and the output projection runs
+    after the crop (it is per token, so only the padded tokens' cost is saved)."""
     b = x.shape[0]
     h, w = grid
     ph, pw = (-h) % window, (-w) % window
     x = F.pad(rearrange(x, 'b (h w) c -> b h w c', h=h, w=w), (0, 0, 0, pw, 0, ph))
     nh, nw = (h + ph) // window, (w + pw) // window
-    x = attn(rearrange(x, 'b (nh s) (nw t) c -> (b nh nw) (s t) c', nh=nh, nw=nw))  # (B*windows, window^2, C)
+    x = rearrange(x, 'b (nh s) (nw t) c -> (b nh nw) (s t) c', nh=nh, nw=nw)  # (B*windows, window^2, C)
+    q, k, v = rearrange(attn.qkv(x), 'n l (three m d) -> three n m l d', three=3, m=attn.num_heads)
+    q, k = attn.q_norm(q), attn.k_norm(k)
+    x = F.scaled_dot_product_attention(q, k, v, dropout_p=attn.attn_drop.p if attn.training else 0.0)
+    x = attn.norm(rearrange(x, 'n m l d -> n l (m d)'))  # timm's scale_norm (Identity in ViTs)
     x = rearrange(x, '(b nh nw) (s t) c -> b (nh s) (nw t) c', b=b, nh=nh, nw=nw, s=window)
-    return rearrange(x[:, :h, :w], 'b h w c -> b (h w) c')
+    x = rearrange(x[:, :h, :w], 'b h w c -> b (h w) c')
+    return attn.proj_drop(attn.proj(x))
 
 
 def _run_block(blk: nn.Module, x: torch.Tensor, grid: tuple[int, int], window: int | None) -> torch.Tensor:
