@@ -305,8 +305,8 @@ def test_detection_backbone_counts_equal_the_official_mmdet_backbone(key):
     the 224-px pretraining grid (14 x 14) and resize them in every forward (ours used to store them at the
     branch's size, 2.48M / 3.61M / 4.25M more), and the SBL configs use DeiT III branches (LayerScale,
     ``branch_style='deit'``; the AugReg style lacks its 76,800 gammas). The official ``piip_4branch.py`` builds
-    branch4 from branch3's config (``vit_models(**branch3)``: a second ViT-S instead of the config's ViT-T,
-    593,216,388 parameters); the TSBL count here is the official code with that line reading ``branch4``.
+    branch4 with branch3's settings (a second ViT-S instead of the config's ViT-T: 593,216,388 parameters); the
+    TSBL count here is the official code with branch4 built from its own config.
     The README's "#Param" (146M / 493M / 506M) is none of these; see docs/piip.md.
     """
     kw, total, merge, fpn, inter = _OFFICIAL_DET[key]
