@@ -8,7 +8,8 @@ tests/test_models.py); the README rounds them to 144M and 489M. The official PII
 128/64/32 wide, depth 2, 16 deformable heads, random weights with every gamma non-zero) loads into our model
 through ``PIIP.remap_checkpoint`` with all keys matched, and with ``head_token='first_patch'`` (its reading)
 the logits agree to 1.5e-8 (float32) at 64/48/32 and at 368/192/128 px; with our default class-token
-heads they differ, as they should.
+heads they differ, as they should. The detection backbones: see the tests of the official mmdet backbone below
+(exact parameter counts, MACs against ``get_flops_det.py``, the pyramid against ``PIIPThreeBranch``).
 """
 from __future__ import annotations
 
@@ -389,6 +390,29 @@ def test_detection_backbone_macs_equal_the_official_flops_script(key):
     assert sum(attention(g, w, d, n, False) for g, w, d, n in zip(grids, win, dims, depths)) == official['attention']
     bmm = sum(v for k, v in counter.get_flop_counts()['Global'].items() if 'bmm' in str(k)) // 2
     assert bmm == sum(attention(g, w, d, n, True) for g, w, d, n in zip(grids, win, dims, depths))
+
+
+def test_official_detection_state_dict_layout_loads_through_remap_checkpoint():
+    """The official detection backbone's keys (DeiT ``gamma_1/2``, ``fpn2.0.*``; 14 x 14 position grids) load
+    into ours with every key matched.
+
+    Outside CI, the official ``PIIPThreeBranch`` (DeiT branches 128/64/32 wide, depth 2, 2 interactions, every
+    parameter random, gammas and merge scalars included; deformable function swapped for the ops' PyTorch core)
+    loaded this way gives the same four pyramid maps as ours: to 5e-7 with its non-flash window attention where
+    the windows tile the grid (64/96/128 px, window 2); with its flash path, which casts qkv to float16, to 3e-5
+    whether or not the grids are padded (window 2, 3, 4 on 4/6/8 and 6/8/10 grids: the same padding semantics);
+    its non-flash path with padding differs (it pads after the qkv projection), as documented.
+    """
+    torch.manual_seed(0)
+    ours = zoo.create('piip_tiny', features_only=True, pos_embed_size=224, window_size=2).eval()
+    official = {k.replace('.ls1.gamma', '.gamma_1').replace('.ls2.gamma', '.gamma_2').replace('fpn2.', 'fpn2.0.'): v
+                for k, v in ours.state_dict().items()}
+    assert 'fpn2.0.weight' in official and official['branch1.pos_embed'].shape == (1, 196, 128)
+    fresh = zoo.create('piip_tiny', features_only=True, pos_embed_size=224, window_size=2).eval()
+    fresh.load_state_dict(PIIP.remap_checkpoint(official), strict=True)
+    x = torch.randn(1, 3, 64, 64)
+    with torch.no_grad():
+        assert all(torch.equal(a, b) for a, b in zip(ours(x), fresh(x)))
 
 
 def test_position_grid_of_pos_embed_size_is_resized_in_every_forward():

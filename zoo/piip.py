@@ -367,10 +367,13 @@ class PIIP(ClassifierBase):
     # -- checkpoints ----------------------------------------------------------------------------------------
     @staticmethod
     def remap_checkpoint(state_dict: dict) -> dict:
-        """Official PIIP keys -> ours: DeiT LayerScale ``gamma_1/2`` -> timm's ``ls1/ls2.gamma``."""
+        """Official PIIP keys -> ours: DeiT LayerScale ``gamma_1/2`` -> timm's ``ls1/ls2.gamma``; the detection
+        backbone's ``fpn2.0`` (a one-layer Sequential there) -> ``fpn2``."""
         out = {}
         for k, v in state_dict.items():
             k = k.replace('.gamma_1', '.ls1.gamma').replace('.gamma_2', '.ls2.gamma')
+            if k.startswith('fpn2.0.'):
+                k = 'fpn2.' + k[len('fpn2.0.'):]
             out[k] = v
         return out
 
