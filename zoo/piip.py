@@ -453,7 +453,8 @@ def _create(branches, img_sizes, branch_style, drop_path_rates, kwargs, det_pos_
                 top1=82.1)
 def piip_tsb(**kwargs):
     """PIIP-TSB 368/192/128 (DeiT v1 B / S / T), ImageNet-1k 82.1 (README: 144M, 17.4G).
-    Detection resolutions: ``img_sizes=(448, 896, 1120)`` (or 448/896/1568, 672/1120/1568) with features_only."""
+    Detection: ``img_sizes=(448, 896, 1120)`` (or 448/896/1568, 672/1120/1568), ``window_size=14``, features_only
+    (the official Mask R-CNN backbone, 175,043,715 parameters at 1120/896/448)."""
     return _create([_B, _S, _T], (128, 192, 368), 'deit', (0.2, 0.05, 0.05), kwargs, det_pos_embed_size=224)
 
 
@@ -461,14 +462,16 @@ def piip_tsb(**kwargs):
                 top1=85.9)
 def piip_sbl(**kwargs):
     """PIIP-SBL 384/192/128 (AugReg L / B / S), ImageNet-1k 85.9 (README: 489M, 61.2G).
-    320/160/96 (85.2): ``img_sizes=(96, 160, 320)``; detection e.g. ``img_sizes=(448, 672, 1120)``."""
+    320/160/96 (85.2): ``img_sizes=(96, 160, 320)``. Detection, as the official DeiT III Mask R-CNN configs:
+    ``img_sizes=(448, 672, 1120), window_size=28, branch_style='deit'``, features_only (547,810,051 parameters)."""
     return _create([_L, _B, _S], (128, 192, 384), 'augreg', (0.4, 0.2, 0.05), kwargs, det_pos_embed_size=224)
 
 
 @register_model(**_META, input_size=(3, 1344, 1344), params=505_521_376)
 def piip_tsbl(**kwargs):
-    """PIIP-TSBL (ViT L / B / S / T), a detection backbone in the paper (Mask R-CNN 1344/896/672/448: 506M with
-    the merge and pyramid modules); here at those resolutions with classification heads by default."""
+    """PIIP-TSBL (ViT L / B / S / T), a detection backbone in the paper (Mask R-CNN 1344/896/672/448, README 506M);
+    here at those resolutions with classification heads by default. ``window_size=28, features_only=True`` is the
+    official Mask R-CNN backbone (571,066,500 parameters with its merge and pyramid modules)."""
     return _create([_L, _B, _S, _T], (448, 672, 896, 1344), 'deit', (0.4, 0.15, 0.05, 0.05), kwargs,
                    det_pos_embed_size=224)
 
