@@ -8,7 +8,8 @@ tests/test_models.py); the README rounds them to 144M and 489M. The official PII
 128/64/32 wide, depth 2, 16 deformable heads, random weights with every gamma non-zero) loads into our model
 through ``PIIP.remap_checkpoint`` with all keys matched, and with ``head_token='first_patch'`` (its reading)
 the logits agree to 1.5e-8 (float32) at 64/48/32 and at 368/192/128 px; with our default class-token
-heads they differ, as they should.
+heads they differ, as they should. The detection backbones: see the tests of the official mmdet backbone below
+(exact parameter counts, MACs against ``get_flops_det.py``, the pyramid against ``PIIPThreeBranch``).
 """
 from __future__ import annotations
 
@@ -268,9 +269,171 @@ def test_features_only_pyramid():
 def test_detection_resolutions_are_an_option():
     with torch.device('meta'):
         det = zoo.create('piip_tsb', img_sizes=(448, 896, 1120), features_only=True)
+        own = zoo.create('piip_tsb', img_sizes=(448, 896, 1120), features_only=True, pos_embed_size=(448, 896, 1120))
     assert det.img_sizes == (448, 896, 1120)
-    assert det.branch1.pos_embed.shape == (1, 28 * 28, 768) and det.branch3.pos_embed.shape == (1, 70 * 70, 192)
+    # position grids stay on the 224-px pretraining grid (official detection backbone), resized in every forward
+    assert det.branch1.pos_embed.shape == (1, 14 * 14, 768) and det.branch3.pos_embed.shape == (1, 14 * 14, 192)
+    assert own.branch1.pos_embed.shape == (1, 28 * 28, 768) and own.branch3.pos_embed.shape == (1, 70 * 70, 192)
     assert [i.num_chs for i in det.feature_info] == [768] * 4
+    with pytest.raises(ValueError, match='pos_embed_size'):
+        zoo.create('piip_tiny', features_only=True, pos_embed_size=(32, 48))
+
+
+# The official detection backbones, counted outside the repository (see the docstring below).
+_OFFICIAL_DET = {  # name: (zoo kwargs, total, merge modules + w_i, simple pyramid fpn1/fpn2, interactions)
+    'tsb': (dict(name='piip_tsb', img_sizes=(448, 896, 1120), window_size=14),
+            175_043_715, 25_224_195, 7_081_728, 29_722_176),
+    'sbl': (dict(name='piip_sbl', img_sizes=(448, 672, 1120), window_size=28, branch_style='deit'),
+            547_810_051, 48_377_859, 12_588_032, 76_010_112),
+    'tsbl': (dict(name='piip_tsbl', img_sizes=(448, 672, 896, 1344), window_size=28),
+             571_066_500, 59_588_612, 12_588_032, 82_527_552),
+}
+
+
+@pytest.mark.parametrize('key', list(_OFFICIAL_DET))
+def test_detection_backbone_counts_equal_the_official_mmdet_backbone(key):
+    """Exact parameter counts of the official Mask R-CNN backbones (OpenGVLab/PIIP at commit
+    7a8ecebfbd6230509ac9f2f8a0de80dd729b2af7, ``mmdetection/mmdet/models/backbones/piip_{3,4}branch.py``).
+
+    Run outside the repository: ``PIIPThreeBranch`` / ``PIIPFourBranch`` built on the meta device from
+    ``configs/piip/3branch/mask_rcnn_deit_tsb_1120_896_448_fpn_1x_coco_bs16.py``,
+    ``.../mask_rcnn_deit_sbl_1120_672_448_fpn_1x_coco_bs16.py`` and
+    ``configs/piip/4branch/mask_rcnn_deit_tsbl_1344_896_672_448_fpn_1x_coco_bs16.py``, with count-only stand-ins
+    for the mmdet registry, mmcv's ``BaseModule``, the logger and flash-attn's parameter-free kernel, the real
+    ``MSDeformAttn`` module (only its CUDA function stubbed), and no checkpoint loading. Every parameter name
+    (DeiT's ``gamma_1/2`` read as timm's ``ls1/ls2.gamma``, the official ``fpn2.0`` as our ``fpn2``) and every
+    shape equals ours. Two things had to be matched: the official branches keep their position embeddings on
+    the 224-px pretraining grid (14 x 14) and resize them in every forward (ours used to store them at the
+    branch's size, 2.48M / 3.61M / 4.25M more), and the SBL configs use DeiT III branches (LayerScale,
+    ``branch_style='deit'``; the AugReg style lacks its 76,800 gammas). The official ``piip_4branch.py`` builds
+    branch4 with branch3's settings (a second ViT-S instead of the config's ViT-T: 593,216,388 parameters); the
+    TSBL count here is the official code with branch4 built from its own config.
+    The README's "#Param" (146M / 493M / 506M) is none of these; see docs/piip.md.
+    """
+    kw, total, merge, fpn, inter = _OFFICIAL_DET[key]
+    kw = dict(kw)
+    with torch.device('meta'):
+        model = zoo.create(kw.pop('name'), features_only=True, **kw)
+
+    def count(prefixes):
+        return sum(p.numel() for n, p in model.named_parameters() if n.startswith(prefixes))
+
+    nb = model.num_branches
+    assert sum(p.numel() for p in model.parameters()) == total
+    assert count(tuple(f'merge_branch{i + 1}.' for i in range(nb)) + tuple(f'w{i + 1}' for i in range(nb))) == merge
+    assert count(('fpn1.', 'fpn2.')) == fpn
+    assert count(('interactions.',)) == inter
+    assert all(b.pos_embed.shape[1] == 14 * 14 for b in model.branches)
+
+
+# Official get_flops_det.py figures (mmcv MACs, see the docstring below): conv / linear MACs of the branches'
+# blocks, patch embeddings (incl. conv bias), interactions (incl. depthwise-conv bias) and merge modules, and the
+# script's own window-attention term 2 * H * W * window^2 * D per block (unpadded token counts).
+_OFFICIAL_DET_MACS = {
+    'tsb': dict(blocks=159_188_779_008, patch=2_112_547_584, interactions=65_840_269_824, merges=65_808_433_152,
+                attention=12_922_527_744),
+    'sbl': dict(blocks=531_207_290_880, patch=3_106_120_192, interactions=136_499_241_984, merges=107_513_118_720,
+                attention=91_106_770_944),
+}
+
+
+@pytest.mark.parametrize('key', list(_OFFICIAL_DET_MACS))
+def test_detection_backbone_macs_equal_the_official_flops_script(key):
+    """MACs of the detection backbones, group by group, against OpenGVLab/PIIP's ``mmdetection/get_flops_det.py``
+    (commit 7a8ecebf) run outside the repository on the official backbone built as in the parameter test above:
+    mmcv's flops counter (the repo's vendored ``mmcv/cnn/utils/flops_counter.py``) on the meta device with
+    ``cal_flops=True`` (the forward stops after the merge, so fpn1 / fpn2 are not counted), flash-attn and the
+    CUDA deformable function replaced by zero-cost stand-ins (mmcv does not count them; the script adds both
+    analytically). The script's totals: TSB 1120/896/448 307.31 G, SBL 1120/672/448 871.43 G (README: 243 G,
+    727 G; see docs/piip.md).
+
+    Ours (torch's FlopCounterMode, no bias terms) equals it exactly once counting conventions are accounted for:
+    mmcv adds conv biases (patch embeddings, the ConvFFN depthwise conv), subtracted here; the window attention
+    is the same formula on the zero-padded grid, which is what both implementations compute (SBL's 42- and
+    70-token grids are padded to 56 and 84 for window 28; the script's formula uses the unpadded counts, an
+    undercount of its own kernel). The output projection of windowed attention runs after the crop, as the
+    official flash path does (it used to run on the padded tokens: 13.5 G more for SBL).
+    """
+    from torch.utils.flop_counter import FlopCounterMode
+    from zoo.eval.profile import _register_cpu_sdpa_flops
+    _register_cpu_sdpa_flops()
+    kw, *_ = _OFFICIAL_DET[key]
+    kw = dict(kw)
+    with torch.device('meta'):
+        model = zoo.create(kw.pop('name'), features_only=True, **kw).eval()
+    size = model.img_sizes[-1]
+    with FlopCounterMode(display=False) as counter, torch.no_grad():
+        model(torch.zeros(1, 3, size, size, device='meta'))
+    macs = {k: sum(v.values()) // 2 for k, v in counter.get_flop_counts().items()}
+
+    def group(pred):
+        return sum(v for k, v in macs.items() if pred(k.split('.')))
+
+    grids = [s // 16 for s in model.img_sizes]
+    official = _OFFICIAL_DET_MACS[key]
+    blocks = group(lambda p: len(p) == 5 and p[4] == 'mlp' or len(p) == 6 and p[5] in ('qkv', 'proj'))
+    assert blocks == official['blocks']
+    patch_bias = sum(d * g * g for d, g in zip(model.embed_dims, grids))
+    assert group(lambda p: len(p) == 3 and p[2] == 'patch_embed') == official['patch'] - patch_bias
+    dims = model.embed_dims
+    dw_bias = 12 * sum(dims[i] // 4 * grids[i] ** 2 + dims[i + 1] // 4 * grids[i + 1] ** 2
+                       for i in range(model.num_branches - 1))
+    assert group(lambda p: len(p) == 3 and p[1] == 'interactions') == official['interactions'] - dw_bias
+    assert group(lambda p: len(p) == 2 and p[1].startswith('merge_branch')) == official['merges']
+    win = model.window_sizes
+
+    def attention(g, w, d, depth, pad):
+        n = (-(-g // w) * w) ** 2 if pad else g * g
+        return 2 * n * w * w * d * depth
+
+    depths = [len(b.blocks) for b in model.branches]
+    assert sum(attention(g, w, d, n, False) for g, w, d, n in zip(grids, win, dims, depths)) == official['attention']
+    bmm = sum(v for k, v in counter.get_flop_counts()['Global'].items() if 'bmm' in str(k)) // 2
+    assert bmm == sum(attention(g, w, d, n, True) for g, w, d, n in zip(grids, win, dims, depths))
+
+
+def test_official_detection_state_dict_layout_loads_through_remap_checkpoint():
+    """The official detection backbone's keys (DeiT ``gamma_1/2``, ``fpn2.0.*``; 14 x 14 position grids) load
+    into ours with every key matched.
+
+    Outside CI, the official ``PIIPThreeBranch`` (DeiT branches 128/64/32 wide, depth 2, 2 interactions, every
+    parameter random, gammas and merge scalars included; deformable function swapped for the ops' PyTorch core)
+    loaded this way gives the same four pyramid maps as ours: to 5e-7 with its non-flash window attention where
+    the windows tile the grid (64/96/128 px, window 2); with its flash path, which casts qkv to float16, to 3e-5
+    whether or not the grids are padded (window 2, 3, 4 on 4/6/8 and 6/8/10 grids: the same padding semantics);
+    its non-flash path with padding differs (it pads after the qkv projection), as documented.
+    """
+    torch.manual_seed(0)
+    ours = zoo.create('piip_tiny', features_only=True, pos_embed_size=224, window_size=2).eval()
+    official = {k.replace('.ls1.gamma', '.gamma_1').replace('.ls2.gamma', '.gamma_2').replace('fpn2.', 'fpn2.0.'): v
+                for k, v in ours.state_dict().items()}
+    assert 'fpn2.0.weight' in official and official['branch1.pos_embed'].shape == (1, 196, 128)
+    fresh = zoo.create('piip_tiny', features_only=True, pos_embed_size=224, window_size=2).eval()
+    fresh.load_state_dict(PIIP.remap_checkpoint(official), strict=True)
+    x = torch.randn(1, 3, 64, 64)
+    with torch.no_grad():
+        assert all(torch.equal(a, b) for a, b in zip(ours(x), fresh(x)))
+
+
+def test_position_grid_of_pos_embed_size_is_resized_in_every_forward():
+    """With ``pos_embed_size`` the stored grid is smaller than the branch's; the forward resizes it (bicubic),
+    so the branch equals one built at its own size holding that resized grid."""
+    torch.manual_seed(0)
+    small = zoo.create('piip_tiny', features_only=True, pos_embed_size=32).eval()
+    assert [tuple(b.pos_embed.shape) for b in small.branches] == [(1, 4, 128), (1, 4, 64), (1, 4, 32)]
+    full = zoo.create('piip_tiny', features_only=True).eval()
+    own = {k: v for k, v in small.state_dict().items() if not k.endswith('pos_embed')}
+    full.load_state_dict(own, strict=False)
+    with torch.no_grad():
+        for b_small, b_full in zip(small.branches, full.branches):
+            b_small.pos_embed.normal_()
+            side = b_full.patch_embed.grid_size
+            b_full.pos_embed.copy_(F.interpolate(b_small.pos_embed.reshape(1, 2, 2, -1).permute(0, 3, 1, 2),
+                                                 size=side, mode='bicubic', align_corners=False)
+                                   .flatten(2).transpose(1, 2))
+        x = torch.randn(1, 3, 64, 64)
+        for a, b in zip(small(x), full(x)):
+            torch.testing.assert_close(a, b)
 
 
 # -- window attention of the detection branches ---------------------------------------------------------------

@@ -43,6 +43,11 @@ Choices, stated:
 - Detection branches of the official code use window attention (14 or 28 tokens) and no class token. Here,
   ``features_only`` branches have no class token, no final norm and no head; ``window_size`` gives them the
   official window attention (``windowed_attention``); the default is global attention.
+- Position embeddings are stored on the patch grid of ``pos_embed_size`` (default: each branch's own size, as the
+  official classifier). The official detection backbone keeps them on the 224-px pretraining grid (14 x 14) and
+  resizes them bicubically to the branch's grid in every forward; ``piip_tsb`` / ``piip_sbl`` / ``piip_tsbl``
+  with ``features_only=True`` do the same (``pos_embed_size=224``), so their parameters equal the official
+  detection backbone's.
 - No fp32 islands: the official code runs the injector residuals in fp32 under autocast; we leave dtype
   policy to the caller.
 """
@@ -79,6 +84,7 @@ def default_interaction_indexes(depth: int, num_interactions: int) -> list[list[
 
 def _make_branch(style: str, img_size: int, patch_size: int, in_chans: int, num_classes: int, embed_dim: int,
                  depth: int, num_heads: int, drop_path_rate: float, class_token: bool):
+    """timm ViT branch; ``img_size`` sets the patch grid its position embedding is stored on."""
     from timm.models.vision_transformer import VisionTransformer  # lazily: timm's import is heavy
 
     if style not in BRANCH_STYLES:
@@ -97,17 +103,23 @@ def _make_branch(style: str, img_size: int, patch_size: int, in_chans: int, num_
 
 
 def windowed_attention(attn: nn.Module, x: torch.Tensor, grid: tuple[int, int], window: int) -> torch.Tensor:
-    """Run ``attn`` (timm's Attention, (B, N, C) -> (B, N, C)) inside non-overlapping window x window blocks of
-    the token grid. As the official detection branches (``WindowedFlashAttention``): the map is zero-padded to a
-    multiple of the window BEFORE the qkv projection, padded tokens take part unmasked, and are cropped after."""
+    """timm's ``Attention`` ((B, N, C) -> (B, N, C)) inside non-overlapping window x window blocks of the token
+    grid. As the official detection branches (``WindowedFlashAttention``): the map is zero-padded to a multiple
+    of the window BEFORE the qkv projection, padded tokens take part unmasked, and the output projection runs
+    after the crop (it is per token, so only the padded tokens' cost is saved)."""
     b = x.shape[0]
     h, w = grid
     ph, pw = (-h) % window, (-w) % window
     x = F.pad(rearrange(x, 'b (h w) c -> b h w c', h=h, w=w), (0, 0, 0, pw, 0, ph))
     nh, nw = (h + ph) // window, (w + pw) // window
-    x = attn(rearrange(x, 'b (nh s) (nw t) c -> (b nh nw) (s t) c', nh=nh, nw=nw))  # (B*windows, window^2, C)
+    x = rearrange(x, 'b (nh s) (nw t) c -> (b nh nw) (s t) c', nh=nh, nw=nw)  # (B*windows, window^2, C)
+    q, k, v = rearrange(attn.qkv(x), 'n l (three m d) -> three n m l d', three=3, m=attn.num_heads)
+    q, k = attn.q_norm(q), attn.k_norm(k)
+    x = F.scaled_dot_product_attention(q, k, v, dropout_p=attn.attn_drop.p if attn.training else 0.0)
+    x = attn.norm(rearrange(x, 'n m l d -> n l (m d)'))  # timm's scale_norm (Identity in ViTs)
     x = rearrange(x, '(b nh nw) (s t) c -> b (nh s) (nw t) c', b=b, nh=nh, nw=nw, s=window)
-    return rearrange(x[:, :h, :w], 'b h w c -> b (h w) c')
+    x = rearrange(x[:, :h, :w], 'b h w c -> b (h w) c')
+    return attn.proj_drop(attn.proj(x))
 
 
 def _run_block(blk: nn.Module, x: torch.Tensor, grid: tuple[int, int], window: int | None) -> torch.Tensor:
@@ -146,6 +158,9 @@ class PIIP(ClassifierBase):
         head_token: 'class' (each head reads its class token) or 'first_patch' (the official code's reading).
         window_size: window attention (tokens per side) in every block, one for all branches or one per branch
             (None = global); ``features_only`` only. Official detection configs: 14 (TSB), 28 (SBL, TSBL).
+        pos_embed_size: image size (px) whose patch grid each branch's position embedding is stored on, resized
+            bicubically to the actual grid in every forward; one for all branches or one per branch (None = the
+            branch's own img_size). The official detection backbone: 224 (its ``pretrain_img_size``).
         features_only / out_indices: return the 4-level detection pyramid (strides 4/8/16/32, D1 channels).
     """
 
@@ -156,7 +171,8 @@ class PIIP(ClassifierBase):
                  num_interactions: int = 12, interaction_indexes: Sequence[Sequence[Sequence[int]]] | None = None,
                  deform_num_heads: int = 16, n_points: int = 4, deform_ratio: float = 0.5, cffn_ratio: float = 0.25,
                  interaction_drop_path_rate: float = 0.4, head_token: str = 'class',
-                 window_size: int | Sequence[int | None] | None = None, features_only: bool = False,
+                 window_size: int | Sequence[int | None] | None = None,
+                 pos_embed_size: int | Sequence[int | None] | None = None, features_only: bool = False,
                  out_indices: Sequence[int] | None = None):
         super().__init__()
         n = len(img_sizes)
@@ -184,6 +200,14 @@ class PIIP(ClassifierBase):
             raise ValueError('PIIP: window_size (window attention, the official detection branches) needs '
                              'features_only=True: the classification branches attend globally with a class token')
         self.window_sizes = [int(w) if w else None for w in windows]
+        pos_sizes = ([pos_embed_size] * n if pos_embed_size is None or isinstance(pos_embed_size, int)
+                     else list(pos_embed_size))
+        if len(pos_sizes) != n:
+            raise ValueError(f'PIIP: pos_embed_size needs one entry per branch ({n}), got {pos_embed_size!r}')
+        pos_sizes = [s if p is None else p for p, s in zip(pos_sizes, img_sizes)]
+        if any(p <= 0 or p % patch_size for p in pos_sizes):
+            raise ValueError(f'PIIP: pos_embed_size must be positive multiples of patch_size={patch_size}, '
+                             f'got {pos_embed_size!r}')
         styles = [branch_style] * n if isinstance(branch_style, str) else list(branch_style)
         drop_path_rates = [0.0] * n if drop_path_rates is None else list(drop_path_rates)
         if interaction_indexes is None:
@@ -204,7 +228,7 @@ class PIIP(ClassifierBase):
         self.features_only = features_only
         for i in range(n):
             self.add_module(f'branch{i + 1}', _make_branch(
-                styles[i], img_sizes[i], patch_size, in_chans, 0 if features_only else num_classes, embed_dims[i],
+                styles[i], pos_sizes[i], patch_size, in_chans, 0 if features_only else num_classes, embed_dims[i],
                 depths[i], num_heads[i], drop_path_rates[i], class_token=not features_only))
         # one branch: no interactions, a plain ViT (with the same heads / pyramid): PIIP's single-branch baseline
         self.interactions = nn.Sequential(*[
@@ -343,10 +367,13 @@ class PIIP(ClassifierBase):
     # -- checkpoints ----------------------------------------------------------------------------------------
     @staticmethod
     def remap_checkpoint(state_dict: dict) -> dict:
-        """Official PIIP keys -> ours: DeiT LayerScale ``gamma_1/2`` -> timm's ``ls1/ls2.gamma``."""
+        """Official PIIP keys -> ours: DeiT LayerScale ``gamma_1/2`` -> timm's ``ls1/ls2.gamma``; the detection
+        backbone's ``fpn2.0`` (a one-layer Sequential there) -> ``fpn2``."""
         out = {}
         for k, v in state_dict.items():
             k = k.replace('.gamma_1', '.ls1.gamma').replace('.gamma_2', '.ls2.gamma')
+            if k.startswith('fpn2.0.'):
+                k = 'fpn2.' + k[len('fpn2.0.'):]
             out[k] = v
         return out
 
@@ -414,7 +441,9 @@ _META = dict(family='piip', paper=_PAPER, repo=_REPO, capabilities=('features', 
 _T, _S, _B, _L = (192, 12, 3), (384, 12, 6), (768, 12, 12), (1024, 24, 16)  # (dim, depth, heads)
 
 
-def _create(branches, img_sizes, branch_style, drop_path_rates, kwargs) -> PIIP:
+def _create(branches, img_sizes, branch_style, drop_path_rates, kwargs, det_pos_embed_size=None) -> PIIP:
+    if det_pos_embed_size and kwargs.get('features_only'):  # the official detection backbone's position grid
+        kwargs.setdefault('pos_embed_size', det_pos_embed_size)
     cfg = dict(img_sizes=img_sizes, embed_dims=[b[0] for b in branches], depths=[b[1] for b in branches],
                num_heads=[b[2] for b in branches], branch_style=branch_style, drop_path_rates=drop_path_rates)
     return build_model(PIIP, cfg, kwargs)
@@ -424,23 +453,27 @@ def _create(branches, img_sizes, branch_style, drop_path_rates, kwargs) -> PIIP:
                 top1=82.1)
 def piip_tsb(**kwargs):
     """PIIP-TSB 368/192/128 (DeiT v1 B / S / T), ImageNet-1k 82.1 (README: 144M, 17.4G).
-    Detection resolutions: ``img_sizes=(448, 896, 1120)`` (or 448/896/1568, 672/1120/1568) with features_only."""
-    return _create([_B, _S, _T], (128, 192, 368), 'deit', (0.2, 0.05, 0.05), kwargs)
+    Detection: ``img_sizes=(448, 896, 1120)`` (or 448/896/1568, 672/1120/1568), ``window_size=14``, features_only
+    (the official Mask R-CNN backbone, 175,043,715 parameters at 1120/896/448)."""
+    return _create([_B, _S, _T], (128, 192, 368), 'deit', (0.2, 0.05, 0.05), kwargs, det_pos_embed_size=224)
 
 
 @register_model(**_META, input_size=(3, 384, 384), params=488_925_880, macs=61_200_000_000,
                 top1=85.9)
 def piip_sbl(**kwargs):
     """PIIP-SBL 384/192/128 (AugReg L / B / S), ImageNet-1k 85.9 (README: 489M, 61.2G).
-    320/160/96 (85.2): ``img_sizes=(96, 160, 320)``; detection e.g. ``img_sizes=(448, 672, 1120)``."""
-    return _create([_L, _B, _S], (128, 192, 384), 'augreg', (0.4, 0.2, 0.05), kwargs)
+    320/160/96 (85.2): ``img_sizes=(96, 160, 320)``. Detection, as the official DeiT III Mask R-CNN configs:
+    ``img_sizes=(448, 672, 1120), window_size=28, branch_style='deit'``, features_only (547,810,051 parameters)."""
+    return _create([_L, _B, _S], (128, 192, 384), 'augreg', (0.4, 0.2, 0.05), kwargs, det_pos_embed_size=224)
 
 
 @register_model(**_META, input_size=(3, 1344, 1344), params=505_521_376)
 def piip_tsbl(**kwargs):
-    """PIIP-TSBL (ViT L / B / S / T), a detection backbone in the paper (Mask R-CNN 1344/896/672/448: 506M with
-    the merge and pyramid modules); here at those resolutions with classification heads by default."""
-    return _create([_L, _B, _S, _T], (448, 672, 896, 1344), 'deit', (0.4, 0.15, 0.05, 0.05), kwargs)
+    """PIIP-TSBL (ViT L / B / S / T), a detection backbone in the paper (Mask R-CNN 1344/896/672/448, README 506M);
+    here at those resolutions with classification heads by default. ``window_size=28, features_only=True`` is the
+    official Mask R-CNN backbone (571,066,500 parameters with its merge and pyramid modules)."""
+    return _create([_L, _B, _S, _T], (448, 672, 896, 1344), 'deit', (0.4, 0.15, 0.05, 0.05), kwargs,
+                   det_pos_embed_size=224)
 
 
 @register_model(**{**_META, 'input_size': (3, 64, 64)})
