@@ -176,7 +176,8 @@ class DetectionDataset(Dataset):
 
     A record is ``(load, image_id, source)``: ``load()`` returns ``(image, boxes, labels)`` -- a uint8
     (3, H, W) tensor, an (n, 4) float xyxy array in that image's pixels and (n,) ints -- or those and an (n,)
-    ``iscrowd`` array, or those and an (n,) ``area`` array (COCO), and ``source`` names the sample in errors. ``mosaic`` is the probability of a 4-image mosaic (training only).
+    ``iscrowd`` array, or those and an (n,) ``area`` array (COCO), and ``source`` names the sample in errors.
+    ``mosaic`` is the probability of a 4-image mosaic (training only).
     """
 
     def __init__(self, records: list[tuple], img_size: int, transform: Callable | None = None, mosaic: float = 0.0,

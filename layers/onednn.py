@@ -137,7 +137,9 @@ def conv_bn_act(x: torch.Tensor, conv: nn.Conv2d, bn: nn.BatchNorm2d | None = No
     if conv.training:  # weights change every step: fold and let oneDNN reorder per call
         weight, bias = _fold(conv, bn)
     else:
-        tensors = (conv.weight, conv.bias) + (() if bn is None else (bn.weight, bn.bias, bn.running_mean, bn.running_var))
+        tensors = (conv.weight, conv.bias)
+        if bn is not None:
+            tensors += (bn.weight, bn.bias, bn.running_mean, bn.running_var)
         weight, bias = _prepared(conv, tuple(t for t in tensors if t is not None), tuple(x.shape),
                                  lambda: _pack_conv(conv, bn, list(x.shape)))
     attr, algorithm = ('gelu', 'none') if gelu else ('none', '')
