@@ -5,6 +5,7 @@ import torch
 from torch import nn
 
 from ._registry import get, register
+from .onednn import exact_gelu
 
 
 @register('channel_mixer', 'mlp', example=dict(in_features=16, hidden_features=32), example_input=(2, 16, 8, 8))
@@ -56,8 +57,8 @@ class ConvMlp(nn.Module):
 def fusable(x: torch.Tensor, mlp: ConvMlp) -> bool:
     """Whether the oneDNN inference path applies: no autograd, CPU fp32 channels-last, exact GELU."""
     return (not torch.is_grad_enabled() or not (x.requires_grad or mlp.fc1.weight.requires_grad)) \
-        and x.device.type == 'cpu' and x.dtype == torch.float32 and type(mlp.act) is nn.GELU \
-        and mlp.act.approximate == 'none' and _HAS_MKLDNN_FUSION and x.is_contiguous(memory_format=torch.channels_last)
+        and x.device.type == 'cpu' and x.dtype == torch.float32 and exact_gelu(mlp.act) \
+        and _HAS_MKLDNN_FUSION and x.is_contiguous(memory_format=torch.channels_last)
 
 
 _HAS_MKLDNN_FUSION = torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, '_convolution_pointwise')

@@ -23,6 +23,7 @@ Everything else, and every call when the environment sets ``ZOO_ONEDNN=0`` (for 
 """
 from __future__ import annotations
 
+import functools
 import os
 import weakref
 from collections.abc import Callable
@@ -32,14 +33,26 @@ import torch.nn.functional as F
 from torch import nn
 from torch.autograd.function import once_differentiable
 
-__all__ = ['linear', 'conv_bn_act', 'onednn_enabled', 'clear_prepared']
+__all__ = ['linear', 'conv_bn_act', 'onednn_enabled', 'exact_gelu', 'clear_prepared']
+
+
+@functools.cache
+def _ops_available() -> bool:
+    """This PyTorch has oneDNN's fused ops and weight reorders (fixed for the process: asked once)."""
+    return torch.backends.mkldnn.is_available() and all(
+        hasattr(torch.ops.mkldnn, op) for op in ('_linear_pointwise', '_convolution_pointwise',
+                                                 '_reorder_linear_weight', '_reorder_convolution_weight'))
 
 
 def onednn_enabled() -> bool:
     """oneDNN's fused ops and weight reorders are available and not switched off with ``ZOO_ONEDNN=0``."""
-    return (os.environ.get('ZOO_ONEDNN', '1') != '0' and torch.backends.mkldnn.is_available()
-            and all(hasattr(torch.ops.mkldnn, op) for op in ('_linear_pointwise', '_convolution_pointwise',
-                                                             '_reorder_linear_weight', '_reorder_convolution_weight')))
+    return os.environ.get('ZOO_ONEDNN', '1') != '0' and _ops_available()
+
+
+def exact_gelu(act: nn.Module) -> bool:
+    """``act`` is ``nn.GELU`` with the erf form: the GELU oneDNN applies as a post-op (a subclass or the tanh
+    approximation would compute another function)."""
+    return type(act) is nn.GELU and act.approximate == 'none'
 
 
 try:  # a private helper of PyTorch's; without it, take the plain path whenever a counter could be listening

@@ -22,7 +22,7 @@ from einops import rearrange
 from torch import nn
 
 from ._registry import register
-from .onednn import linear
+from .onednn import exact_gelu, linear
 
 
 def _pair(v: int | Sequence[int]) -> tuple[int, int]:
@@ -79,7 +79,7 @@ class RaftMixing(nn.Module):
             # Long rafts (the 56 and 28 grids): moving the rafts into rows (as ``reference``) and two large
             # oneDNN GEMMs (GELU fused in inference) beat the batched products, copy included. (With autograd,
             # the batched products' weight gradient would also be a (B*n, e*r*L, r*L) tensor to sum.)
-            if not (type(self.act) is nn.GELU and self.act.approximate == 'none'):
+            if not exact_gelu(self.act):
                 return self.reference(x)
             pattern = 'b h w (r co) -> b co w (r h)' if self.axis == 'h' else 'b h w (r co) -> b co h (r w)'
             t = self.drop1(linear(rearrange(x, pattern, r=r), self.fc1, gelu=True))

@@ -23,7 +23,7 @@ from einops import rearrange
 from torch import nn
 
 from ._registry import register
-from .onednn import conv_bn_act
+from .onednn import conv_bn_act, exact_gelu
 
 
 def _square(input_resolution, who: str) -> int:
@@ -109,7 +109,7 @@ class CascadeGroupStripMixing(nn.Module):
         # Both fuses read the module's *input* x, as the official code does (it never reassigns x): the row
         # fuse sees x without the position bias, and the column fuse sees x, not the row-mixed map.
         rows = torch.cat([self.proj_h(x + self.pos_h()), x], dim=1)  # (N, 2C', s, s)
-        if type(self.act) is nn.GELU and self.act.approximate == 'none':  # inference: BN folded, GELU fused
+        if exact_gelu(self.act):  # inference: BN folded, GELU fused
             rows = conv_bn_act(rows, self.fuse_h, self.norm, gelu=True) + self.pos_w()
         else:
             rows = self.act(self.norm(self.fuse_h(rows))) + self.pos_w()
@@ -135,8 +135,8 @@ class LocalStripMixing(nn.Module):
         a, b = conv_bn_act(x, self.strip_w), conv_bn_act(x, self.strip_h)
         gap = a.mean((2, 3), keepdim=True) + b.mean((2, 3), keepdim=True) + x.mean((2, 3), keepdim=True)
         fc1, act, fc2 = self.reweight
-        if type(act) is nn.GELU and act.approximate == 'none':  # inference: oneDNN (PyTorch's own path for a
-            att = conv_bn_act(conv_bn_act(gap, fc1, gelu=True), fc2)  # 1x1 conv on a 1x1 map is im2col)
+        if exact_gelu(act):  # inference: oneDNN (PyTorch's own path for a 1x1 conv on a 1x1 map is im2col)
+            att = conv_bn_act(conv_bn_act(gap, fc1, gelu=True), fc2)
         else:
             att = self.reweight(gap)  # GAP(a + b + x) -> (N, 3C', 1, 1)
         att = rearrange(att, 'n (c k) 1 1 -> k n c 1 1', k=3).softmax(dim=0)
@@ -158,7 +158,7 @@ class StripMLPBlock(nn.Module):
         self.fuse = nn.Conv2d(dim, dim, 1, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if type(self.act) is nn.GELU and self.act.approximate == 'none':  # inference: BN folded, GELU fused
+        if exact_gelu(self.act):  # inference: BN folded, GELU fused
             x = conv_bn_act(x, self.proj, self.norm, gelu=True)
         else:
             x = self.act(self.norm(self.proj(x)))

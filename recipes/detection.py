@@ -22,6 +22,7 @@ import torch
 from lightning.pytorch import LightningModule
 
 import zoo
+from zoo.datasets.detection import to_file_pixels, unletterbox
 from zoo.detection import DetectionLoss, postprocess
 from zoo.eval.detection import MeanAveragePrecision, coco_detections
 
@@ -131,7 +132,6 @@ class Detection(WeightEMA, LightningModule):
         self.log(f'{split}/loss', loss / len(x), on_step=False, on_epoch=True, batch_size=len(x), sync_dist=True)
         hp = self.hparams
         dets = postprocess(y, conf=hp.conf, iou=hp.iou, max_det=hp.max_det)
-        from zoo.datasets.detection import to_file_pixels
         getattr(self, f'{split}_map').update(*to_file_pixels(dets, targets))  # COCO's size ranges: file pixels
         if split == 'val' and batch_idx == 0 and hp.plot_images > 0:
             n = min(hp.plot_images, len(x))
@@ -213,7 +213,6 @@ class Detection(WeightEMA, LightningModule):
         (COCO results: boxes in the original image's pixels, the dataset's category ids)."""
         from torchvision.io import write_png
 
-        from zoo.datasets.detection import unletterbox
         out = Path(run_dir) / 'predictions'
         out.mkdir(parents=True, exist_ok=True)
         dm = getattr(self.trainer, 'datamodule', None)

@@ -38,7 +38,7 @@ from einops import rearrange
 from torch import nn
 
 from zoo.layers import DropPath
-from zoo.layers.onednn import conv_bn_act, linear
+from zoo.layers.onednn import conv_bn_act, exact_gelu, linear
 from zoo.layers.strip import StripTokenMixer
 
 from ._builder import ClassifierBase, FeatureInfo, build_model, check_image, select_features
@@ -79,7 +79,7 @@ class ChannelMixing(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         t = rearrange(conv_bn_act(x, self.dwconv), 'b c h w -> b h w c')
-        if type(self.act) is nn.GELU and self.act.approximate == 'none':  # oneDNN in inference, GELU fused
+        if exact_gelu(self.act):  # oneDNN in inference, GELU fused
             t = linear(self.grn(linear(self.norm(t), self.fc1, gelu=True)), self.fc2)
         else:
             t = self.fc2(self.grn(self.act(self.fc1(self.norm(t)))))

@@ -46,7 +46,7 @@ from torch import nn
 
 from zoo.layers import DropPath, linear_drop_path_rates
 from zoo.layers.mlp import Mlp
-from zoo.layers.onednn import linear
+from zoo.layers.onednn import exact_gelu, linear
 from zoo.layers.tnt import TokenAttention, WordToSentence
 
 from ._builder import ClassifierBase, FeatureInfo, build_model, check_image
@@ -159,7 +159,7 @@ def _mlp_inplace(mlp: Mlp, x: torch.Tensor) -> torch.Tensor:
     """``mlp(x)`` in eval mode without autograd: exact GELU runs fused into fc1 (oneDNN, ``zoo.layers.onednn``;
     without oneDNN, F.linear + F.gelu), another GELU in place on fc1's output (one (tokens, 4 dim) temporary
     instead of two). Other activations run as in ``Mlp``."""
-    if type(mlp.act) is nn.GELU and mlp.act.approximate == 'none':
+    if exact_gelu(mlp.act):
         return linear(linear(x, mlp.fc1, gelu=True), mlp.fc2)  # oneDNN, GELU fused into fc1 (layers/onednn.py)
     h = mlp.fc1(x)
     if type(mlp.act) is nn.GELU:
