@@ -24,16 +24,21 @@ def split_indices(n: int, fractions: tuple[float, ...], seed: int) -> list[torch
     return parts[-1:] + parts[:-1]  # (rest = train, then the held-out parts in order)
 
 
+def epoch_seed(seed: int, epoch: int) -> int:
+    """The seed of epoch ``epoch`` of a run seeded ``seed`` (shuffling, worker seeds, per-epoch reseeding)."""
+    return (seed * 1_000_003 + epoch) % 2**63
+
+
 class EpochShuffle(Sampler[int]):
-    """A permutation of ``range(n)`` that depends only on ``(seed, epoch)``.
+    """``range(n)``, shuffled by a permutation that depends only on ``(seed, epoch)`` (or in order).
 
     Lightning calls ``set_epoch`` before every training epoch, so a run resumed from an end-of-epoch
     checkpoint sees the same batch order as an uninterrupted one (a generator that is only seeded once
     would restart its sequence on resume and replay epoch 0's order).
     """
 
-    def __init__(self, n: int, seed: int):
-        self.n, self.seed, self.epoch = n, seed, 0
+    def __init__(self, n: int, seed: int, shuffle: bool = True):
+        self.n, self.seed, self.shuffle, self.epoch = n, seed, shuffle, 0
 
     def set_epoch(self, epoch: int) -> None:
         self.epoch = epoch
@@ -42,8 +47,37 @@ class EpochShuffle(Sampler[int]):
         return self.n
 
     def __iter__(self):
-        g = torch.Generator().manual_seed(self.seed * 1_000_003 + self.epoch)
+        if not self.shuffle:
+            return iter(range(self.n))
+        g = torch.Generator().manual_seed(epoch_seed(self.seed, self.epoch))
         return iter(torch.randperm(self.n, generator=g).tolist())
+
+
+class EpochLoader(DataLoader):
+    """A DataLoader whose batches depend only on ``(seed, epoch)``: the one loader of every DataModule.
+
+    The order comes from :class:`EpochShuffle`; the worker processes' seeds (which drive random
+    augmentation when ``num_workers > 0``) are drawn from a generator reseeded from ``(seed, epoch)`` each
+    time an epoch starts. In the main process (``num_workers=0``) augmentation draws from the global RNG,
+    which ``recipes.checkpointing.EpochSeed`` reseeds at every epoch start. Workers are therefore not
+    persistent: a persistent worker would carry its RNG state from one epoch into the next, and a run
+    resumed at epoch ``e`` would start it afresh.
+    """
+
+    def __init__(self, dataset, *, batch_size: int = 1, shuffle: bool = False, seed: int = 0, sampler=None, **kwargs):
+        # keyword arguments only, ``sampler``/``**kwargs`` passed on: Lightning re-creates the loader with a
+        # distributed sampler under DDP, and with a batch sampler that records indices to predict
+        self.seed = seed
+        kwargs.pop('generator', None)
+        if sampler is None and kwargs.get('batch_sampler') is None:
+            sampler = EpochShuffle(len(dataset), seed, shuffle)
+        super().__init__(dataset, batch_size=batch_size, sampler=sampler, generator=torch.Generator().manual_seed(seed),
+                         **kwargs)
+
+    def __iter__(self):
+        # worker seeds of this epoch (a distributed sampler keeps its epoch under the same name)
+        self.generator.manual_seed(epoch_seed(self.seed, getattr(self.sampler, 'epoch', 0)))
+        return super().__iter__()
 
 
 class TransformTensorDataset(Dataset):
@@ -65,8 +99,7 @@ class TransformTensorDataset(Dataset):
 class ImageDataModule(LightningDataModule):
     """Loaders over ``self.train_set``/``val_set``/``test_set`` (built by subclasses in ``setup``).
 
-    Shuffling is a permutation of ``(seed, epoch)`` (:class:`EpochShuffle`), so a run's batch order is
-    reproducible, also across a resume.
+    Loaders are :class:`EpochLoader`: a run's batches depend only on ``(seed, epoch)``, also across a resume.
     """
 
     num_classes: int
@@ -93,13 +126,13 @@ class ImageDataModule(LightningDataModule):
             raise ValueError(f'{name}: batch_size {self.batch_size} is larger than the training set '
                              f'({len(self.train_set)} samples); use --data.batch_size {len(self.train_set)} or less')
 
+    collate_fn = None  # how a batch is put together (detection keeps per-image targets)
+
     def _loader(self, ds, shuffle: bool) -> DataLoader:
         if ds is None:
             raise RuntimeError(f'{type(self).__name__}: call setup() before asking for a data loader')
-        # The loader's own generator seeds its workers, so iterating it never draws from the global RNG.
-        return DataLoader(ds, batch_size=self.batch_size, sampler=EpochShuffle(len(ds), self.seed) if shuffle else None,
-                          num_workers=self.num_workers, persistent_workers=self.num_workers > 0,
-                          pin_memory=self.pin_memory, generator=torch.Generator().manual_seed(self.seed))
+        return EpochLoader(ds, batch_size=self.batch_size, shuffle=shuffle, seed=self.seed,
+                           num_workers=self.num_workers, collate_fn=self.collate_fn, pin_memory=self.pin_memory)
 
     def train_dataloader(self) -> DataLoader:
         return self._loader(self.train_set, shuffle=True)

@@ -13,7 +13,7 @@ import torch
 from lightning.pytorch import LightningDataModule
 from torch.utils.data import DataLoader, Dataset
 
-from ._base import DatasetNotFoundError
+from ._base import DatasetNotFoundError, EpochLoader
 
 __all__ = ['PhotoPatchesDataModule', 'load_photo', 'TRAIN_PHOTOS', 'HELD_OUT_PHOTOS']
 
@@ -114,11 +114,12 @@ class PhotoPatchesDataModule(LightningDataModule):
         self.val_set = self.test_set = _Images([load_photo(n, self.max_side) for n in self.held_out_names])
 
     def train_dataloader(self) -> DataLoader:
-        return DataLoader(self.train_set, batch_size=self.batch_size, shuffle=False, num_workers=self.num_workers,
-                          drop_last=True)
+        # patches are drawn at random by the dataset itself, from the RNG the loader seeds per epoch
+        return EpochLoader(self.train_set, batch_size=self.batch_size, seed=self.seed, num_workers=self.num_workers,
+                           drop_last=True)
 
     def val_dataloader(self) -> DataLoader:
-        return DataLoader(self.val_set, batch_size=1, num_workers=self.num_workers)
+        return EpochLoader(self.val_set, batch_size=1, seed=self.seed, num_workers=self.num_workers)
 
     def test_dataloader(self) -> DataLoader:
         return self.val_dataloader()

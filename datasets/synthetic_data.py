@@ -15,6 +15,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset
 
+from ._base import EpochLoader
 from .synthetic import make_task, pack_window
 
 __all__ = ['SyntheticLMDataModule', 'SyntheticWindows']
@@ -82,8 +83,8 @@ class SyntheticLMDataModule(L.LightningDataModule):
         return [self.task.hardest(rng) for _ in range(count)]
 
     def _loader(self, ds, shuffle: bool) -> DataLoader:
-        return DataLoader(ds, batch_size=self.batch_size, shuffle=shuffle, num_workers=self.num_workers,
-                          persistent_workers=self.num_workers > 0)
+        return EpochLoader(ds, batch_size=self.batch_size, shuffle=shuffle, seed=self.hparams.seed,
+                           num_workers=self.num_workers)
 
     def train_dataloader(self):
         return self._loader(self.train_set, True)
