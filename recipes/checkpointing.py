@@ -8,9 +8,10 @@
   image loaders shuffle by (seed, epoch), so a run resumed from ``last.ckpt`` computes the same weights as
   an uninterrupted one. A SIGKILL loses at most the epoch in progress.
 
-``--ckpt_path last`` takes ``last.ckpt`` of the newest run that has one (or, for a run stopped during its
-first epoch, its ``interrupted.ckpt``); ``--ckpt_path interrupted`` takes the mid-epoch one, which Lightning
-resumes by restarting that epoch's data from its start, so it is not exact.
+``last.ckpt`` is written at the end of every training epoch, after that epoch's validation if it has one,
+whatever the validation schedule (``check_val_every_n_epoch``) and logging interval. Which checkpoint
+``--ckpt_path last|best|interrupted`` means is decided in ``runs.py``; ``interrupted`` is the mid-epoch one,
+which Lightning resumes by restarting that epoch's data from its start, so it is not exact.
 """
 from __future__ import annotations
 
@@ -22,9 +23,8 @@ import numpy as np
 import torch
 from lightning.pytorch import Callback
 
-from zoo._factory import safe_torch_load, load_failure
-
-KEYWORDS = ('last', 'best', 'interrupted')
+from zoo._factory import load_failure, safe_torch_load
+from zoo.datasets._base import epoch_seed
 
 
 def _checkpoint_class():
@@ -61,7 +61,7 @@ class EpochSeed(Callback):
     def on_train_epoch_start(self, trainer, pl_module) -> None:
         if self.seed is None:
             return
-        s = (self.seed * 1_000_003 + trainer.current_epoch) % 2**32
+        s = epoch_seed(self.seed, trainer.current_epoch) % 2**32  # NumPy takes 32-bit seeds
         random.seed(s)
         np.random.seed(s)
         torch.manual_seed(s)
@@ -69,25 +69,29 @@ class EpochSeed(Callback):
 
 def _interrupted_class():
     from lightning.pytorch.callbacks import OnExceptionCheckpoint
+    from lightning.pytorch.utilities.exceptions import SIGTERMException
 
     class Interrupted(OnExceptionCheckpoint):
-        """``interrupted.ckpt`` on Ctrl-C or an exception, unless no step was taken (nothing to keep)."""
+        """``interrupted.ckpt`` when the run is stopped from outside (Ctrl-C, SIGTERM) after at least one step.
+        A run that fails (bad data, a non-finite loss) writes none: it is not a state to resume from."""
 
         def on_exception(self, trainer, pl_module, exception) -> None:
-            if trainer.global_step > 0:
+            if trainer.global_step > 0 and isinstance(exception, (KeyboardInterrupt, SIGTERMException)):
                 super().on_exception(trainer, pl_module, exception)
 
     return Interrupted
 
 
 def checkpoint_callbacks(ckpt_dir: str | None, monitor: str, mode: str) -> list[Callback]:
-    """Best on ``monitor``, ``last.ckpt`` at every epoch end, ``interrupted.ckpt`` on an exception."""
+    """Best on ``monitor``, ``last.ckpt`` at every training epoch's end, ``interrupted.ckpt`` on Ctrl-C."""
     Checkpoint = _checkpoint_class()
     callbacks = [
         Checkpoint(dirpath=ckpt_dir, filename='best-epoch{epoch}-step{step}', auto_insert_metric_name=False,
                    monitor=monitor, mode=mode, save_top_k=1),
-        # No monitor and top-1 under a fixed name: overwritten at every epoch end.
-        Checkpoint(dirpath=ckpt_dir, filename='last', monitor=None, save_top_k=1, enable_version_counter=False),
+        # No monitor and top-1 under a fixed name: overwritten at every training epoch's end (Lightning would
+        # otherwise save it only after validation when validation is not every epoch).
+        Checkpoint(dirpath=ckpt_dir, filename='last', monitor=None, save_top_k=1, enable_version_counter=False,
+                   save_on_train_epoch_end=True),
         EpochSeed(),
     ]
     if ckpt_dir is not None:
@@ -95,36 +99,8 @@ def checkpoint_callbacks(ckpt_dir: str | None, monitor: str, mode: str) -> list[
     return callbacks
 
 
-def run_checkpoints(run: Path, which: str) -> list[Path]:
-    """The checkpoints of one run folder that ``--ckpt_path which`` may take, preferred first."""
-    ckpts = run / 'checkpoints'
-    if which == 'best':
-        found = sorted(ckpts.glob('best-*.ckpt'))[-1:]
-    elif which == 'last':
-        found = [ckpts / 'last.ckpt', ckpts / 'interrupted.ckpt']
-    else:
-        found = [ckpts / 'interrupted.ckpt']
-    return [c for c in found if c.is_file()]
-
-
-def find_checkpoint(root: str | Path, stem: str, which: str) -> Path:
-    """The ``which`` checkpoint of the newest run of ``stem`` that has one."""
-    base = Path(root) / stem
-    runs = sorted((p for p in base.glob('*') if p.is_dir() and not p.is_symlink()), reverse=True) if base.is_dir() else []
-    for run in runs:
-        found = run_checkpoints(run, which)
-        if found:
-            return found[0]
-    raise FileNotFoundError(f"--ckpt_path {which}: no run of {stem!r} with a {which} checkpoint under {base} "
-                            f"(runs are written by `zoo fit -c <config>`; pass a checkpoint file instead)")
-
-
-def has_checkpoints(run: Path) -> bool:
-    return any((run / 'checkpoints').glob('*.ckpt'))
-
-
-def read_hparams(path: str | Path) -> dict:
-    """The ``hyper_parameters`` of a Lightning checkpoint; a file that is not one is a one-line error."""
+def read_checkpoint(path: str | Path) -> dict:
+    """A Lightning checkpoint (tensors and plain types only); a file that is not one is a one-line error."""
     try:
         ckpt = safe_torch_load(path)
     except Exception as e:  # truncated files, pickles of arbitrary objects, non-checkpoints
@@ -133,13 +109,13 @@ def read_hparams(path: str | Path) -> dict:
     if not isinstance(ckpt, dict) or 'state_dict' not in ckpt:
         raise ValueError(f'--ckpt_path {path} is not a Lightning checkpoint (no state_dict); to start from plain '
                          f'weights use --model.checkpoint instead')
-    return dict(ckpt.get('hyper_parameters') or {})
+    return ckpt
 
 
-def check_checkpoint_fits(path: str | Path, model_name: str | None, class_path: str | None) -> None:
+def check_checkpoint_model(ckpt: dict, path: str | Path, model_name: str | None, class_path: str | None) -> None:
     """Refuse a checkpoint of another model: Lightning would otherwise rebuild the model from the
     checkpoint's hyper-parameters and silently run that one under this config's name."""
-    hp = read_hparams(path)
+    hp = dict(ckpt.get('hyper_parameters') or {})
     theirs = hp.get('name')
     if model_name and theirs and theirs != model_name:
         raise ValueError(f'--ckpt_path {path} holds a {theirs} model but the config builds {model_name}; '
@@ -147,3 +123,30 @@ def check_checkpoint_fits(path: str | Path, model_name: str | None, class_path: 
     their_class = hp.get('_class_path')
     if class_path and their_class and their_class.rsplit('.', 1)[-1] != class_path.rsplit('.', 1)[-1]:
         raise ValueError(f'--ckpt_path {path} was written by {their_class} but the config uses {class_path}')
+
+
+def _shape(t) -> str:
+    return '(' + ', '.join(map(str, t.shape)) + ')'
+
+
+def check_weights_fit(ckpt: dict, path: str | Path, module: torch.nn.Module) -> None:
+    """Refuse, in one line naming the checkpoint's run, a checkpoint whose weights do not fit ``module`` (the
+    same config name run on data with another number of classes, another model argument): Lightning would
+    stop with a size-mismatch traceback."""
+    theirs, ours = ckpt.get('state_dict') or {}, module.state_dict()
+    wrong = [k for k in ours if k in theirs and tuple(theirs[k].shape) != tuple(ours[k].shape)]
+    missing = [k for k in ours if k not in theirs]
+    built = {k.split('.', 1)[0] for k in ours}  # a part a system builds later (in setup) is not judged
+    unexpected = [k for k in theirs if k not in ours and k.split('.', 1)[0] in built]
+    if not (wrong or missing or unexpected):
+        return
+    run = Path(path).resolve().parent.parent
+    if wrong:
+        k = wrong[0]
+        what = f'{k} is {_shape(theirs[k])} there and {_shape(ours[k])} here' + (
+            f' (and {len(wrong) - 1} more)' if len(wrong) > 1 else '')
+    else:
+        what = (f'{len(missing)} weight(s) of this model are not in it ({missing[0]}, ...)' if missing else
+                f'it holds {len(unexpected)} weight(s) this model lacks ({unexpected[0]}, ...)')
+    raise ValueError(f'--ckpt_path {path} (from run {run}) does not fit the model this config builds: {what}; '
+                     f'was that run made with other data or model arguments? Pass a checkpoint of this configuration')

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import difflib
-import functools
 import importlib
 import inspect
 import logging
@@ -27,16 +26,14 @@ import re
 import sys
 import warnings
 from dataclasses import dataclass
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import Optional
 
 from lightning.pytorch import Callback, LightningDataModule, LightningModule
 from lightning.pytorch.cli import LightningCLI
 
-from .checkpointing import KEYWORDS, check_checkpoint_fits, checkpoint_callbacks, find_checkpoint, has_checkpoints
-
-_RUN_DIR_ENV = 'ZOO_RUN_DIR'  # rank 0's run folder, inherited by the processes DDP launches
+from . import runs
+from .checkpointing import check_checkpoint_model, check_weights_fit, checkpoint_callbacks, read_checkpoint
 
 
 def default_callbacks(run_dir: str | Path | None = None, monitor: str = 'val/acc1', mode: str = 'max',
@@ -46,7 +43,7 @@ def default_callbacks(run_dir: str | Path | None = None, monitor: str = 'val/acc
     ``TrialContext`` of a sweep trial (its pruning callback joins the run)."""
     from lightning.pytorch.callbacks import LearningRateMonitor, TQDMProgressBar
 
-    from .callbacks import results_callbacks
+    from .callbacks import EpochStats, results_callbacks
 
     ckpt_dir = str(Path(run_dir) / 'checkpoints') if run_dir is not None else None
     return [
@@ -54,6 +51,7 @@ def default_callbacks(run_dir: str | Path | None = None, monitor: str = 'val/acc
         model_summary(),
         *checkpoint_callbacks(ckpt_dir, monitor, mode),
         LearningRateMonitor(logging_interval='step'),
+        EpochStats(),  # before the recorder, which stores each epoch's metrics at the same hook
         *results_callbacks(db, trial),
     ]
 
@@ -99,101 +97,6 @@ def _init_args(ns) -> dict:
     return dict(args.as_dict() if hasattr(args, 'as_dict') else (args or {}))
 
 
-def new_run_dir(root: str | Path, stem: str) -> Path:
-    """``root/stem/<UTC timestamp>``, made here; a suffix keeps two runs in one second apart."""
-    base = Path(root) / stem
-    stamp = datetime.now(timezone.utc).strftime('%Y%m%d-%H%M%S')
-    for i in range(1000):
-        path = base / (stamp if i == 0 else f'{stamp}-{i}')
-        try:
-            path.mkdir(parents=True, exist_ok=False)
-            return path
-        except FileExistsError:
-            continue
-    raise RuntimeError(f'could not create a new run folder under {base}')
-
-
-def external_launch():
-    """Lightning's cluster environment when ``torchrun`` or ``srun`` started this process as one of several,
-    else None. Such processes start together, so none can inherit rank 0's run folder through the
-    environment (as the processes Lightning launches itself do); ``shared_run_dir`` sends it to them.
-    TorchElastic is checked before SLURM, as Lightning does (torchrun may run inside a SLURM job)."""
-    from lightning.fabric.plugins.environments import SLURMEnvironment, TorchElasticEnvironment
-
-    for env_type in (TorchElasticEnvironment, SLURMEnvironment):
-        if env_type.detect():
-            env = env_type()
-            return env if env.world_size() > 1 else None
-    return None
-
-
-def shared_run_dir(env, make, backend: str) -> Path:
-    """Global rank 0 calls ``make()`` for a new run folder; every rank returns its path.
-
-    The path travels by ``broadcast_object_list`` over the process group, which is set up here from
-    Lightning's cluster environment (the address, port and ranks torchrun or SLURM give) with the backend
-    Lightning would choose, and which Lightning's DDP strategy then reuses (it skips its own set-up when one
-    exists). A folder name derived from the launch instead (``TORCHELASTIC_RUN_ID``, ``SLURM_JOB_ID``) would
-    not be new for every run: torchrun's default run id is ``none``, a requeued SLURM job keeps its id, and
-    ``--seeds`` runs several fits in one launch."""
-    import torch.distributed as dist
-    from lightning.fabric.utilities.distributed import _init_dist_connection
-    from torch.distributed.constants import default_pg_timeout
-
-    _init_dist_connection(env, backend, timeout=default_pg_timeout)  # a no-op when the group exists
-    path = [str(make()) if env.global_rank() == 0 else None]
-    # A Python object goes over gloo (CPU memory); NCCL would need each rank's CUDA device chosen first.
-    dist.broadcast_object_list(path, src=0, group=None if dist.get_backend() == 'gloo' else _gloo_group())
-    return Path(path[0])
-
-
-def _check_world_size(cfg, env) -> None:
-    """Refuse a launch whose process count the trainer does not expect. With ``devices: 1`` (every recipe's
-    default) Lightning would not use DDP at all: each process would train alone, all as rank 0."""
-    trainer = cfg.get('trainer') or {}
-    devices, nodes = trainer.get('devices', 'auto'), trainer.get('num_nodes', 1)
-    if str(devices).isdigit() and str(nodes).isdigit() and int(devices) * int(nodes) != env.world_size():
-        launcher = 'torchrun' if type(env).__name__ == 'TorchElasticEnvironment' else 'SLURM'
-        raise ValueError(f'{launcher} started {env.world_size()} processes but the trainer expects '
-                         f'devices x num_nodes = {devices} x {nodes}; pass --trainer.devices <processes per node> '
-                         f'and --trainer.num_nodes <nodes>')
-
-
-@functools.cache
-def _gloo_group():
-    """One gloo group beside an NCCL default group, made once per process (every rank must make it)."""
-    import torch.distributed as dist
-
-    return dist.new_group(backend='gloo')
-
-
-def _pg_backend(cfg) -> str:
-    """The process-group backend Lightning's DDP strategy would pick: the config's
-    ``--trainer.strategy.process_group_backend``, else NCCL on CUDA devices and gloo otherwise."""
-    import torch
-
-    trainer = cfg.get('trainer') or {}
-    strategy = trainer.get('strategy')
-    backend = _init_args(strategy).get('process_group_backend') if hasattr(strategy, 'get') else None
-    if backend:
-        return backend
-    accelerator = str(trainer.get('accelerator') or 'auto')
-    return 'nccl' if accelerator in ('auto', 'gpu', 'cuda') and torch.cuda.is_available() else 'gloo'
-
-
-def _point_latest(run_dir: Path) -> None:
-    """Point ``<run_root>/<stem>/latest`` at ``run_dir``: called for fits that wrote checkpoints only, so
-    ``latest/checkpoints/last.ckpt`` (which configs name) survives evaluation runs and failed fits."""
-    link = run_dir.parent / 'latest'
-    try:
-        if link.is_symlink():
-            link.unlink()
-        if not link.exists():
-            link.symlink_to(run_dir.name, target_is_directory=True)
-    except OSError:  # file systems without symlinks: the timestamped folders are enough
-        pass
-
-
 @dataclass
 class CLIRun:
     """What one ``zoo fit|validate|test|predict`` returns: its exit code and its run folder."""
@@ -236,22 +139,31 @@ class ZooCLI(LightningCLI):
         return Path(str(configs[-1])).stem if configs else str(_init_args(cfg.get('model')).get('name') or 'run')
 
     def _parse_ckpt_path(self) -> None:
-        """Resolve ``--ckpt_path last|best|interrupted`` and refuse a checkpoint of another model.
+        """Resolve ``--ckpt_path last|best|interrupted`` (``runs.resolve_checkpoint``), say which run and epoch it
+        is, and refuse a checkpoint of another model.
 
         Lightning's own version merges the checkpoint's hyper-parameters into the config, over the user's
         overrides, and so silently switches models; here the config (with its overrides) is what runs and the
-        checkpoint must fit it."""
+        checkpoint must fit it (its weights' shapes are checked once the model is built)."""
+        self._ckpt = self._resolved = None
         sub = self.config.get('subcommand')
         cfg = self.config[sub] if sub else None
         ckpt = cfg.get('ckpt_path') if cfg is not None else None
-        if ckpt:
-            if ckpt in KEYWORDS and not Path(ckpt).is_file():
-                cfg.ckpt_path = ckpt = str(find_checkpoint(cfg.run_root, self._stem(cfg), ckpt))
-            elif not Path(ckpt).is_file():
-                raise FileNotFoundError(f'--ckpt_path {ckpt}: no such file (or one of: {", ".join(KEYWORDS)})')
-            model_cfg = cfg.get('model')
-            check_checkpoint_fits(ckpt, _init_args(model_cfg).get('name'),
-                                  model_cfg.get('class_path') if model_cfg is not None else None)
+        if not ckpt:
+            return
+        keyword = ckpt if ckpt in runs.KEYWORDS and not Path(ckpt).is_file() else None
+        if keyword:
+            cfg.ckpt_path = ckpt = str(runs.resolve_checkpoint(cfg.run_root, self._stem(cfg), keyword))
+        elif not Path(ckpt).is_file():
+            raise FileNotFoundError(f'--ckpt_path {ckpt}: no such file (or one of: {", ".join(runs.KEYWORDS)})')
+        self._ckpt = read_checkpoint(ckpt)
+        model_cfg = cfg.get('model')
+        check_checkpoint_model(self._ckpt, ckpt, _init_args(model_cfg).get('name'),
+                               model_cfg.get('class_path') if model_cfg is not None else None)
+        if keyword:  # said once the checkpoint is known to fit (``_run``)
+            where = 'mid-epoch' if Path(ckpt).name == 'interrupted.ckpt' else 'end of epoch'
+            self._resolved = (f'--ckpt_path {keyword} is {ckpt} ({where} {self._ckpt.get("epoch")}, '
+                              f'step {self._ckpt.get("global_step")})')
 
     def before_instantiate_classes(self) -> None:
         cfg = self.config[self.subcommand]
@@ -262,16 +174,17 @@ class ZooCLI(LightningCLI):
         # One run folder for all processes of a DDP job: rank 0 makes it; the ranks torchrun or srun started
         # receive its path, the ranks Lightning launches itself inherit it.
         existed = [p for p in (Path(cfg.run_root) / stem, Path(cfg.run_root)) if p.exists()]
-        inherited = os.environ.get(_RUN_DIR_ENV)
-        launch = external_launch()
+        inherited = os.environ.get(runs.RUN_DIR_ENV)
+        launch = runs.external_launch()
         if launch is not None:
-            _check_world_size(cfg, launch)
-            self.run_dir = shared_run_dir(launch, lambda: new_run_dir(cfg.run_root, stem), _pg_backend(cfg))
+            runs.check_world_size(cfg, launch)
+            self.run_dir = runs.shared_run_dir(launch, lambda: runs.new_run_dir(cfg.run_root, stem),
+                                               runs.pg_backend(cfg))
         elif inherited and int(os.environ.get('LOCAL_RANK', '0')) > 0:
             self.run_dir = Path(inherited)
         else:
-            self.run_dir = new_run_dir(cfg.run_root, stem)
-            os.environ[_RUN_DIR_ENV] = str(self.run_dir)  # for the processes DDP launches only
+            self.run_dir = runs.new_run_dir(cfg.run_root, stem)
+            os.environ[runs.RUN_DIR_ENV] = str(self.run_dir)  # for the processes DDP launches only
             self.result.made = tuple(p for p in (self.run_dir, Path(cfg.run_root) / stem, Path(cfg.run_root))
                                      if p == self.run_dir or p not in existed)
         self.result.run_dir = self.run_dir
@@ -287,12 +200,13 @@ class ZooCLI(LightningCLI):
 
     @staticmethod
     def _fill_sizes_from_data(cfg) -> None:
-        """Default the model's ``num_classes``/``in_chans`` to the DataModule's, when the system takes them."""
+        """Default the model's ``num_classes``/``in_chans``/``vocab_size``/``img_size`` to the DataModule's, when
+        the system takes them."""
         model_cfg, data_cfg = cfg.get('model'), cfg.get('data')
         if model_cfg is None or data_cfg is None or not model_cfg.get('class_path') or not data_cfg.get('class_path'):
             return
         params = inspect.signature(_import(model_cfg.class_path)).parameters
-        wanted = [k for k in ('num_classes', 'in_chans')
+        wanted = [k for k in ('num_classes', 'in_chans', 'vocab_size', 'img_size')
                   if k in params and model_cfg.init_args.get(k) is None]
         if not wanted:
             return
@@ -301,20 +215,47 @@ class ZooCLI(LightningCLI):
             if getattr(data, k, None) is not None:
                 model_cfg.init_args[k] = getattr(data, k)
 
-    def fit(self, **kwargs) -> None:
-        """``zoo fit``; ``latest`` moves to this run once it has a checkpoint, even if training then fails."""
+    def _run(self, command: str, fn, **kwargs):
+        """Run a trainer method: refuse a checkpoint whose weights do not fit the model first (nothing started,
+        nothing written), then record the run in its manifest (``runs.py``) from start to end."""
+        if self._ckpt is not None:
+            check_weights_fit(self._ckpt, kwargs.get('ckpt_path'), self.model)
+            self._ckpt = None  # the trainer reads the file itself
+        rank0 = int(os.environ.get('LOCAL_RANK', '0')) == 0 and self.run_dir is not None
+        if rank0 and self._resolved:
+            print(f'zoo {command}: {self._resolved}', file=sys.stderr)
+        if rank0:
+            runs.start_manifest(self.run_dir, command, kwargs.get('ckpt_path'))
+        error = None
         try:
-            self.trainer.fit(**kwargs)
+            return fn(**kwargs)
+        except BaseException as e:
+            error = e
+            raise
         finally:
-            if self.trainer.is_global_zero and has_checkpoints(self.run_dir):
-                _point_latest(self.run_dir)
+            if rank0:
+                status = runs.finish_manifest(self.run_dir, error)
+                if status == 'failed' and runs.wrote_nothing(self.run_dir):
+                    runs.drop_manifest(self.run_dir)  # failed before writing anything: it leaves nothing behind
+                # ``latest``: the newest fit that wrote a checkpoint and did not fail
+                if command == 'fit' and status != 'failed' and runs.has_checkpoints(self.run_dir):
+                    runs.point_latest(self.run_dir)
+
+    def fit(self, **kwargs) -> None:
+        self._run('fit', self.trainer.fit, **kwargs)
+
+    def validate(self, **kwargs) -> None:
+        self._run('validate', self.trainer.validate, **kwargs)
+
+    def test(self, **kwargs) -> None:
+        self._run('test', self.trainer.test, **kwargs)
 
     def predict(self, **kwargs) -> None:
         """``zoo predict``: the system's ``predict_step`` outputs, concatenated, saved as ``predictions.pt``;
         for class probabilities also ``predictions.csv`` (sample id in the predict split, label, score)."""
         import torch
 
-        outputs = self.trainer.predict(**{**kwargs, 'return_predictions': True})
+        outputs = self._run('predict', self.trainer.predict, **{**kwargs, 'return_predictions': True})
         if outputs and isinstance(outputs[0], list):  # several dataloaders: keep the first
             outputs = outputs[0]
         writer = getattr(self.model, 'write_predictions', None)  # a system that writes its own (detection)
@@ -431,19 +372,6 @@ def _usage_errors() -> tuple[type[Exception], ...]:
             MisconfigurationException, argparse.ArgumentError)
 
 
-def _check_config_paths(argv: list[str]) -> str | None:
-    """A missing ``-c FILE`` named before LightningCLI runs, with the recipes that exist."""
-    parser = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
-    parser.add_argument('-c', '--config', action='append', default=[])
-    for path in parser.parse_known_args(argv[1:])[0].config:
-        if not path.lstrip().startswith(('{', '[')) and not Path(path).is_file():
-            here = Path(__file__).parent / 'configs'
-            found = sorted(str(p.relative_to(here.parent.parent)) for p in here.glob('**/*.yaml'))
-            return (f'config file not found: {path}. Recipes live in recipes/configs/<family>/; available: '
-                    + (', '.join(found) if found else 'none'))
-    return None
-
-
 def run_lightning_cli(argv: list[str], raise_errors: bool = False) -> int:
     """Run ``zoo <fit|validate|test|predict> ...``; return a process exit code (2 for bad input)."""
     return run_cli(argv, raise_errors=raise_errors).code
@@ -455,9 +383,12 @@ def run_cli(argv: list[str], raise_errors: bool = False, trial=None) -> CLIRun:
     stores it in the trial's run row). ``trial``: the sweep trial the run records itself under."""
     argv = list(argv)
     command = argv[0] if argv else 'fit'
-    problem = _check_config_paths(argv)
-    if problem:
-        print(f'zoo {command}: error: {problem}', file=sys.stderr)
+    try:
+        argv = runs.resolve_configs(argv)
+    except FileNotFoundError as e:
+        if raise_errors:
+            raise
+        print(f'zoo {command}: error: {e}', file=sys.stderr)
         return CLIRun(2)
     result = CLIRun(0)
     _quiet_lightning_logs()
@@ -469,11 +400,11 @@ def run_cli(argv: list[str], raise_errors: bool = False, trial=None) -> CLIRun:
             ZooCLI(model_class=LightningModule, datamodule_class=LightningDataModule, subclass_mode_model=True,
                    subclass_mode_data=True, args=argv, auto_configure_optimizers=False,
                    save_config_kwargs={'overwrite': False}, trial=trial, result=result,
-                   parser_kwargs={'prog': 'zoo', 'exit_on_error': False})
+                   parser_kwargs={'prog': 'zoo', 'exit_on_error': False, 'allow_abbrev': False})
     except SystemExit as e:  # --help, --print_config
         result.code = e.code if isinstance(e.code, int) else (0 if e.code is None else 2)
     except _usage_errors() as e:
-        _remove_if_empty(result.made)
+        runs.remove_if_empty(result.made)
         if raise_errors:
             raise
         msg = e.args[0] if isinstance(e, KeyError) and e.args else e
@@ -481,19 +412,6 @@ def run_cli(argv: list[str], raise_errors: bool = False, trial=None) -> CLIRun:
         print(f'zoo {command}: error: {msg}', file=sys.stderr)
         result.code = 2
     return result
-
-
-def _remove_if_empty(made: tuple[Path, ...]) -> None:
-    """A run rejected before it started leaves nothing behind: the folders it made (its run folder, and the
-    config's folder and the run root if they are new), innermost first. Only empty folders are removed, so
-    nothing written is ever lost."""
-    for folder in made:
-        try:
-            folder.rmdir()
-        except OSError:  # not empty (or already gone): keep it and what holds it
-            break
-    if made and not made[0].exists() and os.environ.get(_RUN_DIR_ENV) == str(made[0]):
-        os.environ.pop(_RUN_DIR_ENV)
 
 
 # Printed on every run and nothing a user can act on:
@@ -505,6 +423,8 @@ _NOISE = (
     r'.*\.fit\(ckpt_path="last"\) is set, but there is no last checkpoint',
     # Lightning 2.6's own call into torch.utils._pytree, deprecated in this torch; not our code.
     r'.*isinstance\(treespec, LeafSpec\)` is deprecated',
+    # The CSV logger writes into the new run folder, which already holds the run's manifest (run.json).
+    r'Experiment logs directory .* exists and is not empty',
     # Evaluating (or resuming from) a checkpoint of another run folder: every run writes into its own new
     # folder by design, so the checkpoint callback's saved dirpath always differs. Nothing is lost.
     r'The dirpath has changed from',
@@ -514,6 +434,7 @@ _NOISE = (
 class _DropLightningTips(logging.Filter):
     """Lightning's info lines that are advertisements or about our own callbacks, not about the run."""
     patterns = ('litlogger', 'already configured with model summary callbacks',
+                'GPU available: False', 'TPU available: False',  # nothing to act on (True is still said)
                 'Seed set to',  # the seed is in the run's config.yaml and database row
                 'to estimate number of stepping batches')  # our schedule asks Lightning for the step count
 

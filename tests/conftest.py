@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import sys
 
 import pytest
 import torch
@@ -60,3 +61,28 @@ def runs(tmp_path, monkeypatch):
     monkeypatch.setenv('ZOO_RUNS', str(root))
     monkeypatch.delenv('ZOO_RUN_DIR', raising=False)
     return root
+
+
+class _CurrentStderr:
+    """Writes to whatever ``sys.stderr`` is when a record is emitted."""
+
+    def write(self, text: str) -> int:
+        return sys.stderr.write(text)
+
+    def flush(self) -> None:
+        sys.stderr.flush()
+
+
+@pytest.fixture(autouse=True)
+def _library_logs_to_the_current_stderr():
+    """Lightning's (and torchmetrics') log handlers keep the ``sys.stderr`` of the test that first imported them,
+    which pytest closes when that test ends: point them at the current one (a real run has one stderr)."""
+    import logging
+
+    for name, logger in list(logging.Logger.manager.loggerDict.items()):
+        if isinstance(logger, logging.Logger) and name.split('.')[0] in ('lightning', 'torchmetrics',
+                                                                         'pytorch_lightning'):
+            for handler in logger.handlers:
+                if type(handler) is logging.StreamHandler and not isinstance(handler.stream, _CurrentStderr):
+                    handler.stream = _CurrentStderr()  # not setStream: it flushes the closed one
+    yield

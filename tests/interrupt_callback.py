@@ -1,7 +1,10 @@
-"""A callback the resume tests load into a `zoo fit` subprocess: it kills its own process at a training step."""
+"""Callbacks the run tests load into `zoo fit` (in a subprocess or in-process through --trainer.callbacks)."""
+import json
 import os
 import signal
+from pathlib import Path
 
+import torch
 from lightning.pytorch import Callback
 
 
@@ -14,3 +17,37 @@ class StopAt(Callback):
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         if trainer.global_step == self.step:
             os.kill(os.getpid(), self.sig)
+
+
+class FailAt(Callback):
+    """Raise what bad data raises (a ``ValueError``) when ``global_step`` reaches ``step``."""
+
+    def __init__(self, step: int):
+        self.step = step
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        if trainer.global_step == self.step:
+            raise ValueError(f'bad data at step {self.step} (raised by the test)')
+
+
+class RecordLast(Callback):
+    """After every training epoch, append (the epoch that ended, the epoch and step ``last.ckpt`` holds) to the
+    JSON list in ``path``: read at the next epoch's start and at the end of fit, after Lightning has run every
+    epoch-end hook (checkpoints are saved last)."""
+
+    def __init__(self, path: str):
+        self.path = Path(path)
+
+    def _record(self, trainer, ended: int) -> None:
+        ckpt = Path(trainer.default_root_dir) / 'checkpoints' / 'last.ckpt'
+        seen = torch.load(ckpt, map_location='cpu', weights_only=True) if ckpt.is_file() else {}
+        rows = json.loads(self.path.read_text()) if self.path.is_file() else []
+        rows.append([ended, seen.get('epoch'), seen.get('global_step')])
+        self.path.write_text(json.dumps(rows))
+
+    def on_train_epoch_start(self, trainer, pl_module) -> None:
+        if trainer.current_epoch > 0:
+            self._record(trainer, trainer.current_epoch - 1)
+
+    def on_fit_end(self, trainer, pl_module) -> None:
+        self._record(trainer, trainer.current_epoch - 1)

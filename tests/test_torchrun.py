@@ -19,7 +19,7 @@ import pytest
 import torch
 
 from zoo.eval import results
-from zoo.recipes.cli import external_launch
+from zoo.recipes.runs import external_launch
 
 ROOT = Path(__file__).resolve().parents[1]
 DEMO = ROOT / 'recipes' / 'configs' / 'poolformer' / 'poolformer_tiny_digits_15e.yaml'
