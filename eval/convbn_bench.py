@@ -20,7 +20,7 @@ import sys
 import torch
 from torch import nn
 
-from .profile import interleave
+from .profile import _proc_status_kib, interleave, peak_memory_mb, reset_peak_memory
 
 MODES = ('eval', 'tune', 'mmengine', 'deploy')
 
@@ -78,17 +78,11 @@ def peak_rss_child(mode: str, batch: int, size: int) -> None:
     x, y = torch.randn(batch, 3, size, size), torch.randint(0, 1000, (batch,))
     step = make_step(model, x, y)
     step()  # first step allocates optimizer state; measure the second
-    base = _rss_kib('VmRSS')
-    with open('/proc/self/clear_refs', 'w') as f:  # reset the kernel's peak-RSS mark (VmHWM) to now
-        f.write('5')
+    base = _proc_status_kib('VmRSS') / 1024
+    reset_peak_memory()  # the kernel's peak-RSS mark (VmHWM) to now
     step()
-    peak = _rss_kib('VmHWM')
-    print(json.dumps({'peak_mib': peak / 1024, 'step_mib': (peak - base) / 1024}))
-
-
-def _rss_kib(field: str) -> int:
-    with open('/proc/self/status') as f:
-        return next(int(line.split()[1]) for line in f if line.startswith(field + ':'))
+    peak = peak_memory_mb()
+    print(json.dumps({'peak_mib': peak, 'step_mib': peak - base}))
 
 
 def rss_of(mode: str, batch: int, size: int) -> dict:

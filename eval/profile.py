@@ -140,6 +140,40 @@ _DTYPES = {'float32': torch.float32, 'fp32': torch.float32, 'bfloat16': torch.bf
            'float16': torch.float16, 'fp16': torch.float16}
 
 
+def _proc_status_kib(field: str) -> int | None:
+    try:
+        with open('/proc/self/status') as f:
+            return next((int(line.split()[1]) for line in f if line.startswith(field + ':')), None)
+    except OSError:  # not Linux
+        return None
+
+
+def reset_peak_memory(device: torch.device | str = 'cpu') -> None:
+    """Start a new peak-memory window: CUDA's allocator peak, or on the CPU the kernel's peak resident set
+    (``VmHWM``, reset by writing 5 to ``/proc/self/clear_refs``; Linux >= 4.0). Where neither can be reset,
+    ``peak_memory_mb`` reports the process's peak so far."""
+    if torch.device(device).type == 'cuda':
+        torch.cuda.reset_peak_memory_stats(device)
+        return
+    try:
+        with open('/proc/self/clear_refs', 'w') as f:
+            f.write('5')
+    except OSError:
+        pass
+
+
+def peak_memory_mb(device: torch.device | str = 'cpu') -> float | None:
+    """Peak memory since ``reset_peak_memory``, in MiB: tensors allocated on a CUDA device, or the process's
+    resident set on the CPU (model, activations, data and the interpreter: what the machine must hold)."""
+    if torch.device(device).type == 'cuda':
+        return torch.cuda.max_memory_allocated(device) / 2**20
+    kib = _proc_status_kib('VmHWM')
+    if kib is None:
+        import resource
+        kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux, the whole process's life
+    return kib / 1024
+
+
 def resolve_dtype(dtype: str | torch.dtype) -> torch.dtype:
     if isinstance(dtype, torch.dtype):
         return dtype

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import copy
 import os
+import time
 import traceback
 from dataclasses import dataclass, field
 from typing import Any
@@ -331,6 +332,49 @@ class ResultsCallback(Callback):
         self.latency_ms = lat.median_ms
         if self._trial is not None:
             self._trial.latency_ms = lat.median_ms
+
+
+class EpochStats(Callback):
+    """Per training epoch: its wall time (``train/epoch_time_s``, validation excluded), training samples per
+    second (``train/samples_per_s``) and peak memory (``train/peak_mem_mb``: CUDA's allocator peak, or the
+    process's resident set on the CPU; ``zoo.eval.profile.peak_memory_mb``). Logged at every epoch's end, so
+    every fit, however short and whatever its ``log_every_n_steps``, leaves them in ``metrics.csv`` and in the
+    results database's per-epoch metrics (accuracy against training time is then a query)."""
+
+    def __init__(self):
+        self._samples, self._val_s, self._val_start, self._start = 0, 0.0, None, None
+
+    def on_train_epoch_start(self, trainer, pl_module) -> None:
+        from zoo.eval.profile import reset_peak_memory
+
+        reset_peak_memory(pl_module.device)
+        self._samples, self._val_s, self._val_start = 0, 0.0, None
+        self._start = time.perf_counter()
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        first = batch
+        while isinstance(first, (list, tuple, dict)) and len(first):  # (images, targets), {'input': ...}
+            first = next(iter(first.values())) if isinstance(first, dict) else first[0]
+        self._samples += len(first) if isinstance(first, torch.Tensor) and first.ndim else 1
+
+    def on_validation_start(self, trainer, pl_module) -> None:
+        self._val_start = time.perf_counter()
+
+    def on_validation_end(self, trainer, pl_module) -> None:
+        if self._val_start is not None and self._start is not None and not trainer.sanity_checking:
+            self._val_s += time.perf_counter() - self._val_start
+        self._val_start = None
+
+    def on_train_epoch_end(self, trainer, pl_module) -> None:
+        from zoo.eval.profile import peak_memory_mb
+
+        seconds = time.perf_counter() - self._start - self._val_s  # Lightning validates before this hook
+        stats = {'train/epoch_time_s': seconds, 'train/samples_per_s': self._samples / max(seconds, 1e-9)}
+        peak = peak_memory_mb(pl_module.device)
+        if peak is not None:
+            stats['train/peak_mem_mb'] = peak
+        for k, v in stats.items():
+            pl_module.log(k, v, on_step=False, on_epoch=True, rank_zero_only=True)
 
 
 def results_callbacks(db: str | None = None, trial: TrialContext | None = None) -> list[Callback]:
