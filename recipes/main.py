@@ -42,6 +42,14 @@ def _cmd_list(args) -> int:
     from zoo._console import console
     from rich.table import Table
 
+    if args.recipes:  # the shipped recipes, by the name `zoo fit -c NAME` takes from any folder
+        from .runs import CONFIGS, shipped_recipes
+
+        names = [n for n in shipped_recipes() if fnmatch.fnmatch(n, args.pattern)
+                 or fnmatch.fnmatch(n.rsplit('/', 1)[-1], args.pattern)]
+        print('\n'.join(names) if names else f'no recipe matches {args.pattern!r}')
+        print(f'({len(names)} recipes in {CONFIGS}; zoo fit -c NAME)', file=sys.stderr)
+        return 0 if names else 1
     if args.blocks:
         table = Table(title='zoo blocks')
         for col in ('kind', 'name', 'layout', 'fixed grid', 'summary'):
@@ -135,14 +143,16 @@ def _cmd_results(args) -> int:
     from zoo.eval import results
 
     store = results.open_db(args.db, create=False)      # reading must not leave an empty database behind
-    board = None
     if args.aggregate:
         if args.plot:
             raise ValueError('--plot draws the leaderboard; it does not combine with --aggregate')
-        agg = results.aggregate(args.metric, db=store, model=args.model, task=args.task, dataset=args.dataset)
+        from zoo._registry import primary_metric
+
+        metric = args.metric or primary_metric(args.task or 'classification')
+        agg = results.aggregate(metric, db=store, model=args.model, task=args.task, dataset=args.dataset)
         print(results.format_aggregate(agg, args.format))
         if agg.empty:
-            print(f'zoo results: no finished run has a final {args.metric!r}', file=sys.stderr)
+            print(f'zoo results: no finished run has a final {metric!r}', file=sys.stderr)
         elif (agg.note != '').any():
             print('zoo results: some models have too few runs per task for an interval (see note)', file=sys.stderr)
         return 0
@@ -151,16 +161,31 @@ def _cmd_results(args) -> int:
         print(df.to_string(max_colwidth=40) if args.format == 'table' else
               df.to_csv(index=False) if args.format == 'csv' else df.to_json(orient='records', indent=2, default_handler=str)
               if args.format == 'json' else df.to_markdown(index=False))
+        return 0
+    # one leaderboard per task (or the one --task), each by its task's primary metric unless --metric says
+    boards = results.leaderboards(args.task, args.dataset, args.metric, db=store, model=args.model,
+                                  threads=args.threads)
+    if not boards:
+        print('(no finished runs)' + (' matching the filters' if args.model or args.dataset else ''))
+        return 0
+    if args.format in ('csv', 'json') and len(boards) > 1:      # one table with a task column
+        import pandas as pd
+        both = pd.concat([b.assign(task=t) for t, b in boards.items()], ignore_index=True)
+        print(both.to_csv(index=False) if args.format == 'csv' else both.to_json(orient='records', indent=2))
     else:
-        board = results.leaderboard(args.task, args.dataset, args.metric, db=store, model=args.model,
-                                    threads=args.threads)
-        print(results.format_board(board, args.format))
+        for task, board in boards.items():
+            if len(boards) > 1 and args.format in ('table', 'markdown'):
+                print(f'\n{task} ({board.attrs["metric"]})')
+            print(results.format_board(board, args.format))
     if args.plot:
-        if board is None:
-            board = results.leaderboard(args.task, args.dataset, args.metric, db=store, model=args.model,
-                                        threads=args.threads)
-        results.plot_pareto(board, args.plot)
-        print(f'Pareto plot written to {args.plot}', file=sys.stderr)
+        from pathlib import Path
+
+        for task, board in boards.items():
+            path = Path(args.plot)
+            if len(boards) > 1:  # pareto.png -> pareto_detection.png, one plot per task
+                path = path.with_name(f'{path.stem}_{task}{path.suffix}')
+            results.plot_pareto(board, path)
+            print(f'Pareto plot written to {path}', file=sys.stderr)
     return 0
 
 
@@ -209,7 +234,8 @@ def train_help(command: str) -> str:
             if command == 'fit' else 'the checkpoint to evaluate: best, last, interrupted (newest run of this '
             'config) or a file')
     options = [
-        ('-c, --config FILE', f'a recipe, e.g. {DEMO} (`ls recipes/configs/*/`); repeat to layer configs'),
+        ('-c, --config FILE|NAME', 'a recipe file, or a shipped recipe by name from any folder, e.g. '
+                                   'detection/poolformer_shapes_det (`zoo list --recipes`); repeat to layer configs'),
         ('--ckpt_path WHICH', ckpt),
         ('--seeds 0,1,2', 'one run per seed, recorded as repeats of one configuration'),
         ('--seed_everything N', 'the seed of a single run'),
@@ -278,11 +304,14 @@ def build_parser() -> argparse.ArgumentParser:
 
     raw = argparse.RawDescriptionHelpFormatter
     p = sub.add_parser('list', help='list registered models (or blocks with --blocks)', formatter_class=raw,
-                       epilog="examples:\n  zoo list 'poolformer*'\n  zoo list --task detection\n  zoo list --blocks")
+                       epilog="examples:\n  zoo list 'poolformer*'\n  zoo list --task detection\n  zoo list --blocks\n"
+                              "  zoo list --recipes 'detection/*'")
     p.add_argument('pattern', nargs='?', default='*', help="glob pattern, e.g. 'poolformer*' (default: all)")
     p.add_argument('--family', help='only this family, e.g. metaformer')
     p.add_argument('--task', help='only this task: classification, detection, language_modeling or denoising')
     p.add_argument('--blocks', action='store_true', help='list registered blocks instead of models')
+    p.add_argument('--recipes', action='store_true',
+                   help='list the shipped recipes by the name `zoo fit -c NAME` takes (from any folder)')
     p.set_defaults(func=_cmd_list)
 
     p = sub.add_parser('info', help="print a model's registry record (or a timm model's, as timm/NAME)",
@@ -322,12 +351,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument('--model', help="with --db and no names: only these models (glob, e.g. 'poolformer*')")
     p.set_defaults(func=_cmd_bench)
 
-    p = sub.add_parser('results', help='leaderboard from the results database (best per model and model arguments, '
-                                       'interval over seeds, latency with its spread)')
+    p = sub.add_parser('results', help='leaderboards from the results database, one per task (best per model and '
+                                       'model arguments, interval over seeds, latency with its spread)')
     p.add_argument('--task', help='only runs of this task, e.g. classification')
     p.add_argument('--dataset', help='only runs on this dataset, e.g. digits')
     p.add_argument('--model', help="glob pattern, e.g. 'poolformer*'")
-    p.add_argument('--metric', default='val/acc1', help='final metric to rank by (default val/acc1)')
+    p.add_argument('--metric', help="final metric to rank by (default: the task's own: val/acc1 for classification, "
+                                    'val/map for detection, val/acc for language modelling, val/psnr for denoising)')
     p.add_argument('--format', default='table', choices=['table', 'csv', 'json', 'markdown'], help='output format')
     p.add_argument('--plot', metavar='PNG', help='also draw metric vs latency with the Pareto front to this file')
     p.add_argument('--threads', type=int,

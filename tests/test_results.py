@@ -390,7 +390,7 @@ def test_pareto_front_and_plot(fixture_db, tmp_path):
     out = tmp_path / 'pareto.png'
     fig = R.plot_pareto(board, out)
     assert out.read_bytes()[:8] == b'\x89PNG\r\n\x1a\n'
-    labels = [t.get_text() for t in fig.axes[0].texts]
+    labels = [t.get_text().replace('\n', ' ') for t in fig.axes[0].texts]  # long labels wrap
     assert sorted(labels) == sorted(['fast (token_mixer=pooling)', 'slow_good (token_mixer=pooling)',
                                      'mid (token_mixer=pooling), n=2', 'slow_bad (token_mixer=pooling), n=1'])
     ax = fig.axes[0]
@@ -793,3 +793,71 @@ def test_zoo_fit_seeds_runs_repeats_that_pool_into_one_interval(zoo_db, tmp_path
     with pytest.raises(SystemExit) as e:
         main(['fit', '-c', cfg, '--seeds', 'a,b'])
     assert e.value.code == 2 and 'comma-separated integers' in capsys.readouterr().err
+
+
+# ------------------------------------------------------------------------------ every task (issue 24, item 5)
+def _task_runs(db, task: str) -> None:
+    """Two models of ``task`` with 3 seeds each, ranked by the task's primary metric, with a latency."""
+    from zoo._registry import primary_metric
+
+    metric = primary_metric(task)
+    for model, base, lat in ((f'{task}_a', 0.5, 3.0), (f'{task}_b', 0.7, 6.0)):
+        for seed in range(3):
+            rid = db.start_run(model, task=task, dataset=f'{task}_data', seed=seed, hparams={
+                'model_args': {'backbone': 'poolformer_tiny', 'backbone_kwargs': {'dims': [32, 64, 128, 256]},
+                               'neck_channels': [64, 128, 256]}})
+            db.log_metrics(rid, {metric: base + 0.01 * seed, 'train/epoch_time_s': 2.0}, epoch=0)
+            db.log_metrics(rid, {metric: base + 0.01 * seed}, final=True)
+            db.finish_run(rid)
+        db.add_latency(model, lat, input_shape=(3, 32, 32), batch_size=1)
+
+
+@pytest.mark.parametrize('task', ['detection', 'language_modeling', 'denoising', 'classification'])
+def test_results_of_a_database_with_one_task(task, zoo_db, capsys, tmp_path):
+    """A database with one task: `zoo results` ranks it by that task's primary metric, with or without --task."""
+    from zoo._registry import primary_metric
+
+    _task_runs(R.open_db(), task)
+    for args in ([], ['--task', task]):
+        assert main(['results', *args]) == 0, capsys.readouterr().err
+        out = capsys.readouterr().out
+        assert f'{task}_b' in out and primary_metric(task) in out
+    board = R.leaderboard(task)
+    assert board.attrs['metric'] == primary_metric(task) and board.model.tolist() == [f'{task}_b', f'{task}_a']
+
+
+def test_results_of_a_database_with_every_task(zoo_db, capsys, tmp_path):
+    """Several tasks: one leaderboard per task (each by its own metric); csv/json as one table with a task column;
+    one Pareto plot per task; a leaderboard() call without a task says to choose."""
+    from zoo._registry import TASKS
+
+    db = R.open_db()
+    for task in TASKS:
+        _task_runs(db, task)
+    assert main(['results']) == 0
+    out = capsys.readouterr().out
+    assert all(f'\n{t} (' in out for t in TASKS)
+    assert main(['results', '--format', 'csv']) == 0
+    import io
+
+    import pandas as pd
+    table = pd.read_csv(io.StringIO(capsys.readouterr().out))
+    assert sorted(set(table.task)) == sorted(TASKS) and len(table) == 2 * len(TASKS)
+    png = tmp_path / 'pareto.png'
+    assert main(['results', '--plot', str(png)]) == 0
+    assert all((tmp_path / f'pareto_{t}.png').stat().st_size > 1000 for t in TASKS)
+    with pytest.raises(R.ResultsDBError, match='of 4 tasks'):
+        R.leaderboard()
+    assert set(R.leaderboards()) == set(TASKS)
+
+
+def test_pareto_plot_stays_readable_with_one_model_and_long_arguments(zoo_db, tmp_path):
+    """One point and a model-argument label longer than the axes: the axes span a readable range around it."""
+    _task_runs(R.open_db(), 'detection')
+    board = R.leaderboard('detection', model='detection_a')
+    fig = R.plot_pareto(board, tmp_path / 'one.png')
+    ax = fig.axes[0]
+    (x0, x1), (y0, y1) = ax.get_xlim(), ax.get_ylim()
+    assert x0 < 3.0 < x1 and (x1 - x0) > 0.5 and y0 < 0.51 < y1 and (y1 - y0) > 0.05
+    [label] = [t for t in ax.texts]
+    assert '\n' in label.get_text()  # wrapped

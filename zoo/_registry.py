@@ -13,6 +13,18 @@ from dataclasses import asdict, dataclass, field
 from typing import Callable
 
 TASKS = ('classification', 'detection', 'language_modeling', 'denoising')
+# The metric a task's runs are ranked by (leaderboards, "best" checkpoints): what its recipe validates.
+PRIMARY_METRIC = {'classification': 'val/acc1', 'detection': 'val/map', 'language_modeling': 'val/acc',
+                  'denoising': 'val/psnr'}
+
+
+def primary_metric(task: str) -> str:
+    """The metric runs of ``task`` are ranked by; an unknown task names the known ones."""
+    if task not in PRIMARY_METRIC:
+        close = difflib.get_close_matches(str(task), TASKS, n=3, cutoff=0.5)
+        raise KeyError(f'unknown task {task!r}' + (f"; did you mean {' or '.join(close)}?" if close else '')
+                       + f' (tasks: {", ".join(TASKS)})')
+    return PRIMARY_METRIC[task]
 
 
 @dataclass(frozen=True)

@@ -40,7 +40,8 @@ from .store import resolve_url, ResultsDB, Heartbeat, open_db, runs, metrics, la
 from .store import _DBS, _now, _jsonable  # noqa: F401  (the tests and the recording callback use them)
 from .stats import AGGREGATE_STATISTICS, bootstrap_ci, iqm, stratified_bootstrap, t_interval
 from .board import (AGGREGATE_COLUMNS, aggregate, HIGHER_IS_BETTER, LOWER_IS_BETTER, is_higher_better,
-                    LEADERBOARD_COLUMNS, MIN_SEEDS_FOR_INTERVAL, SOURCE_RANK, leaderboard, pick_latency)
+                    LEADERBOARD_COLUMNS, MIN_SEEDS_FOR_INTERVAL, SOURCE_RANK, board_tasks, leaderboard, leaderboards,
+                    pick_latency)
 from .render import format_aggregate, format_board, pareto_front, plot_pareto
 
 __all__ = ['fingerprint', 'SCHEMA_VERSION', 'DEFAULT_PATH', 'STATUSES', 'DISABLED', 'HEARTBEAT_ENV',
@@ -49,4 +50,5 @@ __all__ = ['fingerprint', 'SCHEMA_VERSION', 'DEFAULT_PATH', 'STATUSES', 'DISABLE
            'config_key', 'git_commit', 'environment', 'resolve_url', 'ResultsDB', 'Heartbeat', 'open_db', 'runs',
            'metrics', 'latency', 'bootstrap_ci', 'iqm', 'AGGREGATE_STATISTICS', 'stratified_bootstrap', 't_interval',
            'AGGREGATE_COLUMNS', 'aggregate', 'HIGHER_IS_BETTER', 'LOWER_IS_BETTER', 'is_higher_better',
-           'LEADERBOARD_COLUMNS', 'MIN_SEEDS_FOR_INTERVAL', 'SOURCE_RANK', 'leaderboard', 'pick_latency', 'format_aggregate', 'format_board', 'pareto_front', 'plot_pareto']
+           'LEADERBOARD_COLUMNS', 'MIN_SEEDS_FOR_INTERVAL', 'SOURCE_RANK', 'board_tasks', 'leaderboard', 'leaderboards',
+           'pick_latency', 'format_aggregate', 'format_board', 'pareto_front', 'plot_pareto']

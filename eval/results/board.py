@@ -134,10 +134,29 @@ LEADERBOARD_COLUMNS = ['model', 'family', 'model_args', 'block_choices', 'budget
 INTERVAL = 'Student-t 95 % interval of the mean over seeds (n >= 3)'
 
 
-def leaderboard(task: str | None = None, dataset: str | None = None, metric: str = 'val/acc1', *, db=None,
+def board_tasks(*, db=None, model: str | None = None, task: str | None = None, dataset: str | None = None) -> list[str]:
+    """The tasks of the finished runs (filtered like ``leaderboard``), in the registry's order."""
+    from zoo._registry import TASKS
+
+    df = open_db(db).runs(model=model, task=task, dataset=dataset, status='finished')
+    found = set(df.task.dropna()) if not df.empty else set()
+    return [t for t in TASKS if t in found] + sorted(found - set(TASKS))
+
+
+def leaderboards(task: str | None = None, dataset: str | None = None, metric: str | None = None, **kwargs) -> dict:
+    """``{task: leaderboard}``, one per task among the finished runs (or just ``task``), each ranked by
+    ``metric`` or, by default, by its task's primary metric (``zoo._registry.PRIMARY_METRIC``)."""
+    tasks = [task] if task else board_tasks(db=kwargs.get('db'), model=kwargs.get('model'), dataset=dataset)
+    return {t: leaderboard(t, dataset, metric, **kwargs) for t in tasks}
+
+
+def leaderboard(task: str | None = None, dataset: str | None = None, metric: str | None = None, *, db=None,
                 model: str | None = None, higher_is_better: bool | None = None, threads: int | None = None,
                 device: str = 'cpu'):
     """One row per model *and model arguments* on (task, dataset), by the final ``metric`` of finished runs.
+
+    ``metric`` defaults to the task's primary metric (``val/acc1`` for classification, ``val/map`` for
+    detection, ...); without ``task`` the finished runs must all be of one task (else: ``leaderboards``).
 
     Rows: runs with different ``model_args`` (``metaformer_tiny`` with ``token_mixer=pooling`` and with
     ``token_mixer=attention``) are different rows; among the configurations of one row (other learning
@@ -157,6 +176,8 @@ def leaderboard(task: str | None = None, dataset: str | None = None, metric: str
     import pandas as pd
 
     store = open_db(db)
+    if metric is None:
+        metric = _default_metric(task, store, model=model, dataset=dataset)
     higher = is_higher_better(metric) if higher_is_better is None else higher_is_better
     df = store.runs(model=model, task=task, dataset=dataset, status='finished')
     if df.empty or metric not in df.columns:
@@ -214,6 +235,21 @@ def leaderboard(task: str | None = None, dataset: str | None = None, metric: str
                        interval=INTERVAL)
     board[['params', 'macs']] = board[['params', 'macs']].astype('Float64')
     return board.replace({np.nan: None}).astype({'mean': float})
+
+
+def _default_metric(task: str | None, store, **filters) -> str:
+    from zoo._registry import primary_metric
+
+    if task is None:
+        tasks = board_tasks(db=store, **filters)
+        if len(tasks) > 1:
+            raise ResultsDBError(f'the finished runs are of {len(tasks)} tasks ({", ".join(tasks)}); choose one with '
+                                 f'task= (`zoo results --task T`), or call leaderboards() for one board per task')
+        task = tasks[0] if tasks else 'classification'
+    try:
+        return primary_metric(task)
+    except KeyError as e:
+        raise ResultsDBError(f'{e.args[0]}; pass metric=') from None
 
 
 def _model_args(hparams, block_choices) -> str:

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import textwrap
 
 from .schema import ResultsDBError
 
@@ -145,9 +146,16 @@ def plot_pareto(board, path: str | os.PathLike | None = None, *, title: str | No
             ax.plot(*zip(*few), linestyle='none', marker='_', markersize=10, color='0.3', label='seed values (n < 3)')
         labels = [f'{m} ({a})' if a else m for m, a in zip(b.model, b.model_args)]
         for x, y, name, n in zip(lat, mean, labels, b.n_seeds):
-            ax.annotate(name if n >= 3 else f'{name}, n={n}', (x, y), textcoords='offset points', xytext=(4, 4),
-                        fontsize=8)
+            text = name if n >= 3 else f'{name}, n={n}'
+            ax.annotate('\n'.join(textwrap.wrap(text, 34)), (x, y), textcoords='offset points', xytext=(4, 4),
+                        fontsize=7)   # long model arguments wrap instead of running off the axes
         ax.margins(x=0.25, y=0.12)      # room for the labels
+        for values, lims in ((lat, ax.set_xlim), (np.concatenate([mean, lo, hi]), ax.set_ylim)):
+            values = values[np.isfinite(values)]
+            if values.max() - values.min() < 1e-9 * max(1.0, abs(values.max())):  # one point: a readable range
+                centre = float(values.max())
+                half = 0.2 * abs(centre) if centre else 1.0
+                lims(centre - half, centre + half)
         ax.legend(loc='best', fontsize=8)
     threads = board.attrs.get('threads')
     ax.set_xlabel(f'CPU latency, batch 1{f", {threads} thread(s)" if threads else ""} (ms; median, bar: IQR)')
