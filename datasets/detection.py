@@ -4,9 +4,9 @@ A sample is ``(image, target)``: ``image`` a float (3, S, S) tensor in [0, 1] (`
 ``target`` a dict with ``boxes`` (``tv_tensors.BoundingBoxes``, xyxy pixels of the network input), ``labels``
 (long, contiguous 0..num_classes-1), ``iscrowd`` (bool, True for a COCO crowd region: ignored by the loss, and by
 COCO mAP as COCOeval does), for COCO files the annotation's ``area`` (the file's pixels, as COCOeval's
-small / medium / large ranges read it), ``image_id`` (int), ``orig_size`` (H, W) of the file and ``scale``/``pad``
-of the letterbox (input = orig * scale + pad), so predictions and boxes map back to the file's pixels with
-:func:`unletterbox`. :func:`collate` stacks the images and keeps the targets as a list (one per image, any
+small / medium / large ranges read it), ``image_id`` (int), ``index`` (the sample's position in its dataset),
+``orig_size`` (H, W) of the file and ``scale``/``pad`` of the letterbox (input = orig * scale + pad), so
+predictions and boxes map back to the file's pixels with :func:`unletterbox`. :func:`collate` stacks the images and keeps the targets as a list (one per image, any
 number of boxes, zero included).
 
 Sources (``DataModule`` / dataset):
@@ -30,18 +30,21 @@ Evaluation keeps every ground-truth box, however small, as COCOeval on the file 
 Files are letterboxed (resized keeping the aspect ratio, padded with grey) to ``img_size``, a multiple of 32.
 
 Bad data raises :class:`DetectionDataError` naming the file (and line or annotation): a missing image, a box
-outside the image, a class id out of range, a malformed label line, an empty split.
+with a negative width or height, a box further outside its image than ``box_tolerance`` (boxes up to it are
+clipped, counted and reported once), a class id out of range, a malformed label line, invalid JSON or YAML, a YOLO
+split in which no image has a label file, an empty split.
 """
 from __future__ import annotations
 
 import json
+import logging
 import math
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import numpy as np
 import torch
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import Dataset
 from torchvision import tv_tensors
 from torchvision.transforms import v2
 from torchvision.transforms.v2 import functional as F
@@ -54,6 +57,7 @@ __all__ = ['DetectionDataError', 'DetectionDataset', 'collate', 'unletterbox', '
            'DetectionDataModule', 'CocoDetectionDataModule', 'YoloDetectionDataModule', 'ShapesDetDataModule',
            'DigitsDetDataModule']
 
+log = logging.getLogger(__name__)
 IMG_EXTS = ('.jpg', '.jpeg', '.png', '.bmp', '.webp', '.tif', '.tiff')
 PAD_VALUE = 114  # letterbox grey (0-255), YOLO's
 
@@ -230,12 +234,18 @@ class DetectionDataset(Dataset):
         target['boxes'] = F.clamp_bounding_boxes(F.crop(target['boxes'], y0, x0, s, s))
         return image, target
 
+    def original(self, i: int) -> torch.Tensor:
+        """The file's own uint8 (3, H, W) image of sample ``i`` (what predictions are drawn on)."""
+        return self.records[i][0]()[0]
+
     def __getitem__(self, i: int):
         if self.mosaic > 0 and torch.rand(()) < self.mosaic:
             image, target = self._mosaic(i)
         else:
             image, target = self.load(i)
-        return self.transform(image, target) if self.transform is not None else (image, target)
+        image, target = self.transform(image, target) if self.transform is not None else (image, target)
+        target['index'] = i  # the sample's position in this dataset (its file: ``original(i)``)
+        return image, target
 
 
 def _image_loader(path: Path, *annotations: np.ndarray) -> Callable[[], tuple]:
@@ -263,20 +273,76 @@ def _image_size(path: Path) -> tuple[int, int]:
     return h, w
 
 
+def read_json(path: Path) -> dict:
+    """A JSON file; invalid JSON is a one-line :class:`DetectionDataError` naming the file and the place."""
+    try:
+        return json.loads(Path(path).read_text())
+    except json.JSONDecodeError as e:
+        raise DetectionDataError(f'{path}: not valid JSON (line {e.lineno}, column {e.colno}: {e.msg})') from None
+
+
+def read_yaml(path: Path) -> dict:
+    """A YAML mapping; invalid YAML (or a file that is not a mapping) is a one-line error naming the file."""
+    import yaml
+    try:
+        data = yaml.safe_load(Path(path).read_text())
+    except yaml.YAMLError as e:
+        mark = getattr(e, 'problem_mark', None)
+        where = f'line {mark.line + 1}, column {mark.column + 1}: ' if mark is not None else ''
+        raise DetectionDataError(f'{path}: not valid YAML ({where}{getattr(e, "problem", None) or e})') from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise DetectionDataError(f'{path}: expected a mapping (path, train, val, names), got a {type(data).__name__}')
+    return data
+
+
+class BoxCheck:
+    """Boxes checked against their image: a negative width or height is an error; a box up to ``tolerance`` (a
+    fraction of the image side) outside the image is clipped to it and counted (COCO and real datasets have
+    such boxes); beyond the tolerance it is an error. :meth:`report` says once how many were clipped."""
+
+    def __init__(self, tolerance: float, source: Path):
+        if not 0 <= tolerance < 0.5:
+            raise ValueError(f'box_tolerance is a fraction of the image side in [0, 0.5), got {tolerance}')
+        self.tolerance, self.source, self.clipped, self.worst = tolerance, source, 0, 0.0
+
+    def __call__(self, x1: float, y1: float, x2: float, y2: float, w: float, h: float, where: str, unit: str = 'px'):
+        """xyxy in the image's ``unit`` (``px``: ``w``/``h`` pixels; ``normalised``: w = h = 1) -> clipped xyxy."""
+        if x2 < x1 or y2 < y1:
+            raise DetectionDataError(f'{where}: box has a negative {"width" if x2 < x1 else "height"} '
+                                     f'({x2 - x1:.4g} x {y2 - y1:.4g}, {unit})')
+        out = max(-x1, -y1, x2 - w, y2 - h, 0.0)  # how far it reaches outside, in the image's unit
+        if out > 0:
+            side = w if max(-x1, x2 - w) >= max(-y1, y2 - h) else h
+            if out > self.tolerance * side + 1e-9:
+                image = 'the image' if unit == 'normalised' else f'the {w:g}x{h:g} image'
+                raise DetectionDataError(
+                    f'{where}: box reaches {out / side:.1%} of the side outside {image} (up to '
+                    f'box_tolerance={self.tolerance:g} of the side is clipped to the image; beyond, it is refused)')
+            self.clipped += 1
+            self.worst = max(self.worst, out / side)
+        return max(0.0, x1), max(0.0, y1), min(float(w), x2), min(float(h), y2)
+
+    def report(self) -> None:
+        if self.clipped:
+            log.warning(f'zoo: {self.clipped} box(es) of {self.source} reached outside their image (by up to '
+                        f'{self.worst:.1%} of its side) and were clipped to it (box_tolerance={self.tolerance:g})')
+
+
 # ------------------------------------------------------------------------------------------------ COCO
 
 
-def read_coco(ann_file: str | Path, image_dir: str | Path, tolerance: float = 1.0):
+def read_coco(ann_file: str | Path, image_dir: str | Path, box_tolerance: float = 0.02):
     """A COCO ``instances_*.json`` -> (records, categories, names): records as :class:`DetectionDataset` takes,
-    ``categories[label]`` the COCO category id of each contiguous label, ``names[label]`` its name."""
+    ``categories[label]`` the COCO category id of each contiguous label, ``names[label]`` its name. Boxes
+    reaching outside their image by up to ``box_tolerance`` of its side are clipped (:class:`BoxCheck`)."""
     ann_file, image_dir = Path(ann_file), Path(image_dir)
     if not ann_file.is_file():
         raise DatasetNotFoundError(f'COCO annotations not found: {ann_file} (expected <root>/annotations/'
                                    f'instances_<split>.json)')
-    try:
-        data = json.loads(ann_file.read_text())
-    except json.JSONDecodeError as e:
-        raise DetectionDataError(f'{ann_file}: not valid JSON ({e})') from None
+    data = read_json(ann_file)
+    check = BoxCheck(box_tolerance, ann_file)
     for key in ('images', 'annotations', 'categories'):
         if key not in data:
             raise DetectionDataError(f'{ann_file}: no "{key}" list (a COCO instances file has images, annotations '
@@ -304,13 +370,11 @@ def read_coco(ann_file: str | Path, image_dir: str | Path, tolerance: float = 1.
         if not isinstance(bbox, (list, tuple)) or len(bbox) != 4:
             raise DetectionDataError(f'{where} ({path.name}): bbox must be [x, y, width, height], got {bbox!r}')
         x, y, bw, bh = map(float, bbox)
-        if bw < 0 or bh < 0 or x < -tolerance or y < -tolerance or x + bw > w + tolerance or y + bh > h + tolerance:
-            raise DetectionDataError(f'{where} ({path.name}): box [x, y, w, h] = {bbox} lies outside the {w}x{h} '
-                                     f'image')
-        boxes.append([max(0.0, x), max(0.0, y), min(float(w), x + bw), min(float(h), y + bh)])
+        boxes.append(list(check(x, y, x + bw, y + bh, w, h, f'{where} ({path.name}, bbox [x, y, w, h] = {bbox})')))
         labels.append(label_of[a['category_id']])
         crowd.append(bool(a.get('iscrowd', 0)))  # a crowd region: not an object to find, a place to ignore
         areas.append(float(a.get('area', bw * bh)))  # the segment's area: what COCOeval's size ranges read
+    check.report()
     records = [(_image_loader(p, np.asarray(b, np.float32).reshape(-1, 4), np.asarray(l, np.int64),
                               np.asarray(c, bool), np.asarray(ar, np.float32)), int(i), str(p))
                for i, (p, _, _, b, l, c, ar) in images.items()]
@@ -352,8 +416,10 @@ def _label_path(img: Path) -> Path:
     return Path(*parts).with_suffix('.txt')
 
 
-def read_yolo_labels(path: Path, num_classes: int, h: int, w: int, tolerance: float = 1e-3):
-    """One ``cls cx cy w h`` label file -> (boxes xyxy pixels (n, 4), labels (n,)); checked line by line."""
+def read_yolo_labels(path: Path, num_classes: int, h: int, w: int, check: BoxCheck | None = None):
+    """One ``cls cx cy w h`` label file -> (boxes xyxy pixels (n, 4), labels (n,)); checked line by line
+    (``check``: how boxes outside the image are treated, :class:`BoxCheck`)."""
+    check = check or BoxCheck(0.02, path)
     boxes, labels = [], []
     for n, line in enumerate(path.read_text().splitlines(), 1):
         fields = line.split()
@@ -368,23 +434,22 @@ def read_yolo_labels(path: Path, num_classes: int, h: int, w: int, tolerance: fl
             raise DetectionDataError(f'{path} line {n}: not numbers: {line.strip()!r}') from None
         if cls != int(cls) or not 0 <= cls < num_classes:
             raise DetectionDataError(f'{path} line {n}: class id {fields[0]} is out of range 0..{num_classes - 1}')
-        x1, y1, x2, y2 = cx - bw / 2, cy - bh / 2, cx + bw / 2, cy + bh / 2
-        if bw < 0 or bh < 0 or min(x1, y1) < -tolerance or max(x2, y2) > 1 + tolerance:
-            raise DetectionDataError(f'{path} line {n}: box (cx {cx}, cy {cy}, w {bw}, h {bh}) lies outside the '
-                                     f'image (normalised coordinates must stay in [0, 1])')
-        boxes.append([max(0.0, x1) * w, max(0.0, y1) * h, min(1.0, x2) * w, min(1.0, y2) * h])
+        x1, y1, x2, y2 = check(cx - bw / 2, cy - bh / 2, cx + bw / 2, cy + bh / 2, 1, 1,
+                               f'{path} line {n} (cx {cx}, cy {cy}, w {bw}, h {bh})', unit='normalised')
+        boxes.append([x1 * w, y1 * h, x2 * w, y2 * h])
         labels.append(int(cls))
     return np.asarray(boxes, np.float32).reshape(-1, 4), np.asarray(labels, np.int64)
 
 
-def read_yolo(yaml_file: str | Path, split: str):
-    """An ultralytics ``data.yaml`` and a split name -> (records, names)."""
-    import yaml
+def read_yolo(yaml_file: str | Path, split: str, box_tolerance: float = 0.02):
+    """An ultralytics ``data.yaml`` and a split name -> (records, names). Boxes reaching outside their image by
+    up to ``box_tolerance`` of its side are clipped (:class:`BoxCheck`); a split in which no image has a label
+    file is an error naming the folder searched (a missing or misnamed ``labels/`` folder)."""
     yaml_file = Path(yaml_file)
     if not yaml_file.is_file():
         raise DatasetNotFoundError(f'YOLO data file not found: {yaml_file} (expected a data.yaml with path, train, '
                                    f'val and names)')
-    cfg = yaml.safe_load(yaml_file.read_text()) or {}
+    cfg = read_yaml(yaml_file)
     names = cfg.get('names')
     if isinstance(names, dict):
         names = [str(names[k]) for k in sorted(names)]
@@ -396,15 +461,24 @@ def read_yolo(yaml_file: str | Path, split: str):
         raise DetectionDataError(f'{yaml_file}: no "{split}" split')
     base = Path(cfg.get('path') or '.')
     base = base if base.is_absolute() else (yaml_file.parent / base)
-    records = []
-    for i, img in enumerate(_yolo_split(base, cfg[split], yaml_file)):
+    records, labelled = [], 0
+    check = BoxCheck(box_tolerance, f'the {split} labels of {yaml_file}')
+    images = _yolo_split(base, cfg[split], yaml_file)
+    for i, img in enumerate(images):
         h, w = _image_size(img)
         lbl = _label_path(img)
-        boxes, labels = (read_yolo_labels(lbl, len(names), h, w) if lbl.is_file()
+        labelled += lbl.is_file()
+        boxes, labels = (read_yolo_labels(lbl, len(names), h, w, check) if lbl.is_file()
                          else (np.zeros((0, 4), np.float32), np.zeros(0, np.int64)))
         records.append((_image_loader(img, boxes, labels), i, str(img)))
     if not records:
         raise DetectionDataError(f'{yaml_file}: the {split} split ({cfg[split]}) holds no images')
+    if not labelled:
+        folders = sorted({str(_label_path(img).parent) for img in images})
+        raise DetectionDataError(f'{yaml_file}: none of the {len(images)} {split} images has a label file; looked in '
+                                 f'{", ".join(folders[:3])}{" ..." if len(folders) > 3 else ""} (a .txt per image, in '
+                                 f'the labels/ folder beside images/)')
+    check.report()
     return records, names
 
 
@@ -570,6 +644,7 @@ class DetectionDataModule(ImageDataModule):
     """
 
     in_chans = 3
+    collate_fn = staticmethod(collate)  # targets stay a list, one dict per image
     names: list[str]
     categories: list[int] | None = None  # COCO category id of each label (None: the label itself)
 
@@ -595,13 +670,6 @@ class DetectionDataModule(ImageDataModule):
         return DetectionDataset(records, self.img_size, self.train_transform() if train else self.eval_transform(),
                                 mosaic=self.mosaic if (train and self.augment) else 0.0,
                                 name=f'{type(self).__name__} {split}')
-
-    def _loader(self, ds, shuffle: bool) -> DataLoader:
-        if ds is None:
-            raise RuntimeError(f'{type(self).__name__}: call setup() before asking for a data loader')
-        return DataLoader(ds, batch_size=self.batch_size, shuffle=shuffle, num_workers=self.num_workers,
-                          persistent_workers=self.num_workers > 0, collate_fn=collate,
-                          generator=torch.Generator().manual_seed(self.seed) if shuffle else None)
 
 
 class _ProceduralDet(DetectionDataModule):
@@ -703,14 +771,18 @@ class CocoDetectionDataModule(DetectionDataModule):
         train_split, val_split, test_split: split names (``train2017``, ``val2017``); ``test_split`` defaults
             to the validation split.
         image_dirs: optional ``{split: folder}`` when images are elsewhere than ``root/<split>/``.
+        box_tolerance: boxes reaching outside their image by up to this fraction of its side are clipped (and
+            counted, said once); beyond it they are an error.
     """
 
     def __init__(self, root: str, train_split: str = 'train', val_split: str = 'val', test_split: str | None = None,
                  image_dirs: dict | None = None, batch_size: int = 16, num_workers: int = 0, img_size: int = 640,
                  seed: int = 0, augment: bool = True, mosaic: float = 0.0, flip: float = 0.5,
                  scale: Sequence[float] = (0.5, 1.5), translate: float = 0.1,
-                 hsv: Sequence[float] = (0.015, 0.7, 0.4)):
+                 hsv: Sequence[float] = (0.015, 0.7, 0.4), box_tolerance: float = 0.02):
         super().__init__(batch_size, num_workers, img_size, seed, augment, mosaic, flip, scale, translate, hsv)
+        BoxCheck(box_tolerance, root)  # checked now, used when the annotations are read
+        self.box_tolerance = box_tolerance
         self.root = Path(root)
         self.splits = {'train': train_split, 'val': val_split, 'test': test_split or val_split}
         self.image_dirs = dict(image_dirs or {})
@@ -726,12 +798,12 @@ class CocoDetectionDataModule(DetectionDataModule):
             if not ann.is_file():
                 raise DatasetNotFoundError(f'COCO annotations not found: {ann} (expected <root>/annotations/'
                                            f'instances_{split}.json)')
-            cats = sorted(json.loads(ann.read_text()).get('categories', []), key=lambda c: c['id'])
+            cats = sorted(read_json(ann).get('categories', []), key=lambda c: c['id'])
             if not cats:
                 raise DetectionDataError(f'{ann}: no categories')
             return None, [int(c['id']) for c in cats], [str(c.get('name', c['id'])) for c in cats]
         images = Path(self.image_dirs.get(split, self.root / split))
-        return read_coco(ann, images)
+        return read_coco(ann, images, self.box_tolerance)
 
     def setup(self, stage: str | None = None) -> None:
         if self.train_set is not None:
@@ -747,18 +819,20 @@ class CocoDetectionDataModule(DetectionDataModule):
 
 class YoloDetectionDataModule(DetectionDataModule):
     """An ultralytics-format dataset, described by its ``data.yaml`` (``path``, ``train``, ``val``, ``test``,
-    ``names``). ``test`` defaults to ``val`` when the file has none."""
+    ``names``). ``test`` defaults to ``val`` when the file has none. ``box_tolerance``: boxes reaching outside
+    their image by up to this fraction of its side are clipped (and counted, said once); beyond, an error."""
 
     def __init__(self, data: str, batch_size: int = 16, num_workers: int = 0, img_size: int = 640, seed: int = 0,
                  augment: bool = True, mosaic: float = 0.0, flip: float = 0.5, scale: Sequence[float] = (0.5, 1.5),
-                 translate: float = 0.1, hsv: Sequence[float] = (0.015, 0.7, 0.4)):
+                 translate: float = 0.1, hsv: Sequence[float] = (0.015, 0.7, 0.4), box_tolerance: float = 0.02):
         super().__init__(batch_size, num_workers, img_size, seed, augment, mosaic, flip, scale, translate, hsv)
-        import yaml
+        BoxCheck(box_tolerance, data)  # checked now, used when the labels are read
+        self.box_tolerance = box_tolerance
         self.data = Path(data)
         if not self.data.is_file():
             raise DatasetNotFoundError(f'YOLO data file not found: {self.data} (expected a data.yaml with path, '
                                        f'train, val and names)')
-        cfg = yaml.safe_load(self.data.read_text()) or {}
+        cfg = read_yaml(self.data)
         names = cfg.get('names') or [str(i) for i in range(int(cfg.get('nc', 0)))]
         self.names = [str(names[k]) for k in sorted(names)] if isinstance(names, dict) else [str(n) for n in names]
         if not self.names:
@@ -772,6 +846,6 @@ class YoloDetectionDataModule(DetectionDataModule):
             return
         for which in ('train', 'val', 'test'):
             split = which if which != 'test' or self.has_test else 'val'
-            records, _ = read_yolo(self.data, split)
+            records, _ = read_yolo(self.data, split, self.box_tolerance)
             setattr(self, f'{which}_set', self._make(records, which == 'train', split))
         self._check_sizes()

@@ -9,7 +9,7 @@ an EMA of the weights (evaluated instead of the raw weights) and the Trainer's g
 
 After each validation a PNG grid of a few validation images is written to ``<run>/val_predictions/``:
 ground truth (green) beside the predictions (class colours, score above ``plot_conf``).
-``zoo predict`` writes ``<run>/predictions/`` with every test image and its boxes drawn, and
+``zoo predict`` writes ``<run>/predictions/`` with every test image file and its boxes drawn, and
 ``predictions.json`` in COCO results format (boxes in the original image's pixels).
 """
 from __future__ import annotations
@@ -60,7 +60,8 @@ class Detection(WeightEMA, LightningModule):
     Args:
         name: a registered detection model (``yolo_det``, ``yolo_det_tiny``, ...).
         model_args: extra arguments for ``zoo.create`` (``{'backbone': 'resnet18'}``).
-        num_classes: set from the DataModule by ``zoo fit`` when left out.
+        num_classes, img_size: set from the DataModule by ``zoo fit`` when left out (``img_size`` goes to models
+            whose weights depend on the input size, and nowhere else).
         checkpoint: weights to start from.
         optimizer: ``adamw`` or ``sgd`` (Nesterov momentum); norms and biases get no weight decay.
         lr, weight_decay, momentum, warmup_epochs, min_lr: the schedule (linear warm-up, then cosine).
@@ -69,14 +70,16 @@ class Detection(WeightEMA, LightningModule):
         conf, iou, max_det: NMS settings for validation and test (YOLOv8's validation: 0.001, 0.7, 300).
         map_backend: ``faster_coco_eval`` or ``pycocotools`` (same numbers; the first is faster).
         plot_images: how many validation images the per-validation PNG grid shows (0: none).
-        plot_conf, predict_conf: the score from which boxes are drawn, and kept by ``zoo predict``.
+        plot_conf: the score from which boxes are drawn (validation grids, ``zoo predict`` pictures).
+        predict_conf: the score from which ``zoo predict`` keeps a detection in ``predictions.json`` (0.001:
+            every detection, for COCOeval).
     """
 
     monitor, monitor_mode = 'val/map', 'max'
     task = 'detection'
 
     def __init__(self, name: str = 'yolo_det', model_args: dict | None = None, num_classes: int | None = None,
-                 in_chans: int | None = None, checkpoint: str | None = None,
+                 in_chans: int | None = None, img_size: int | None = None, checkpoint: str | None = None,
                  optimizer: Literal['adamw', 'sgd'] = 'adamw', lr: float = 2e-3, weight_decay: float = 5e-4,
                  momentum: float = 0.937, warmup_epochs: float = 1.0, min_lr: float = 2e-5,
                  ema_decay: float | None = 0.9999, box_gain: float = 7.5, cls_gain: float = 0.5,
@@ -90,7 +93,9 @@ class Detection(WeightEMA, LightningModule):
         self.save_hyperparameters()
         self.model_name = name
         args = dict(model_args or {})
-        self.model = zoo.create(name, num_classes=num_classes, in_chans=in_chans, checkpoint=checkpoint, **args)
+        # the data's image size reaches models whose weights depend on it (yolo_det on Strip-MLP, ...)
+        self.model = zoo.create_with_optional(name, dict(img_size=img_size), num_classes=num_classes, in_chans=in_chans,
+                                          checkpoint=checkpoint, **args)
         # the backbone is the block a detection comparison varies: record it (and its own block choices)
         self.block_choices = {**block_choices(args.get('backbone_kwargs')), **block_choices(args)}
         if getattr(self.model, 'backbone_name', None):
@@ -209,26 +214,35 @@ class Detection(WeightEMA, LightningModule):
                 'targets': targets}
 
     def write_predictions(self, outputs: list[dict], run_dir: Path) -> Path:
-        """``zoo predict``: every image with its boxes (``predictions/<image_id>.png``) and ``predictions.json``
-        (COCO results: boxes in the original image's pixels, the dataset's category ids)."""
+        """``zoo predict``: every test image, as its file, with its boxes drawn (``predictions/<image_id>.png``,
+        scores >= ``plot_conf``), and ``predictions.json`` in COCO results format (boxes in the file's pixels,
+        the dataset's category ids; scores >= ``predict_conf``: ``--model.predict_conf 0.001`` keeps every
+        detection, up to ``max_det`` per image, as COCOeval wants)."""
         from torchvision.io import write_png
 
         out = Path(run_dir) / 'predictions'
         out.mkdir(parents=True, exist_ok=True)
         dm = getattr(self.trainer, 'datamodule', None)
         names, categories = getattr(dm, 'names', None), getattr(dm, 'categories', None)
+        dataset = getattr(dm, 'test_set', None)
         results, n = [], 0
         for batch in outputs:
             targets = batch['targets'] or [{} for _ in batch['detections']]
             for img, det, t in zip(batch['images'], batch['detections'], targets):
                 image_id = int(t.get('image_id', n))
-                write_png(draw_predictions(img, det, names, conf=0.0), str(out / f'{image_id:06d}.png'))
                 orig = {**det, 'boxes': unletterbox(det['boxes'].float(), t)}
+                if dataset is not None and 'index' in t:  # drawn on the file itself, not the letterboxed input
+                    picture = draw_predictions(dataset.original(t['index']).float() / 255, orig, names,
+                                               conf=self.hparams.plot_conf)
+                else:
+                    picture = draw_predictions(img, det, names, conf=self.hparams.plot_conf)
+                write_png(picture, str(out / f'{image_id:06d}.png'))
                 results += coco_detections([orig], categories, image_ids=[image_id])
                 n += 1
         path = Path(run_dir) / 'predictions.json'
         path.write_text(json.dumps(results))
-        print(f'zoo predict: {n} images with their boxes in {out}, {len(results)} detections in {path}')
+        print(f'zoo predict: {n} images with their boxes in {out}, {len(results)} detections (score >= '
+              f'{self.hparams.predict_conf}) in {path}')
         return path
 
     # -- optimisation ------------------------------------------------------------------------------

@@ -101,3 +101,151 @@ def test_a_run_is_quiet(runs, capfd):
                   'stepping batches'):
         assert noise not in out + err, noise
     assert 'MetaFormer' in out and 'params: 232 K' in out
+
+
+# --------------------------------------------------------------------------------- issue 24: what slipped through
+DET = ROOT / 'recipes' / 'configs' / 'detection' / 'yolo_det_tiny_shapes_det_128.yaml'
+FAST = ['--trainer.fast_dev_run', '1', '--trainer.enable_progress_bar', 'false']
+
+
+def _write_yolo(root: Path, labels_folder: str = 'labels') -> Path:
+    """A two-image YOLO dataset (train and val); ``labels_folder`` misnamed to test the missing labels."""
+    import torch
+    from torchvision.io import write_png
+
+    for split in ('train', 'val'):
+        (root / 'images' / split).mkdir(parents=True)
+        (root / labels_folder / split).mkdir(parents=True)
+        for i in range(2):
+            write_png(torch.randint(0, 255, (3, 48, 80), dtype=torch.uint8), str(root / 'images' / split / f'{i}.png'))
+            (root / labels_folder / split / f'{i}.txt').write_text('0 0.5 0.5 0.25 0.5\n')
+    data = root / 'data.yaml'
+    data.write_text(f'path: {root}\ntrain: images/train\nval: images/val\nnames: [a, b]\n')
+    return data
+
+
+def _yolo_args(data: Path) -> list[str]:
+    return ['-c', str(DET), '--data', 'zoo.datasets.YoloDetectionDataModule', '--data.data', str(data),
+            '--data.img_size', '64', '--data.batch_size', '2', *FAST]
+
+
+def _data_error_line(capfd) -> str:
+    """The one error line of a run stopped by its data: found when the trainer sets the data up, so Lightning's
+    own INFO lines about the run's options may come first; no traceback."""
+    err = capfd.readouterr().err
+    lines = [line for line in err.splitlines() if line.strip() and not line.startswith('INFO: ')]
+    assert len(lines) == 1 and 'Traceback' not in err, err
+    return lines[0]
+
+
+def _untouched(runs: Path, db: Path) -> None:
+    assert not runs.exists() and not db.exists()  # no run folder (nor the runs root), no database
+
+
+@pytest.mark.parametrize('case, expected', [
+    ('labels_misnamed', 'none of the 2 train images has a label file; looked in'),
+    ('bad_yaml', "data.yaml: not valid YAML (line 3, column 6: expected ',' or ']'"),
+])
+def test_bad_yolo_folders(case, expected, runs, capfd, tmp_path, monkeypatch):
+    db = tmp_path / 'results.db'
+    monkeypatch.setenv('ZOO_DB', str(db))
+    data = _write_yolo(tmp_path / 'yolo', 'label' if case == 'labels_misnamed' else 'labels')
+    if case == 'bad_yaml':
+        data.write_text('path: x\ntrain: [images/train\nnames: [a]\n')
+    assert main(['fit', *_yolo_args(data)]) == 2
+    line = _data_error_line(capfd)
+    assert expected in line, line
+    if case == 'labels_misnamed':
+        assert str(tmp_path / 'yolo' / 'labels' / 'train') in line  # the folder it looked in
+    _untouched(runs, db)
+
+
+@pytest.mark.parametrize('split', ['train', 'val'])
+def test_invalid_coco_json_names_the_file(split, runs, capfd, tmp_path, monkeypatch):
+    db = tmp_path / 'results.db'
+    monkeypatch.setenv('ZOO_DB', str(db))
+    import torch
+    from torchvision.io import write_png
+
+    (tmp_path / 'coco' / 'annotations').mkdir(parents=True)
+    good = {'images': [{'id': 1, 'file_name': '0.png', 'height': 48, 'width': 80}],
+            'annotations': [{'id': 1, 'image_id': 1, 'category_id': 1, 'bbox': [1, 1, 10, 10]}],
+            'categories': [{'id': 1, 'name': 'a'}]}
+    for s in ('train', 'val'):
+        (tmp_path / 'coco' / s).mkdir()
+        write_png(torch.zeros(3, 48, 80, dtype=torch.uint8), str(tmp_path / 'coco' / s / '0.png'))
+        text = '{"images": [' if s == split else json.dumps(good)
+        (tmp_path / 'coco' / 'annotations' / f'instances_{s}.json').write_text(text)
+    args = ['-c', str(DET), '--data', 'zoo.datasets.CocoDetectionDataModule', '--data.root', str(tmp_path / 'coco'),
+            '--data.img_size', '64', *FAST]
+    assert main(['fit', *args]) == 2
+    line = _data_error_line(capfd)
+    assert f'instances_{split}.json: not valid JSON (line 1' in line, line
+    _untouched(runs, db)
+
+
+def test_abbreviated_options_are_refused(runs, capfd):
+    assert main(['fit', '-c', CONFIG, '--trainer.max_epoch', '1', *FAST]) == 2
+    line = _one_error_line(capfd)
+    assert 'unknown option --trainer.max_epoch; did you mean --trainer.max_epochs' in line, line
+
+
+def test_shipped_recipes_by_name_from_any_folder(runs, capfd, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # not the checkout
+    for name in ('detection/yolo_det_tiny_shapes_det_128', 'yolo_det_tiny_shapes_det_128',
+                 'recipes/configs/detection/yolo_det_tiny_shapes_det_128.yaml'):
+        assert main(['fit', '-c', name, '--print_config']) == 0, name
+        assert 'yolo_det_tiny' in capfd.readouterr().out
+    assert main(['fit', '-c', 'detection/yolo_det_tiny_shapes_det', '--print_config']) == 2
+    line = _one_error_line(capfd)
+    assert 'no shipped recipe is named so; did you mean detection/yolo_det_tiny_shapes_det_128' in line, line
+    assert main(['list', '--recipes', 'detection/yolo*']) == 0
+    assert 'detection/yolo_det_tiny_shapes_det_128' in capfd.readouterr().out
+
+
+def test_yolo_det_gets_its_size_and_strides():
+    """A backbone whose weights depend on the input grid gets the training size from the system; a backbone
+    whose last levels are finer than 8/16/32 is refused with the argument that fixes it."""
+    import torch
+
+    from zoo.recipes import Detection
+
+    system = Detection('yolo_det', {'backbone': 'stripmlp_tiny'}, num_classes=3, img_size=64)
+    system.model.eval()
+    y, _ = system(torch.randn(1, 3, 64, 64))
+    assert y.shape == (1, 4 + 3, (8 * 8 + 4 * 4 + 2 * 2))
+    with pytest.raises(ValueError, match="strides 2/4/8.*backbone_kwargs=\\{'stem': 'imagenet'\\}"):
+        Detection('yolo_det', {'backbone': 'resnet_tiny'}, num_classes=3, img_size=64)
+    Detection('yolo_det', {'backbone': 'resnet_tiny', 'backbone_kwargs': {'stem': 'imagenet'}}, num_classes=3,
+              img_size=64)  # ResNet takes no img_size: not passed to it
+
+
+def test_piip_size_error_names_the_real_argument():
+    import torch
+
+    import zoo
+
+    model = zoo.create('piip_tiny')
+    with pytest.raises(ValueError, match=r'build it with img_sizes=\(64, 96, 128\)') as e:
+        model(torch.randn(1, 3, 128, 128))
+    fixed = eval(str(e.value).split('build it with img_sizes=')[1].split(' or ')[0])  # the advice works
+    assert zoo.create('piip_tiny', img_sizes=fixed)(torch.randn(1, 3, 128, 128)).shape == (1, 1000)
+
+
+def test_detection_predict_draws_on_the_file(runs, tmp_path, monkeypatch):
+    """Predictions are drawn on each original file (its own size, no letterbox bars); predict_conf 0.001 keeps
+    every detection up to max_det for COCOeval."""
+    import torch
+    from torchvision.io import decode_image
+
+    monkeypatch.setenv('ZOO_RECORD_LATENCY', '0')
+    data = _write_yolo(tmp_path / 'yolo')
+    args = _yolo_args(data)[:-len(FAST)] + ['--trainer.enable_progress_bar', 'false', '--db', 'none']
+    assert main(['fit', *args, '--trainer.max_epochs', '1', '--trainer.limit_val_batches', '0']) == 0
+    assert main(['predict', *args, '--ckpt_path', 'last', '--model.predict_conf', '0.001']) == 0
+    pred = max(p for p in (runs / DET.stem).iterdir() if p.is_dir() and not p.is_symlink())
+    pngs = sorted((pred / 'predictions').glob('*.png'))
+    assert len(pngs) == 2 and all(decode_image(str(p)).shape == (3, 48, 80) for p in pngs)
+    dets = json.loads((pred / 'predictions.json').read_text())
+    per_image = torch.bincount(torch.tensor([d['image_id'] for d in dets]))
+    assert len(dets) > 2 and int(per_image.max()) <= 300 and min(d['score'] for d in dets) >= 0.001

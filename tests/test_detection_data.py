@@ -221,7 +221,7 @@ def test_yolo_loads_and_round_trips(tmp_path):
     ('0 0.5 0.5 0.2\n', 'x0.txt line 1: expected "class cx cy w h"'),
     ('0 0.5 0.5 0.2 0.2\n1 0.5 oops 0.2 0.2\n', 'x0.txt line 2: not numbers'),
     ('0 0.5 0.5 0.2 0.2\n\n3 0.5 0.5 0.2 0.2\n', 'x0.txt line 3: class id 3 is out of range 0..2'),
-    ('0 0.9 0.5 0.4 0.2\n', 'x0.txt line 1: box .* outside the image'),
+    ('0 0.9 0.5 0.4 0.2\n', r'x0.txt line 1 \(cx .*\): box reaches 10.0% of the side outside the image'),
 ])
 def test_yolo_bad_labels_are_named(tmp_path, lines, match):
     data = write_yolo(tmp_path, lines=lines)
@@ -239,3 +239,35 @@ def test_yolo_empty_split_and_missing_image(tmp_path):
     data.write_text(f'path: {tmp_path}\ntrain: list.txt\nval: images/val\nnames: [a, b, c]\n')
     with pytest.raises(DetectionDataError, match="list.txt line 2: image 'images/train/nope.png' not found"):
         read_yolo(data, 'train')
+
+
+@pytest.mark.parametrize('line, clipped, match', [
+    ('0 0.5 0.5 0.4 0.2\n', 0, None),                                  # inside
+    ('0 0.805 0.5 0.4 0.2\n', 1, None),                                # 0.5 % outside: clipped, counted
+    ('0 0.9 0.5 0.4 0.2\n', 0, r'reaches 10.0% of the side outside the image \(up to box_tolerance=0.02'),
+    ('0 0.5 0.5 -0.1 0.2\n', 0, 'box has a negative width'),
+])
+def test_boxes_outside_the_image_are_clipped_within_the_tolerance(tmp_path, caplog, line, clipped, match):
+    """Real datasets (COCO too) have boxes a few pixels outside the image: up to ``box_tolerance`` of the side
+    they are clipped and counted (said once), beyond it refused; a negative width is named as such."""
+    data = write_yolo(tmp_path, lines=line)
+    if match:
+        with pytest.raises(DetectionDataError, match=match):
+            read_yolo(data, 'train')
+        return
+    with caplog.at_level('WARNING', logger='zoo.datasets.detection'):
+        records, _ = read_yolo(data, 'train')
+    said = [r.getMessage() for r in caplog.records if 'clipped' in r.getMessage()]
+    assert len(said) == (1 if clipped else 0) and (not clipped or f'{clipped} box(es)' in said[0])
+    _, boxes, _ = next(r for r in records if r[2].endswith('x0.png'))[0]()
+    assert boxes[:, 2].max() <= 80 and boxes.min() >= 0  # the 40x80 image's width
+
+
+def test_coco_boxes_within_the_tolerance_are_clipped(tmp_path):
+    write_coco(tmp_path, 'train', bad=lambda d: d['annotations'][0].update(bbox=[50, 6, 10.5, 10]))  # 0.5 px out
+    records, _, _ = read_coco(tmp_path / 'annotations' / 'instances_train.json', tmp_path / 'train')
+    boxes = np.concatenate([r[0]()[1] for r in records])
+    assert boxes[:, 2].max() <= 60
+    with pytest.raises(DetectionDataError, match='negative width'):
+        write_coco(tmp_path, 'train', bad=lambda d: d['annotations'][0].update(bbox=[10, 6, -3, 10]))
+        read_coco(tmp_path / 'annotations' / 'instances_train.json', tmp_path / 'train')

@@ -155,7 +155,9 @@ def test_bad_input_is_a_clear_error(args, expected, runs, capsys):
 def test_missing_config_lists_the_recipes(runs, capsys):
     assert fit('-c', 'recipes/configs/poolformer/nope.yaml') == 2
     err = capsys.readouterr().err
-    assert 'nope.yaml' in err and DEMO.name in err
+    assert 'nope.yaml' in err and 'zoo list --recipes' in err
+    assert fit('-c', 'poolformer/poolformer_tiny_digits_51e') == 2  # misspelt: the close names
+    assert f'did you mean poolformer/{DEMO.stem}' in capsys.readouterr().err
 
 
 class NaNAfterFirstEpoch(zoo.recipes.ImageClassifier):

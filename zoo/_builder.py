@@ -13,10 +13,14 @@ from torch import nn
 class UnknownArgumentError(TypeError):
     """An override the model's constructor does not take (re-raised by ``zoo.create`` with the model name)."""
 
-    def __init__(self, cls: type, unknown: list[str], accepted: list[str]):
+    def __init__(self, cls: type, unknown: list[str], accepted: list[str], name: str | None = None):
         self.cls, self.unknown, self.accepted = cls, unknown, accepted
-        super().__init__(f'{cls.__name__} got unknown argument(s) {", ".join(unknown)}; '
-                         f'accepted: {", ".join(accepted)}')
+        if name is None:
+            super().__init__(f'{cls.__name__} got unknown argument(s) {", ".join(unknown)}; '
+                             f'accepted: {", ".join(accepted)}')
+        else:
+            super().__init__(f'{name} got unknown argument(s) {", ".join(unknown)}. {name} accepts: '
+                             f'{", ".join(accepted)}')
 
 
 def accepted_args(cls: type) -> list[str]:
@@ -73,8 +77,10 @@ def build_model(cls: type, cfg: dict, overrides: dict):
 
 
 def check_image(x: torch.Tensor, in_chans: int, min_size: int, model: str,
-                fixed_size: tuple[int, int] | None = None) -> None:
-    """Raise a clear error for an input the model cannot take, before torch does so deep inside."""
+                fixed_size: tuple[int, int] | None = None, size_arg=None) -> None:
+    """Raise a clear error for an input the model cannot take, before torch does so deep inside.
+    ``size_arg(h, w)``: the constructor argument that builds the model for an ``h`` x ``w`` input, as text
+    (default ``img_size=h``)."""
     if not isinstance(x, torch.Tensor):
         raise TypeError(f'{model} expects a tensor of shape (B, {in_chans}, H, W), got {type(x).__name__}')
     if x.ndim != 4:
@@ -85,7 +91,8 @@ def check_image(x: torch.Tensor, in_chans: int, min_size: int, model: str,
     h, w = x.shape[-2:]
     if fixed_size is not None and (h, w) != tuple(fixed_size):
         raise ValueError(f'{model} was built for {fixed_size[0]}x{fixed_size[1]} inputs (its weights depend on '
-                         f'the size) but got {h}x{w}; build it with img_size={h} or resize the input')
+                         f'the size) but got {h}x{w}; build it with {size_arg(h, w) if size_arg else f"img_size={h}"} '
+                         f'or resize the input')
     if min(h, w) < min_size:
         raise ValueError(f'{model} needs inputs of at least {min_size}x{min_size}, got {h}x{w}')
 

@@ -47,9 +47,8 @@ def create(name: str, num_classes: int | None = None, in_chans: int | None = Non
             raise no_weights_error(name)
         try:
             model = fn(**kwargs)
-        except UnknownArgumentError as e:
-            raise TypeError(f'{name} got unknown argument(s) {", ".join(e.unknown)}. '
-                            f'{name} accepts: {", ".join(e.accepted)}') from None
+        except UnknownArgumentError as e:  # the same error, worded with the registered name
+            raise UnknownArgumentError(e.cls, e.unknown, e.accepted, name) from None
         model.zoo_name = name
         if checkpoint is not None:  # a family with timm's and the official head: the one the file needs
             model = match_checkpoint_head(model, name, kwargs, checkpoint, model_info(name).fn)
@@ -133,6 +132,19 @@ def _lightning_weights(path: Path) -> dict[str, torch.Tensor]:
     if not weights:
         raise ValueError(f'{path} holds no model.* weights (was it written by a zoo recipe?)')
     return weights
+
+
+def create_with_optional(name: str, optional: dict, **kwargs) -> nn.Module:
+    """``create(name, **optional, **kwargs)``, leaving out the ``optional`` arguments the model does not take
+    (a size the data knows, passed only to models whose weights depend on it). The argument check runs
+    before anything is built, so a refused argument costs nothing."""
+    optional = {k: v for k, v in optional.items() if v is not None and k not in kwargs}
+    try:
+        return create(name, **optional, **kwargs)
+    except UnknownArgumentError as e:
+        if not optional or not set(e.unknown) <= set(optional):
+            raise
+        return create(name, **{k: v for k, v in optional.items() if k not in e.unknown}, **kwargs)
 
 
 def classifier_prefix(model: nn.Module) -> tuple[str, ...]:

@@ -114,11 +114,15 @@ class Detector(nn.Module):
 class YoloDetector(Detector):
     """YOLOv8's PAFPN neck and head on a registered zoo backbone (built from its name).
 
+    YOLOv8 predicts at strides 8/16/32: a backbone whose last three levels are finer (ResNet's CIFAR stem keeps
+    full resolution: 2/4/8, nine times the compute) is refused with the argument that fixes it.
+
     Args:
         backbone: a registered model name with ``features_only`` support (or ``'timm/<name>'``).
         num_classes: object classes.
         backbone_kwargs: more arguments for the backbone (e.g. ``{'token_mixer': 'raft'}``).
-        img_size: passed to backbones whose weights depend on the input grid (raft, strip mixers).
+        img_size: the input size, passed to backbones that take one (their weights depend on the input grid:
+            Strip-MLP, raft and strip mixers, TNT); ``zoo fit`` passes the data's.
         neck_channels: P3/P4/P5 widths (default: the backbone's).
         depth: bottlenecks per C2f in the neck.
         sppf: an SPPF on the coarsest backbone map (YOLOv8 has it at the end of its backbone).
@@ -128,12 +132,14 @@ class YoloDetector(Detector):
     def __init__(self, backbone: str = 'poolformer_tiny', num_classes: int = 80, in_chans: int = 3,
                  backbone_kwargs: dict | None = None, img_size: int | Sequence[int] | None = None,
                  neck_channels: Sequence[int] | None = None, depth: int = 1, sppf: bool = True, reg_max: int = 16):
-        from ._factory import create  # the factory imports the registry, which imports this module
+        from ._factory import create_with_optional  # the factory imports the registry, which imports this module
         kw = dict(backbone_kwargs or {})
-        if img_size is not None:
-            kw.setdefault('img_size', img_size)
-        bb = create(backbone, in_chans=in_chans, features_only=True, **kw)
+        bb = create_with_optional(backbone, dict(img_size=img_size), in_chans=in_chans, features_only=True, **kw)
         chs, strides = _levels(bb)
+        if tuple(strides) != (8, 16, 32):
+            raise ValueError(f'yolo_det predicts at strides 8/16/32, but the last three feature levels of {backbone} '
+                             f'have strides {"/".join(map(str, strides))}: give it a stride-4 stem (ResNet\'s CIFAR '
+                             f"stem keeps full resolution: backbone_kwargs={{'stem': 'imagenet'}})")
         neck = PAFPN(chs, neck_channels, depth=depth, sppf=sppf)
         head = DetectHead(neck.out_channels, num_classes, strides=strides, reg_max=reg_max)
         super().__init__(bb, neck, head)

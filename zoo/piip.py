@@ -266,6 +266,17 @@ class PIIP(ClassifierBase):
         return {f'branch{i + 1}.{k}' for i in range(self.num_branches) for k in ('pos_embed', 'cls_token')}
 
     # -- forward --------------------------------------------------------------------------------------------
+    def _img_sizes_for(self, h: int, w: int) -> str:
+        """The ``img_sizes`` argument that builds this pyramid for an ``h`` x ``w`` input: the same ratios,
+        each a multiple of the patch size."""
+        p, last = self.patch_size, self.img_sizes[-1]
+        side = max(p, round(max(h, w) / p) * p)  # the largest branch takes the input itself
+        sizes = tuple(max(p, round(side * s / last / p) * p) for s in self.img_sizes[:-1]) + (side,)
+        note = [] if h == w else ['PIIP takes square inputs']
+        if side != max(h, w):
+            note.append(f'sides must be multiples of patch_size={p}')
+        return f'img_sizes={sizes}' + (f" and a {side}x{side} input ({'; '.join(note)})" if note else '')
+
     def branch_inputs(self, x: torch.Tensor) -> list[torch.Tensor]:
         """One image -> one image per branch: bilinear resize to round(side * s_i / s_last)."""
         h, w = x.shape[-2:]
@@ -296,7 +307,7 @@ class PIIP(ClassifierBase):
     def forward_branches(self, x: torch.Tensor) -> tuple[list[torch.Tensor], list[torch.Tensor | None], list]:
         """Blocks and interactions: per branch the patch tokens (B, H_i*W_i, D_i), class token and grid."""
         check_image(x, self.in_chans, self.img_sizes[-1] if self.features_only else 0, type(self).__name__,
-                    None if self.features_only else (self.img_sizes[-1],) * 2)
+                    None if self.features_only else (self.img_sizes[-1],) * 2, size_arg=self._img_sizes_for)
         inputs = self.branch_inputs(x)
         if any(s % self.patch_size for xi in inputs for s in xi.shape[-2:]):
             raise ValueError(f'PIIP: an input of {tuple(x.shape[-2:])} gives branch images of '
