@@ -160,3 +160,34 @@ def test_image_folder_errors_name_the_path(tmp_path):
     _write_images(tmp_path / 'noval' / 'train')
     with pytest.raises(DatasetNotFoundError, match='no val/ folder'):
         ImageFolderDataModule(str(tmp_path / 'noval'))
+
+
+def test_epoch_loader_batches_depend_only_on_seed_and_epoch():
+    """Order and the worker processes' random draws (augmentation) are those of (seed, epoch): a loader made
+    afresh at epoch 3, as after a resume, gives epoch 3's batches; another epoch gives others."""
+    import torch
+    from torch.utils.data import Dataset
+
+    from zoo.datasets._base import EpochLoader
+
+    class Noisy(Dataset):
+        def __len__(self):
+            return 8
+
+        def __getitem__(self, i):
+            return torch.tensor([float(i)]), torch.rand(1)  # the sample, and a random "augmentation"
+
+    def epoch(e, workers):
+        loader = EpochLoader(Noisy(), batch_size=4, shuffle=True, seed=5, num_workers=workers)
+        loader.sampler.set_epoch(e)
+        return [torch.cat(b, 1) for b in loader]
+
+    for workers in (0, 2):
+        if workers == 0:
+            torch.manual_seed(0)  # in-process draws come from the global RNG, reseeded per epoch by EpochSeed
+        a = epoch(3, workers)
+        if workers == 0:
+            torch.manual_seed(0)
+        b = epoch(3, workers)
+        assert all(torch.equal(x, y) for x, y in zip(a, b))
+        assert not all(torch.equal(x[:, 0], y[:, 0]) for x, y in zip(a, epoch(2, workers)))  # another order
