@@ -336,7 +336,7 @@ def test_official_state_dict_of_mamba_yolo_t_reproduces_the_official_detector(tm
     ref = _reference('t', seed=1)
     torch.save(ref.state_dict(), tmp_path / 'official.pth')
     ours = zoo.create('mamba_yolo_t', checkpoint=tmp_path / 'official.pth')
-    _assert_same_outputs(ours, ref, torch.rand(1, 3, 64, 96))
+    _assert_same_outputs(ours, ref, torch.rand(1, 3, 64, 64))
 
 
 @pytest.mark.parametrize('depths,n', [((1, 1, 1, 1), 1), ((2, 1, 3, 2), 2)])
