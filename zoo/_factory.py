@@ -26,9 +26,8 @@ def create(name: str, num_classes: int | None = None, in_chans: int | None = Non
     ``None`` arguments are dropped, so callers can pass optional settings through unchanged.
     ``checkpoint`` loads a state dict (``.pth``/``.pt``/``.bin``, ``.safetensors``, or a file that pickles whole
     models, e.g. an ultralytics ``.pt``: see :func:`read_state_dict`) after the family's key remapping (official
-    and timm layouts). When
-    ``num_classes`` is given and differs from the checkpoint's classifier, the classifier is left
-    freshly initialised (fine-tuning); every other mismatch is an error. ``pretrained=True`` is passed to
+    and timm layouts). When ``num_classes`` is given and differs from the checkpoint's classifier, the classifier
+    is left freshly initialised (fine-tuning); every other mismatch is an error. ``pretrained=True`` is passed to
     timm for ``'timm/'`` models and is an error for zoo's (no weights ship; use ``checkpoint``). Every zoo
     model gets a timm-style ``pretrained_cfg`` for the input it was built for (``zoo/_timm_habits.py``).
     """
