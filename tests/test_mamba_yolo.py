@@ -274,3 +274,203 @@ def test_metaformer_s12_builds_with_ss2d():
     with torch.device('meta'):
         m = zoo.create('metaformer_s12', token_mixer='ss2d')
     assert sum(isinstance(mod, M.SS2D) for mod in m.modules()) == 12
+
+
+# ----------------------------------------------------------------------------------- official checkpoints
+# tests/reference_mamba_yolo.py re-states the official detector with its module names, so its state dict is in
+# the official layout. On the development machine it equals the real official ``DetectionModel``
+# (HZAI-ZJNU/Mamba-YOLO, the ultralytics fork, its CUDA scan answered by the official ``selective_scan_ref``):
+# same keys in the same order and shapes for T / B / L, outputs to float rounding (see docs/fidelity.md).
+
+def _reference(cfg=None, tiny=False, seed=0):
+    from test_fidelity import randomize
+    from reference_mamba_yolo import CONFIGS, DetectionModel
+    widths, depths, n = CONFIGS[cfg] if cfg else ((16, 32, 48, 64), (1, 1, 1, 1), 1)
+    return randomize(DetectionModel(widths, depths, n, nc=3 if tiny else 80), seed)
+
+
+def _outputs(model, x):
+    """Eval outputs with boxes as the official head gives them (xywh), and the raw maps."""
+    from torchvision.ops import box_convert
+    with torch.no_grad():
+        y, maps = model(x)
+    if not hasattr(model, 'sources'):  # ours: xyxy
+        y = torch.cat([box_convert(y[:, :4].transpose(1, 2), 'xyxy', 'cxcywh').transpose(1, 2), y[:, 4:]], 1)
+    return y, maps
+
+
+def _assert_same_outputs(ours, ref, x):
+    from test_fidelity import assert_close
+    (y, maps), (y_ref, maps_ref) = _outputs(ours.eval(), x), _outputs(ref.eval(), x)
+    assert_close(y, y_ref)
+    for a, b in zip(maps, maps_ref):
+        assert_close(a, b)
+
+
+@pytest.mark.parametrize('name', ['mamba_yolo_t', 'mamba_yolo_b', 'mamba_yolo_l'])
+def test_official_layout_maps_onto_ours_key_for_key(name):
+    """T / B / L on the meta device: the official keys (re-statement, = the real official layout, checked outside
+    CI) remap onto ours with every key and shape matched, and ``to_official`` gives them back."""
+    from reference_mamba_yolo import CONFIGS, DetectionModel
+    with torch.device('meta'):
+        ours = zoo.create(name)
+        official = DetectionModel(*CONFIGS[name[-1]]).state_dict()
+    own = ours.state_dict()
+    mapped = ours.remap_checkpoint(official)
+    assert set(mapped) == set(own) and all(mapped[k].shape == own[k].shape for k in own)
+    assert set(ours.to_official()) == set(official)
+    assert ours.remap_checkpoint({k[len('model.'):]: v for k, v in official.items()}).keys() == mapped.keys()
+
+
+def test_official_state_dict_of_mamba_yolo_t_reproduces_the_official_detector(tmp_path):
+    """A full-size official T state dict (``DetectionModel.state_dict()``, random weights, BN statistics too)
+    through ``zoo.create('mamba_yolo_t', checkpoint=...)``, no other argument: the eval outputs (boxes converted
+    to xywh) and raw maps equal the re-statement's.
+
+    Outside CI, the real official ``DetectionModel`` of T / B / L (its scan answered by the official
+    ``selective_scan_ref``), random weights, through ``zoo.create(name, checkpoint=...)`` from its state dict and
+    from the released-format .pt its own code wrote (trainer checkpoint + ``strip_optimizer``), 64x64 and 64x96,
+    batch 2: boxes and scores max |diff| <= 7.6e-6 of |y| <= 92 (<= 8.3e-8 relative), raw maps <= 9.5e-7 of ~2
+    (<= 4.9e-7 relative), train-mode maps <= 7.2e-7. This re-statement against the same official models: the
+    same keys, in the same order, and shapes for T / B / L; y <= 7.6e-6, maps <= 8.3e-7."""
+    ref = _reference('t', seed=1)
+    torch.save(ref.state_dict(), tmp_path / 'official.pth')
+    ours = zoo.create('mamba_yolo_t', checkpoint=tmp_path / 'official.pth')
+    _assert_same_outputs(ours, ref, torch.rand(1, 3, 64, 64))
+
+
+@pytest.mark.parametrize('depths,n', [((1, 1, 1, 1), 1), ((2, 1, 3, 2), 2)])
+def test_official_state_dict_reproduces_the_official_detector_at_tiny_size(tmp_path, depths, n):
+    """Both layouts of a stage (one VSSBlock: ``model.<i>.``; several: ``model.<i>.<j>.``, as L) and of the
+    neck (one or two SS2D per XSSBlock), at CPU size; train-mode maps too."""
+    from reference_mamba_yolo import DetectionModel
+    from test_fidelity import randomize
+    ref = randomize(DetectionModel((16, 32, 48, 64), depths, n, nc=3), seed=2)
+    torch.save(ref.state_dict(), tmp_path / 'official.pth')
+    ours = zoo.create('mamba_yolo_tiny', depths=depths, neck_depth=n, checkpoint=tmp_path / 'official.pth')
+    x = torch.rand(2, 3, 64, 64)
+    _assert_same_outputs(ours, ref, x)
+    ours.train(), ref.train()
+    for m in [*ours.modules(), *ref.modules()]:
+        if isinstance(m, nn.BatchNorm2d):
+            m.eval()  # the same function in both: running statistics
+    with torch.no_grad():
+        for a, b in zip(ours(x), ref(x)):
+            torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+
+
+def test_the_backbone_alone_loads_an_official_checkpoint(tmp_path):
+    ref = _reference(tiny=True, seed=3)
+    torch.save(ref.state_dict(), tmp_path / 'official.pth')
+    full = zoo.create('mamba_yolo_tiny', checkpoint=tmp_path / 'official.pth').eval()
+    backbone = zoo.create('mamba_yolo_tiny', features_only=True, checkpoint=tmp_path / 'official.pth').eval()
+    torch.save(full.state_dict(), tmp_path / 'zoo.pth')  # and from a zoo detector's checkpoint
+    again = zoo.create('mamba_yolo_tiny', features_only=True, checkpoint=tmp_path / 'zoo.pth').eval()
+    x = torch.rand(1, 3, 64, 64)
+    with torch.no_grad():
+        for a, b, c in zip(backbone(x), full.backbone(x), again(x)):
+            assert torch.equal(a, b) and torch.equal(a, c)
+
+
+# -- the released .pt: a pickled ultralytics model, read without ultralytics -----------------------------------
+
+_ULTRALYTICS = {  # where ultralytics keeps the classes of a pickled Mamba-YOLO (the fork's module paths)
+    'DetectionModel': 'ultralytics.nn.tasks', 'Conv': 'ultralytics.nn.modules.conv',
+    'Concat': 'ultralytics.nn.modules.conv', 'SPPF': 'ultralytics.nn.modules.block', 'DFL': 'ultralytics.nn.modules.block',
+    'Detect': 'ultralytics.nn.modules.head', 'LayerNorm2d': 'ultralytics.nn.modules.common_utils_mbyolo',
+    **{c: 'ultralytics.nn.modules.mamba_yolo' for c in ('SS2D', 'RGBlock', 'LSBlock', 'XSSBlock', 'VSSBlock',
+                                                        'SimpleStem', 'VisionClueMerge')}}
+
+
+class IterableSimpleNamespace:  # ultralytics keeps its settings on the model (``model.args``) as one of these
+    def __init__(self, **kw):
+        self.__dict__.update(kw)
+
+
+def _save_as_ultralytics(path, ckpt: dict) -> None:
+    """``torch.save`` with the re-statement's classes posing as ultralytics' (module paths as in a real file),
+    importable only while saving: the reader must do without them."""
+    import sys
+    import types
+    import reference_mamba_yolo as ref
+    classes = {name: getattr(ref, name) for name in _ULTRALYTICS} | {'IterableSimpleNamespace': IterableSimpleNamespace}
+    where = _ULTRALYTICS | {'IterableSimpleNamespace': 'ultralytics.utils'}
+    saved = {name: (cls.__module__, cls.__qualname__) for name, cls in classes.items()}
+    fake = {}
+    try:
+        for name, cls in classes.items():
+            module = fake.setdefault(where[name], types.ModuleType(where[name]))
+            setattr(module, name, cls)
+            cls.__module__ = where[name]
+        for where_to in list(fake):  # and the packages above them, for pickle's import of each class's module
+            parts = where_to.split('.')
+            for i in range(1, len(parts)):
+                fake.setdefault('.'.join(parts[:i]), types.ModuleType('.'.join(parts[:i])))
+        sys.modules.update(fake)
+        torch.save(ckpt, path)
+    finally:
+        for name, cls in classes.items():
+            cls.__module__, cls.__qualname__ = saved[name]
+        for m in fake:
+            sys.modules.pop(m, None)
+
+
+@pytest.mark.parametrize('layout', ['released', 'last'])
+def test_released_pt_file_loads_without_ultralytics(tmp_path, layout):
+    """The released format: ``torch.save`` of a dict holding the whole pickled ``DetectionModel`` in fp16 under
+    ``'model'`` (``strip_optimizer``'s best.pt) or under ``'ema'`` with ``'model': None`` (a trainer's last.pt),
+    with the settings namespace, train args and metadata beside it. ``zoo.create(name, checkpoint=file)`` reads
+    it with no ultralytics module importable and reproduces the model (fp16 weights). Outside CI the same on
+    files the official code wrote (``save_model`` + ``strip_optimizer`` of the fork): T / B / L, see
+    docs/fidelity.md."""
+    import sys
+    ref = _reference(tiny=True, seed=4)
+    ref.args = IterableSimpleNamespace(imgsz=640, box=7.5)
+    model = ref.half()
+    ckpt = dict(epoch=-1, best_fitness=None, model=model, ema=None, updates=None, optimizer=None,
+                train_args={'imgsz': 640, 'data': 'coco.yaml'}, date='2024-06-01T00:00:00', version='8.2.29')
+    if layout == 'last':
+        ckpt.update(model=None, ema=model, optimizer={'state': {}, 'param_groups': [{'lr': 0.01, 'params': [0]}]})
+    _save_as_ultralytics(tmp_path / 'best.pt', ckpt)
+    assert not any(m.startswith('ultralytics') for m in sys.modules)
+    with pytest.raises(Exception):
+        torch.load(tmp_path / 'best.pt', weights_only=True)  # what the reader has to do without
+    ours = zoo.create('mamba_yolo_tiny', checkpoint=tmp_path / 'best.pt')
+    assert not any(m.startswith('ultralytics') for m in sys.modules)
+    _assert_same_outputs(ours, ref.float(), torch.rand(1, 3, 64, 64))
+
+
+def test_pickled_objects_are_read_as_data_never_run(tmp_path):
+    """Whatever a file asks the unpickler to call (here ``os.makedirs``, through ``__reduce__``) becomes an inert
+    stand-in: nothing from the file runs. The same file through plain pickle does run it (the test can fail)."""
+    import io
+    import os
+    import pickle
+    import zipfile
+    target = tmp_path / 'made_by_the_file'
+
+    class Payload:
+        def __reduce__(self):
+            return os.makedirs, (str(target),)
+
+    torch.save({'note': Payload(), 'model': {'w': torch.ones(2)}}, tmp_path / 'ckpt.pth')
+    sd = zoo.read_state_dict(tmp_path / 'ckpt.pth')
+    assert not target.exists() and list(sd) == ['w'] and torch.equal(sd['w'], torch.ones(2))
+    from zoo._factory import PickledObject, read_pickled_objects
+    note = read_pickled_objects(tmp_path / 'ckpt.pth')['note']
+    assert isinstance(note, PickledObject) and note.pickled_args == (str(target),) and not target.exists()
+    with zipfile.ZipFile(tmp_path / 'ckpt.pth') as z:
+        data = z.read(next(n for n in z.namelist() if n.endswith('data.pkl')))
+
+    class Plain(pickle.Unpickler):
+        def persistent_load(self, pid):
+            return None
+    with pytest.raises(AttributeError):  # the tensors cannot be rebuilt without storages, but the payload ran
+        Plain(io.BytesIO(data)).load()
+    assert target.exists()
+
+
+def test_pickled_file_without_weights_is_refused(tmp_path):
+    torch.save({'args': IterableSimpleNamespace(lr=0.1)}, tmp_path / 'args.pt')
+    with pytest.raises(ValueError, match='does not hold a state dict of tensors'):
+        zoo.create('mamba_yolo_tiny', checkpoint=tmp_path / 'args.pt')

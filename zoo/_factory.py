@@ -1,7 +1,9 @@
 """``zoo.create`` and checkpoint loading (the one reader and the one loader of the project)."""
 from __future__ import annotations
 
+import pickle
 import warnings
+import zipfile
 from collections import OrderedDict
 from pathlib import Path
 
@@ -22,10 +24,10 @@ def create(name: str, num_classes: int | None = None, in_chans: int | None = Non
     """Build a registered model (or any timm model as ``'timm/<name>'``).
 
     ``None`` arguments are dropped, so callers can pass optional settings through unchanged.
-    ``checkpoint`` loads a state dict (``.pth``/``.pt``/``.bin`` via ``torch.load(weights_only=True)``,
-    or ``.safetensors``) after the family's key remapping (official and timm layouts). When
-    ``num_classes`` is given and differs from the checkpoint's classifier, the classifier is left
-    freshly initialised (fine-tuning); every other mismatch is an error. ``pretrained=True`` is passed to
+    ``checkpoint`` loads a state dict (``.pth``/``.pt``/``.bin``, ``.safetensors``, or a file that pickles whole
+    models, e.g. an ultralytics ``.pt``: see :func:`read_state_dict`) after the family's key remapping (official
+    and timm layouts). When ``num_classes`` is given and differs from the checkpoint's classifier, the classifier
+    is left freshly initialised (fine-tuning); every other mismatch is an error. ``pretrained=True`` is passed to
     timm for ``'timm/'`` models and is an error for zoo's (no weights ship; use ``checkpoint``). Every zoo
     model gets a timm-style ``pretrained_cfg`` for the input it was built for (``zoo/_timm_habits.py``).
     """
@@ -79,7 +81,12 @@ def safe_torch_load(path) -> object:
 
 def read_state_dict(path: str | Path) -> dict[str, torch.Tensor]:
     """Read a state dict from disk, unwrapped: safetensors, ``torch.load(weights_only=True)`` of a
-    ``.pth``/``.pt``/``.bin``, or the network weights (``model.*``) of a Lightning ``.ckpt`` from ``zoo fit``."""
+    ``.pth``/``.pt``/``.bin``, or the network weights (``model.*``) of a Lightning ``.ckpt`` from ``zoo fit``.
+
+    A ``torch.save`` file that ``weights_only=True`` refuses because it pickles objects (an ultralytics
+    ``.pt`` holds the whole ``DetectionModel``; a DeiT-style training checkpoint its ``argparse`` namespace) is
+    read by :func:`read_pickled_objects`, which executes nothing from the file; the weights are those of the
+    module under ``'ema'`` or ``'model'`` (ultralytics' order) or the state dict under the usual keys."""
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f'checkpoint not found: {path} (expected a .pth/.pt/.bin or .safetensors state dict, '
@@ -93,8 +100,11 @@ def read_state_dict(path: str | Path) -> dict[str, torch.Tensor]:
         try:
             sd = safe_torch_load(path)
         except Exception as e:  # pickle errors, truncated files, non-checkpoints
-            raise ValueError(f'could not read checkpoint {path} ({load_failure(e)}); expected a state dict '
-                             f'saved with torch.save or safetensors') from None
+            try:
+                sd = _pickled_weights(read_pickled_objects(path))
+            except Exception:
+                raise ValueError(f'could not read checkpoint {path} ({load_failure(e)}); expected a state dict '
+                                 f'saved with torch.save or safetensors') from None
     for key in _NESTED_KEYS:
         if isinstance(sd, dict) and isinstance(sd.get(key), dict):
             sd = sd[key]
@@ -105,6 +115,144 @@ def read_state_dict(path: str | Path) -> dict[str, torch.Tensor]:
         if sd and all(k.startswith(prefix) for k in sd):
             sd = _strip_prefix(sd, prefix)
     return sd
+
+
+# -- files that pickle whole models (ultralytics' released .pt), read without their code ----------------------
+
+_STORAGE_DTYPES = {'FloatStorage': torch.float32, 'HalfStorage': torch.float16, 'BFloat16Storage': torch.bfloat16,
+                   'DoubleStorage': torch.float64, 'LongStorage': torch.int64, 'IntStorage': torch.int32,
+                   'ShortStorage': torch.int16, 'CharStorage': torch.int8, 'ByteStorage': torch.uint8,
+                   'BoolStorage': torch.bool, 'UntypedStorage': torch.uint8}
+
+
+class PickledObject:
+    """An object of a class the reader does not import (``torch.nn`` modules included): the arguments the file
+    constructs it with (``pickled_args``) and its pickled state (its ``__dict__``, or ``state``), as plain data."""
+
+    def __new__(cls, *args, **kwargs):
+        obj = super().__new__(cls)
+        obj.__dict__['pickled_args'] = args
+        return obj
+
+    def __init__(self, *args, **kwargs):  # called when the file "calls" the class (REDUCE): nothing to do
+        pass
+
+    def __setstate__(self, state):
+        if isinstance(state, tuple) and len(state) == 2 and all(s is None or isinstance(s, dict) for s in state):
+            state = {**(state[0] or {}), **(state[1] or {})}  # (__dict__, __slots__ state)
+        if isinstance(state, dict):
+            self.__dict__.update(state)
+        else:
+            self.__dict__['state'] = state
+
+    def __repr__(self):
+        return f'<pickled {type(self).__module__}.{type(self).__qualname__}>'
+
+
+class _StorageType:
+    def __init__(self, dtype: torch.dtype):
+        self.dtype = dtype
+
+
+def _rebuild_tensor(storage, offset, size, stride, requires_grad=False, hooks=None, metadata=None):
+    return storage.as_strided(size, stride, offset)  # a view of the flat storage (bounds checked by torch)
+
+
+def _rebuild_parameter(data, requires_grad=False, hooks=None, state=None):
+    return data
+
+
+class _RestrictedUnpickler(pickle.Unpickler):
+    """Unpickles ``data.pkl`` of a ``torch.save`` zip. Every global the stream names goes through
+    ``find_class``: a short list of tensor-rebuilding and plain-data names maps to functions of this module,
+    everything else to an inert :class:`PickledObject` subclass of that name. So no code of the file's classes
+    is imported or run, whatever the stream asks for; storages come from the zip's records."""
+
+    _SAFE = {('torch._utils', '_rebuild_tensor_v2'): _rebuild_tensor,
+             ('torch._utils', '_rebuild_parameter'): _rebuild_parameter,
+             ('torch._utils', '_rebuild_parameter_with_state'): _rebuild_parameter,
+             ('collections', 'OrderedDict'): OrderedDict, ('torch', 'Size'): torch.Size,
+             ('builtins', 'set'): set, ('builtins', 'frozenset'): frozenset,
+             ('_codecs', 'encode'): lambda text, encoding='latin1': text.encode('latin1')}  # protocol-2 bytes
+
+    def __init__(self, file, records: zipfile.ZipFile, root: str):
+        super().__init__(file)
+        self.records, self.root, self.stand_ins = records, root, {}
+
+    def find_class(self, module: str, name: str):
+        module = {'__builtin__': 'builtins', 'copy_reg': 'copyreg'}.get(module, module)  # protocol 2's names
+        if (module, name) in self._SAFE:
+            return self._SAFE[module, name]
+        if module == 'torch' and name in _STORAGE_DTYPES:
+            return _StorageType(_STORAGE_DTYPES[name])
+        if module == 'torch' and isinstance(getattr(torch, name, None), torch.dtype):
+            return getattr(torch, name)
+        key = (module, name)
+        if key not in self.stand_ins:
+            self.stand_ins[key] = type(name.rpartition('.')[2] or 'Object', (PickledObject,),
+                                       {'__module__': module, '__qualname__': name})
+        return self.stand_ins[key]
+
+    def persistent_load(self, pid):
+        if not (isinstance(pid, tuple) and len(pid) == 5 and pid[0] == 'storage'
+                and isinstance(pid[1], _StorageType) and str(pid[2]).isalnum()):
+            raise pickle.UnpicklingError(f'unsupported persistent id {pid!r:.80}')
+        _, kind, key, _, numel = pid
+        raw = self.records.read(f'{self.root}data/{key}')
+        if len(raw) != numel * kind.dtype.itemsize:
+            raise pickle.UnpicklingError(f'storage {key}: {len(raw)} bytes for {numel} x {kind.dtype}')
+        return torch.frombuffer(bytearray(raw), dtype=kind.dtype) if raw else torch.empty(0, dtype=kind.dtype)
+
+
+def read_pickled_objects(path: str | Path):
+    """The object a ``torch.save`` (zip) file pickles, read without importing or running any of its classes:
+    tensors rebuilt from their storages, plain containers kept, every other object (modules included) a
+    :class:`PickledObject` holding its state. For files ``torch.load(weights_only=True)`` refuses."""
+    with zipfile.ZipFile(path) as records:
+        names = records.namelist()
+        pkl = [n for n in names if n == 'data.pkl' or n.endswith('/data.pkl') and n.count('/') == 1]
+        if len(pkl) != 1 or any(n.endswith('/constants.pkl') for n in names):  # TorchScript archives hold code
+            raise ValueError(f'{path} is not a torch.save archive')
+        root = pkl[0][:-len('data.pkl')]
+        if f'{root}byteorder' in names and records.read(f'{root}byteorder').strip() != b'little':
+            raise ValueError(f'{path}: big-endian storages are not supported')
+        with records.open(pkl[0]) as f:
+            return _RestrictedUnpickler(f, records, root).load()
+
+
+def _is_module(obj) -> bool:
+    state = getattr(obj, '__dict__', {}) if isinstance(obj, PickledObject) else {}
+    return isinstance(state.get('_modules'), dict) and isinstance(state.get('_parameters'), dict)
+
+
+def pickled_module_state_dict(module: PickledObject) -> OrderedDict:
+    """``nn.Module.state_dict()`` of a pickled module: its and its children's parameters and persistent
+    buffers, under the same dotted names."""
+    out = OrderedDict()
+
+    def visit(m, prefix):
+        state = m.__dict__
+        skip = state.get('_non_persistent_buffers_set') or set()
+        skip = skip if isinstance(skip, (set, frozenset)) else set()
+        for name, t in [*state['_parameters'].items(), *((n, b) for n, b in state.get('_buffers', {}).items()
+                                                          if n not in skip)]:
+            if t is not None:
+                if not isinstance(t, torch.Tensor):
+                    raise ValueError(f'{prefix}{name} is a {type(t).__name__}, not a tensor')
+                out[prefix + name] = t
+        for name, child in state['_modules'].items():
+            if _is_module(child):
+                visit(child, f'{prefix}{name}.')
+    visit(module, '')
+    return out
+
+
+def _pickled_weights(obj):
+    """The weights in an object read by :func:`read_pickled_objects`: a pickled module's state dict (of the
+    ``'ema'`` or else the ``'model'`` entry of a dict, as ultralytics loads them), or the dict itself."""
+    if isinstance(obj, dict):
+        obj = next((obj[k] for k in ('ema', 'model') if _is_module(obj.get(k))), obj)
+    return pickled_module_state_dict(obj) if _is_module(obj) else obj
 
 
 def _strip_prefix(sd: dict, prefix: str) -> OrderedDict:

@@ -29,6 +29,12 @@ BatchNorm eps 1e-3 and momentum 0.03, PyTorch's defaults elsewhere, the head's b
 Every Conv + BatchNorm pair (the head's too) is a :class:`~zoo.layers.convbn.ConvBN`, so
 ``convbn_mode`` / ``zoo.layers.convbn.set_mode`` switch train / eval / tune / deploy; ``conv_layer``
 (``'weighted'`` with ``den``) builds every 3x3 convolution, depthwise ones included.
+
+Official weights: ``zoo.create('mamba_yolo_t', checkpoint='best.pt')`` reads the released file itself (the
+whole pickled ultralytics model, read without its code by ``zoo.read_state_dict``) or an official state dict
+(``DetectionModel.state_dict()``, keys ``model.<i>.``), and :meth:`MambaYOLO.remap_checkpoint` maps the layer
+list onto ours; :meth:`MambaYOLO.to_official` is the inverse. The outputs then equal the official model's, but
+for the box format of eval mode (official xywh, ours xyxy; ``torchvision.ops.box_convert`` converts).
 """
 from __future__ import annotations
 
@@ -39,7 +45,7 @@ from torch import nn
 
 from zoo.layers.convbn import ConvBN, set_mode
 from zoo.layers.detect import SPPF, ConvBNAct, DetectHead
-from zoo.layers.mamba import BN_EPS, BN_MOMENTUM, SimpleStem, VisionClueMerge, VSSBlock, XSSBlock, conv_bn
+from zoo.layers.mamba import SimpleStem, VisionClueMerge, VSSBlock, XSSBlock, conv_bn
 from zoo.layers.weighted_conv import conv_factory
 
 from ._builder import FeatureInfo, build_model, check_image, select_features
@@ -101,6 +107,14 @@ class ODMamba(nn.Module):
         self.sppf = _as_convbn(SPPF(widths[-1], widths[-1], 5))
         self.out_indices, self.feature_info = select_features(info, out_indices)
         self.num_features = widths[-1]
+
+    def remap_checkpoint(self, state_dict: dict) -> dict:
+        """A whole detector's checkpoint, official (see :meth:`MambaYOLO.remap_checkpoint`) or zoo's
+        (``backbone.*``), -> this backbone's keys; the neck and head are left out."""
+        if any(k.startswith('backbone.') for k in state_dict):
+            return {k[len('backbone.'):]: v for k, v in state_dict.items() if k.startswith('backbone.')}
+        return _remap(state_dict, _official_layers(self, '', neck_head=False), to_official=False,
+                      keep=lambda k: _official_index(k) < 9)
 
     def forward(self, x: torch.Tensor) -> list[torch.Tensor]:
         check_image(x, self.in_chans, 32, type(self).__name__)
@@ -170,6 +184,93 @@ class MambaYOLO(Detector):
 
     def no_weight_decay(self) -> set[str]:
         return {n for n, _ in self.named_parameters() if n.endswith(('A_logs', 'Ds'))}
+
+    def remap_checkpoint(self, state_dict: dict) -> dict:
+        """The official layout (ultralytics' ``DetectionModel``: the yaml's layer list ``model.<i>.``, with or
+        without the ``model.`` prefix) -> ours; keys already in our layout pass unchanged.
+
+        Per layer: SimpleStem ``conv.{0,1,3,4}`` -> ``stem.conv.{0,2}.{conv,bn}``; a VSSBlock stage
+        (``model.<i>.<j>.`` when it has several blocks) ``proj_conv.{0,1}`` -> ``proj.0.{conv,bn}``, ``op`` ->
+        ``ssm``, ``norm.norm`` / ``norm2.norm`` -> ``norm`` / ``norm2``, ``lsblock.{fc1,norm}`` ->
+        ``lsblock.fc1.{conv,bn}``; XSSBlock likewise with ``in_proj`` and ``ss2d.<k>``; VisionClueMerge
+        ``pw_linear`` -> ``pw.0``; SPPF, the stride-2 Convs and Detect's Conv+BN pairs -> our ConvBN pairs.
+        """
+        return _remap(state_dict, _official_layers(self.backbone, 'backbone.'), to_official=False)
+
+    def to_official(self, state_dict: dict | None = None) -> dict:
+        """Our keys (this model's state dict by default) -> the official ``DetectionModel.state_dict()`` keys."""
+        sd = self.state_dict() if state_dict is None else state_dict
+        return _remap(sd, _official_layers(self.backbone, 'backbone.'), to_official=True)
+
+
+# -- the official layout ----------------------------------------------------------------------------------
+# (official module prefix, ours) per kind of layer, most specific first; the rest of a key is unchanged.
+_COMMON_SS = (('norm.norm.', 'norm.'), ('norm2.norm.', 'norm2.'), ('lsblock.fc1.', 'lsblock.fc1.conv.'),
+              ('lsblock.norm.', 'lsblock.fc1.bn.'), ('lsblock.', 'lsblock.'), ('mlp.', 'mlp.'))
+_RULES = {
+    'stem': (('conv.0.', 'conv.0.conv.'), ('conv.1.', 'conv.0.bn.'), ('conv.3.', 'conv.2.conv.'),
+             ('conv.4.', 'conv.2.bn.')),
+    'vss': (('proj_conv.0.', 'proj.0.conv.'), ('proj_conv.1.', 'proj.0.bn.'), ('op.', 'ssm.'), *_COMMON_SS),
+    'xss': (('in_proj.0.', 'proj.0.conv.'), ('in_proj.1.', 'proj.0.bn.'), ('ss2d.', 'ssm.'), *_COMMON_SS),
+    'merge': (('pw_linear.0.', 'pw.0.conv.'), ('pw_linear.1.', 'pw.0.bn.')),
+    'sppf': tuple((f'{cv}.{p}.', f'{cv}.conv.{p}.') for cv in ('cv1', 'cv2') for p in ('conv', 'bn')),
+    'conv': (('conv.', '0.conv.'), ('bn.', '0.bn.')),
+    'detect': (*((f'{cv}.{i}.{j}.{p}.', f'{cv}.{i}.{j}.conv.{p}.') for cv in ('cv2', 'cv3') for i in range(3)
+                 for j in range(2) for p in ('conv', 'bn')),
+               *((f'{cv}.{i}.2.', f'{cv}.{i}.2.') for cv in ('cv2', 'cv3') for i in range(3)), ('dfl.', 'dfl.')),
+}
+# the neck and head of the shipped yamls: official layer index -> (our module, kind)
+_NECK_HEAD = {11: ('neck.td4.', 'xss'), 14: ('neck.td3.', 'xss'), 15: ('neck.down3.', 'conv'),
+              17: ('neck.bu4.', 'xss'), 18: ('neck.down4.', 'conv'), 20: ('neck.bu5.', 'xss'), 21: ('head.', 'detect')}
+
+
+def _official_layers(backbone: ODMamba, prefix: str, neck_head: bool = True) -> list[tuple[str, str, str]]:
+    """(official prefix ``model.<i>.[<j>.]``, ours, kind) for every module of the official layer list.
+
+    Layers 0-8 are the backbone (stem; per stage s a VisionClueMerge at 2s and the VSSBlocks at 2s + 1, as
+    ``model.<2s+1>.<j>.`` when the stage has several, the module itself when one; SPPF at 8), 9-20 the neck
+    (upsample and concat layers hold no weights), 21 the head."""
+    rows = [('model.0.', f'{prefix}stem.', 'stem')]
+    for s, stage in enumerate(backbone.stages):
+        if s:
+            rows.append((f'model.{2 * s}.', f'{prefix}stages.{s}.0.', 'merge'))
+        blocks = [i for i, m in enumerate(stage) if isinstance(m, VSSBlock)]
+        for j, i in enumerate(blocks):
+            rows.append((f'model.{2 * s + 1}.' + (f'{j}.' if len(blocks) > 1 else ''), f'{prefix}stages.{s}.{i}.',
+                         'vss'))
+    rows.append(('model.8.', f'{prefix}sppf.', 'sppf'))
+    return rows + [(f'model.{i}.', ours, kind) for i, (ours, kind) in _NECK_HEAD.items() if neck_head]
+
+
+def _official_index(key: str) -> int:
+    """The official layer index of a key (``model.<i>.`` or ``<i>.``), -1 for other keys."""
+    head = key[len('model.'):] if key.startswith('model.') else key
+    first = head.split('.', 1)[0]
+    return int(first) if first.isdigit() else -1
+
+
+def _remap(state_dict: dict, rows, to_official: bool, keep=lambda k: True) -> dict:
+    """Rename keys module by module (``rows`` from :func:`_official_layers`) and within a module by its
+    kind's rules; keys that match no row pass unchanged (so a wrong checkpoint is reported key by key)."""
+    rows = sorted(rows, key=lambda r: -len(r[1 if to_official else 0]))  # longest (innermost) prefix first
+    out = {}
+    for key, value in state_dict.items():
+        if not keep(key):
+            continue
+        if not to_official and _official_index(key) >= 0 and not key.startswith('model.'):
+            key = 'model.' + key  # the reader strips a prefix every key shares
+        for official, ours, kind in rows:
+            src, dst = (ours, official) if to_official else (official, ours)
+            if key.startswith(src):
+                rest = key[len(src):]
+                for a, b in _RULES[kind]:
+                    a, b = (b, a) if to_official else (a, b)
+                    if rest.startswith(a):
+                        key = dst + b + rest[len(a):]
+                        break
+                break
+        out[key] = value
+    return out
 
 
 def _create(cfg: dict, kwargs: dict):

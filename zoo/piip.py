@@ -17,8 +17,8 @@ adds its own position embedding. Then ``num_interactions`` stages (12 in all rel
 runs its blocks of the stage (``interaction_indexes``: every block for 12-layer ViTs, every second for 24-layer
 ones), class tokens included, then the interaction units between neighbouring branches run from the
 high-resolution pair inward (``zoo.layers.piip.InteractionBlock``; class tokens never interact).
-Classification: each branch keeps its final LayerNorm and linear head on its class token; the logits are
-averaged (``separate_head=True``, every released classification config).
+Classification: each branch keeps its final LayerNorm and linear head; the logits are averaged
+(``separate_head=True``, every released classification config).
 ``features_only=True`` (detection, ``with_simple_fpn``): each branch's token map -> Conv3x3 -> GN -> ReLU ->
 Conv3x3 -> GN -> ReLU to the widest width D1, resized to the last branch's grid (stride 16 of the input),
 weighted sum with learnable scalars (init 1), then ViTDet's simple pyramid (2x ConvT / ConvT / identity /
@@ -32,22 +32,36 @@ Choices, stated:
   position embedding, no LayerScale). ``load_branch_weights`` reads timm DeiT / AugReg state dicts into a
   branch, dropping or keeping the class slot and resizing the position grid bicubically (official).
 - Drop path is one rate for every block of a branch (official ``dpr = [rate] * depth``), not timm's ramp.
-- The classification heads read each branch's CLASS token (``head_token='class'``, default). The official
-  3-branch classifier splits the class tokens off after the blocks and then reads ``norm(x)[:, 0]``, i.e. the
-  first PATCH token (``head_token='first_patch'`` reproduces it; the released PIIP classification checkpoints
-  were trained that way). We default to the class token so that a branch at initialisation is exactly its
-  standalone ViT; the price: the patch tokens after the LAST interaction step no longer reach the logits, so
-  that step's units get zero gradients in classification (they serve ``features_only``).
-- AugReg branches add the class slot of the position embedding to the class token (timm, AugReg); the
-  official PIIP embedding for its ``augreg`` branches leaves it out.
+- Which token the heads read. The official 3-branch classifier splits the class tokens off after the blocks
+  and then reads ``norm(x)[:, 0]``, i.e. each branch's first PATCH token; the released classification
+  checkpoints were trained that way, and ``piip_tsb`` / ``piip_sbl`` / ``piip_tsbl`` do the same
+  (``head_token='first_patch'``; an official ``piip_tsb`` checkpoint read through the class token gives logits
+  0.48 off, relative). ``head_token='class'`` reads the class token instead (the ``PIIP`` class default and
+  ``piip_tiny``'s): a branch at initialisation is then exactly its standalone ViT, at the price that the patch
+  tokens after the LAST interaction step no longer reach the logits (that step's units get zero gradients in
+  classification; they serve ``features_only``).
+- AugReg branches keep the class slot of their position embedding (the official checkpoints hold it, and the
+  branch's own timm forward adds it), but PIIP's embedding, like the official one, does not add it to the class
+  token: the official ``augreg`` branch embeds ``pos_embed[:, 1:]`` into the patches only.
 - Detection branches of the official code use window attention (14 or 28 tokens) and no class token. Here,
   ``features_only`` branches have no class token, no final norm and no head; ``window_size`` gives them the
-  official window attention (``windowed_attention``); the default is global attention.
+  official window attention (``windowed_attention``; the ``PIIP`` default is global attention). The published
+  variants with ``features_only=True`` are the official Mask R-CNN backbones: resolutions, window size,
+  drop-path rates (the detection configs', not the classification ones) and branch style of the first config of
+  each (``_DETECTION``), so ``zoo.create('piip_tsb', checkpoint=<official detection backbone or detector>)``
+  builds and loads it with no other argument (the file's layout decides, ``checkpoint_head``).
 - Position embeddings are stored on the patch grid of ``pos_embed_size`` (default: each branch's own size, as the
   official classifier). The official detection backbone keeps them on the 224-px pretraining grid (14 x 14) and
-  resizes them bicubically to the branch's grid in every forward; ``piip_tsb`` / ``piip_sbl`` / ``piip_tsbl``
-  with ``features_only=True`` do the same (``pos_embed_size=224``), so their parameters equal the official
-  detection backbone's.
+  resizes them bicubically to the branch's grid in every forward; the published variants with
+  ``features_only=True`` do the same (``pos_embed_size=224``), so their parameters equal the official detection
+  backbone's.
+- TSBL: the official ``piip_4branch.py`` builds its fourth branch with the THIRD branch's settings, so the
+  released TSBL has two ViT-S branches. ``piip_tsbl`` is that model (the released weights load into it);
+  ``piip_tsbl_config`` the T/S/B/L its configs and the paper describe.
+- Known differences in the forward: the official detection attention runs on float16 (its flash path casts qkv),
+  ours in the input's dtype; the official non-flash ``WindowedAttention`` pads the token grid after the qkv
+  projection, ours before it as the flash path the configs use does (the padded tokens' q, k, v are the qkv
+  bias here and in the flash path, zeros in that fallback).
 - No fp32 islands: the official code runs the injector residuals in fp32 under autocast; we leave dtype
   policy to the caller.
 """
@@ -155,7 +169,8 @@ class PIIP(ClassifierBase):
             [start, end] block ranges of equal length (default: equal groups).
         deform_num_heads, n_points, deform_ratio, cffn_ratio, interaction_drop_path_rate: the interaction units
             (released: 16, 4, 0.5, 0.25, 0.4).
-        head_token: 'class' (each head reads its class token) or 'first_patch' (the official code's reading).
+        head_token: 'first_patch' (the official classifier's reading, which the published variants use) or
+            'class' (each head reads its class token; identity with the standalone ViTs at initialisation).
         window_size: window attention (tokens per side) in every block, one for all branches or one per branch
             (None = global); ``features_only`` only. Official detection configs: 14 (TSB), 28 (SBL, TSBL).
         pos_embed_size: image size (px) whose patch grid each branch's position embedding is stored on, resized
@@ -235,7 +250,7 @@ class PIIP(ClassifierBase):
             InteractionBlock(embed_dims, num_heads=deform_num_heads, num_points=n_points, deform_ratio=deform_ratio,
                              cffn_ratio=cffn_ratio, drop_path=interaction_drop_path_rate)
             for _ in range(len(self.interaction_indexes[0]))] if n > 1 else [])
-        self.num_features = sum(embed_dims)  # pre-logits: the branches' pooled class tokens, concatenated
+        self.num_features = sum(embed_dims)  # pre-logits: the branches' pooled tokens, concatenated
         d1 = embed_dims[0]
         self.feature_info = [FeatureInfo(d1, 4, 'fpn1'), FeatureInfo(d1, 8, 'fpn2'), FeatureInfo(d1, 16, 'fpn3'),
                              FeatureInfo(d1, 32, 'fpn4')]
@@ -292,21 +307,21 @@ class PIIP(ClassifierBase):
         grid = (x.shape[-2] // self.patch_size, x.shape[-1] // self.patch_size)
         tokens = branch.patch_embed(x)  # (B, H*W, D)
         pos = branch.pos_embed
-        cls_pos = None
         if not branch.no_embed_class and branch.cls_token is not None:
-            cls_pos, pos = pos[:, :1], pos[:, 1:]  # AugReg: the class token has its own slot
+            pos = pos[:, 1:]  # AugReg's class slot: the official PIIP embedding never adds it (see the docstring)
         tokens = tokens + _resize_grid(pos, branch.patch_embed.grid_size, grid)
         if branch.cls_token is None:
             return branch.norm_pre(branch.pos_drop(tokens)), None, grid
         cls = branch.cls_token.expand(x.shape[0], -1, -1)
-        if cls_pos is not None:
-            cls = cls + cls_pos
         seq = branch.norm_pre(branch.pos_drop(torch.cat([cls, tokens], 1)))  # as timm's _pos_embed + norm_pre
         return seq[:, 1:], seq[:, :1], grid
 
     def forward_branches(self, x: torch.Tensor) -> tuple[list[torch.Tensor], list[torch.Tensor | None], list]:
         """Blocks and interactions: per branch the patch tokens (B, H_i*W_i, D_i), class token and grid."""
-        check_image(x, self.in_chans, self.img_sizes[-1] if self.features_only else 0, type(self).__name__,
+        # detection takes any size whose smallest branch image holds a patch (the official pipeline resizes the
+        # long side to the largest branch size, so the short side is smaller); classification its one size
+        smallest = math.ceil(self.patch_size * self.img_sizes[-1] / self.img_sizes[0])
+        check_image(x, self.in_chans, smallest if self.features_only else 0, type(self).__name__,
                     None if self.features_only else (self.img_sizes[-1],) * 2, size_arg=self._img_sizes_for)
         inputs = self.branch_inputs(x)
         if any(s % self.patch_size for xi in inputs for s in xi.shape[-2:]):
@@ -342,7 +357,7 @@ class PIIP(ClassifierBase):
         return [b.norm(torch.cat([c, t], 1)) for b, c, t in zip(self.branches, clss, xs)]
 
     def forward_head(self, x: list[torch.Tensor], pre_logits: bool = False) -> torch.Tensor:
-        """Mean of the branches' logits; ``pre_logits``: their pooled class tokens, concatenated (B, sum D_i)."""
+        """Mean of the branches' logits; ``pre_logits``: their pooled tokens (``head_token``), concatenated."""
         if pre_logits or self.num_classes == 0:  # no head (timm's num_classes=0): the pooled features
             return torch.cat([b.forward_head(f, pre_logits=True) for b, f in zip(self.branches, x)], -1)
         return torch.stack([b.forward_head(f) for b, f in zip(self.branches, x)]).mean(0)
@@ -376,10 +391,23 @@ class PIIP(ClassifierBase):
         return self.forward_head(self.forward_features(x))
 
     # -- checkpoints ----------------------------------------------------------------------------------------
+    # zoo.create(name, checkpoint=...) builds what an official file holds: classification heads, or (an official
+    # detection backbone's state dict) the detection pyramid, i.e. the variant with features_only=True.
+    checkpoint_head_arg = 'features_only'
+
+    @staticmethod
+    def checkpoint_head(state_dict: dict) -> bool:
+        """Whether ``state_dict`` is a detection backbone's (branch merges and pyramid), official or ours."""
+        return any(k.startswith(('merge_branch1.', 'fpn1.', 'backbone.merge_branch1.', 'backbone.fpn1.'))
+                   for k in state_dict)
+
     @staticmethod
     def remap_checkpoint(state_dict: dict) -> dict:
         """Official PIIP keys -> ours: DeiT LayerScale ``gamma_1/2`` -> timm's ``ls1/ls2.gamma``; the detection
-        backbone's ``fpn2.0`` (a one-layer Sequential there) -> ``fpn2``."""
+        backbone's ``fpn2.0`` (a one-layer Sequential there) -> ``fpn2``; from a whole mmdet detector's state dict
+        (``backbone.*`` beside ``neck.*`` and the heads), its backbone."""
+        if any(k.startswith('backbone.') for k in state_dict):
+            state_dict = {k[len('backbone.'):]: v for k, v in state_dict.items() if k.startswith('backbone.')}
         out = {}
         for k, v in state_dict.items():
             k = k.replace('.gamma_1', '.ls1.gamma').replace('.gamma_2', '.ls2.gamma')
@@ -387,6 +415,13 @@ class PIIP(ClassifierBase):
                 k = 'fpn2.' + k[len('fpn2.0.'):]
             out[k] = v
         return out
+
+    def to_official(self, state_dict: dict | None = None) -> dict:
+        """Our keys (this model's state dict by default) -> the official ``PIIPThreeBranch`` / ``PIIPFourBranch``
+        keys (the inverse of :meth:`remap_checkpoint`)."""
+        sd = self.state_dict() if state_dict is None else state_dict
+        return {('fpn2.0.' + k[len('fpn2.'):] if k.startswith('fpn2.') else k)
+                .replace('.ls1.gamma', '.gamma_1').replace('.ls2.gamma', '.gamma_2'): v for k, v in sd.items()}
 
 
 def _init_dense(m: nn.Module) -> None:
@@ -451,44 +486,78 @@ _META = dict(family='piip', paper=_PAPER, repo=_REPO, capabilities=('features', 
 
 _T, _S, _B, _L = (192, 12, 3), (384, 12, 6), (768, 12, 12), (1024, 24, 16)  # (dim, depth, heads)
 
+# The official Mask R-CNN backbones (OpenGVLab/PIIP mmdetection/configs/piip/{3,4}branch/
+# mask_rcnn_deit_{tsb_1120_896_448, sbl_1120_672_448, tsbl_1344_896_672_448}_fpn_1x_coco_bs16.py): what the
+# published variants build with features_only=True. Their drop-path rates are not the classification ones.
+_DETECTION = {
+    'tsb': dict(img_sizes=(448, 896, 1120), window_size=14, drop_path_rates=(0.15, 0.05, 0.05)),
+    'sbl': dict(img_sizes=(448, 672, 1120), window_size=28, drop_path_rates=(0.4, 0.15, 0.05), branch_style='deit'),
+    'tsbl': dict(img_sizes=(448, 672, 896, 1344), window_size=28, drop_path_rates=(0.4, 0.15, 0.05, 0.05)),
+}
 
-def _create(branches, img_sizes, branch_style, drop_path_rates, kwargs, det_pos_embed_size=None) -> PIIP:
-    if det_pos_embed_size and kwargs.get('features_only'):  # the official detection backbone's position grid
-        kwargs.setdefault('pos_embed_size', det_pos_embed_size)
-    cfg = dict(img_sizes=img_sizes, embed_dims=[b[0] for b in branches], depths=[b[1] for b in branches],
-               num_heads=[b[2] for b in branches], branch_style=branch_style, drop_path_rates=drop_path_rates)
+
+def _create(branches, cfg: dict, kwargs: dict, detection: dict | None = None) -> PIIP:
+    """``cfg``: the classification settings; with ``features_only=True`` the official detection settings
+    ``detection`` replace them, position grids on the 224-px pretraining grid (``pos_embed_size=224``) as the
+    official detection backbone keeps them. Explicit arguments win over both."""
+    cfg = dict(cfg, embed_dims=[b[0] for b in branches], depths=[b[1] for b in branches],
+               num_heads=[b[2] for b in branches])
+    if detection and kwargs.get('features_only'):
+        cfg.update(detection, pos_embed_size=224)
     return build_model(PIIP, cfg, kwargs)
 
 
 @register_model(**_META, input_size=(3, 368, 368), params=144_031_416, macs=17_400_000_000,
                 top1=82.1)
 def piip_tsb(**kwargs):
-    """PIIP-TSB 368/192/128 (DeiT v1 B / S / T), ImageNet-1k 82.1 (README: 144M, 17.4G).
-    Detection: ``img_sizes=(448, 896, 1120)`` (or 448/896/1568, 672/1120/1568), ``window_size=14``, features_only
-    (the official Mask R-CNN backbone, 175,043,715 parameters at 1120/896/448)."""
-    return _create([_B, _S, _T], (128, 192, 368), 'deit', (0.2, 0.05, 0.05), kwargs, det_pos_embed_size=224)
+    """PIIP-TSB 368/192/128 (DeiT v1 B / S / T), ImageNet-1k 82.1 (README: 144M, 17.4G); as the official
+    classifier, each head reads its branch's first patch token (``head_token='first_patch'``).
+    ``features_only=True``: the official Mask R-CNN backbone 1120/896/448 (window 14, drop path 0.15 / 0.05 /
+    0.05; 175,043,715 parameters); other released resolutions with ``img_sizes=(448, 896, 1568)`` or
+    ``(672, 1120, 1568)``. ``zoo.create('piip_tsb', checkpoint=...)`` builds whichever an official file holds."""
+    return _create([_B, _S, _T], dict(img_sizes=(128, 192, 368), branch_style='deit', head_token='first_patch',
+                                      drop_path_rates=(0.2, 0.05, 0.05)), kwargs, _DETECTION['tsb'])
 
 
 @register_model(**_META, input_size=(3, 384, 384), params=488_925_880, macs=61_200_000_000,
                 top1=85.9)
 def piip_sbl(**kwargs):
-    """PIIP-SBL 384/192/128 (AugReg L / B / S), ImageNet-1k 85.9 (README: 489M, 61.2G).
-    320/160/96 (85.2): ``img_sizes=(96, 160, 320)``. Detection, as the official DeiT III Mask R-CNN configs:
-    ``img_sizes=(448, 672, 1120), window_size=28, branch_style='deit'``, features_only (547,810,051 parameters)."""
-    return _create([_L, _B, _S], (128, 192, 384), 'augreg', (0.4, 0.2, 0.05), kwargs, det_pos_embed_size=224)
+    """PIIP-SBL 384/192/128 (AugReg L / B / S), ImageNet-1k 85.9 (README: 489M, 61.2G), first-patch-token heads
+    as the official classifier; 320/160/96 (85.2): ``img_sizes=(96, 160, 320)``. ``features_only=True``: the
+    official DeiT III Mask R-CNN backbone 1120/672/448 (``branch_style='deit'``, window 28, drop path 0.4 / 0.15 /
+    0.05; 547,810,051 parameters); ``img_sizes=(448, 896, 1344)``, ``(672, 896, 1568)``, ``(672, 1120, 1568)``
+    for the other released resolutions."""
+    return _create([_L, _B, _S], dict(img_sizes=(128, 192, 384), branch_style='augreg', head_token='first_patch',
+                                      drop_path_rates=(0.4, 0.2, 0.05)), kwargs, _DETECTION['sbl'])
+
+
+@register_model(**_META, input_size=(3, 1344, 1344), params=527_411_488)
+def piip_tsbl(**kwargs):
+    """PIIP-TSBL as the official code builds it and as its released Mask R-CNN weights hold it: ``piip_4branch.py``
+    builds branch4 with ``vit_models(**branch3)``, so the fourth branch is a second ViT-S (384 wide), not the ViT-T
+    its configs name (that one is :func:`piip_tsbl_config`). A detection backbone in the paper:
+    ``features_only=True`` is the official backbone 1344/896/672/448 (window 28, drop path 0.4 / 0.15 / 0.05 /
+    0.05; 593,216,388 parameters), the one the released checkpoints load into; by default, classification heads
+    (first patch token) at those resolutions, which the official code does not have."""
+    return _create([_L, _B, _S, _S], dict(img_sizes=(448, 672, 896, 1344), branch_style='deit',
+                                          head_token='first_patch', drop_path_rates=(0.4, 0.15, 0.05, 0.05)),
+                   kwargs, _DETECTION['tsbl'])
 
 
 @register_model(**_META, input_size=(3, 1344, 1344), params=505_521_376)
-def piip_tsbl(**kwargs):
-    """PIIP-TSBL (ViT L / B / S / T), a detection backbone in the paper (Mask R-CNN 1344/896/672/448, README 506M);
-    here at those resolutions with classification heads by default. ``window_size=28, features_only=True`` is the
-    official Mask R-CNN backbone (571,066,500 parameters with its merge and pyramid modules)."""
-    return _create([_L, _B, _S, _T], (448, 672, 896, 1344), 'deit', (0.4, 0.15, 0.05, 0.05), kwargs,
-                   det_pos_embed_size=224)
+def piip_tsbl_config(**kwargs):
+    """PIIP-TSBL as its configs describe it (ViT L / B / S / T; the paper's T/S/B/L, README 506M): branch4 is the
+    ViT-T of the config. The official code builds a second ViT-S there instead (:func:`piip_tsbl`), so no
+    released weights fit this one. ``features_only=True``: 571,066,500 parameters at 1344/896/672/448."""
+    return _create([_L, _B, _S, _T], dict(img_sizes=(448, 672, 896, 1344), branch_style='deit',
+                                          head_token='first_patch', drop_path_rates=(0.4, 0.15, 0.05, 0.05)),
+                   kwargs, _DETECTION['tsbl'])
 
 
 @register_model(**{**_META, 'input_size': (3, 64, 64)})
 def piip_tiny(**kwargs):
-    """A 3-branch CPU variant: widths 128 / 64 / 32 on 32 / 48 / 64 px, depth 2, 2 interactions."""
-    kwargs.setdefault('num_interactions', 2)
-    return _create([(128, 2, 4), (64, 2, 2), (32, 2, 2)], (32, 48, 64), 'deit', (0.0, 0.0, 0.0), kwargs)
+    """A 3-branch CPU variant: widths 128 / 64 / 32 on 32 / 48 / 64 px, depth 2, 2 interactions. Its heads read
+    the class token (``head_token='class'``), so at initialisation each branch is exactly its standalone ViT."""
+    return _create([(128, 2, 4), (64, 2, 2), (32, 2, 2)], dict(img_sizes=(32, 48, 64), branch_style='deit',
+                                                               drop_path_rates=(0.0, 0.0, 0.0), num_interactions=2),
+                   kwargs)
