@@ -14,6 +14,16 @@ Kinds and their constructor / shape contracts:
 | downsample     | ``(in_chs, out_chs)``                                         | (B, Cin, H, W) -> (B, Cout, H/s, W/s)        |
 | stem           | ``(in_chans, out_chs)``                                       | (B, 3, H, W) -> (B, C, H/s, W/s)             |
 | head           | ``(in_features, num_classes)``                                | (B, C, H, W) -> (B, num_classes)             |
+| neck           | ``(in_channels: Sequence[int], **kw)``; ``out_channels``      | maps (one per level) -> maps, same strides   |
+| dense_head     | ``(in_channels, num_classes, strides, **kw)``                 | maps -> raw outputs; ``loss(out, targets)``, |
+|                |                                                               | ``predict(out, metas)`` (see below)          |
+
+Dense kinds take and give lists of maps (B, C_i, H/s_i, W/s_i), coarsest last; their ``example_input`` is a
+tuple of shapes, one per level. A ``dense_head`` owns its task's loss and prediction (torchvision's FCOS,
+detectron2's dense detectors and mmyolo do the same): ``loss(out, targets) -> (total, {part: value})`` with
+one target dict per image, and ``predict(out, metas) -> [dict per image]`` in the pixels of each input file
+(``metas``: per image ``orig_size`` (H, W) and the letterbox ``scale``/``pad`` the data applied; ``None``:
+input pixels).
 
 Strings are for the edges (CLI, YAML, sweeps); inside Python pass classes or partials.
 ``get`` turns any of the three into a constructor.
@@ -27,7 +37,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 KINDS = ('token_mixer', 'channel_mixer', 'sequence_mixer', 'block', 'conv', 'norm', 'act',
-         'downsample', 'stem', 'head', 'canon')
+         'downsample', 'stem', 'head', 'canon', 'neck', 'dense_head')
 LAYOUTS = ('nchw', 'nlc', 'any')
 
 

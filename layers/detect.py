@@ -31,6 +31,8 @@ import torch
 from einops import rearrange
 from torch import nn
 
+from ._registry import register
+
 __all__ = ['ConvBNAct', 'Bottleneck', 'C2f', 'SPPF', 'PAFPN', 'DFL', 'DetectHead', 'make_anchors', 'dist2bbox',
            'bbox2dist']
 
@@ -105,6 +107,8 @@ class SPPF(nn.Module):
         return self.cv2(torch.cat(ys, dim=1))  # (B, 4 * hidden, H, W) -> (B, out_chs, H, W)
 
 
+@register('neck', 'pafpn', example=dict(in_channels=(8, 16, 32), out_channels=(8, 16, 16)),
+          example_input=((2, 8, 16, 16), (2, 16, 8, 8), (2, 32, 4, 4)))
 class PAFPN(nn.Module):
     """YOLOv8's path-aggregation neck: three maps (C3, C4, C5) -> three maps (P3, P4, P5), same strides.
 
@@ -193,6 +197,8 @@ def bbox2dist(anchor_points: torch.Tensor, bbox: torch.Tensor, max_dist: float) 
     return torch.cat((anchor_points - x1y1, x2y2 - anchor_points), -1).clamp_(0, max_dist)
 
 
+@register('dense_head', 'yolov8', example=dict(in_channels=(8, 16, 16), num_classes=3, strides=(8, 16, 32)),
+          example_input=((2, 8, 16, 16), (2, 16, 8, 8), (2, 16, 4, 4)))
 class DetectHead(nn.Module):
     """YOLOv8's anchor-free decoupled head with DFL box regression.
 

@@ -29,7 +29,28 @@ def _expected_shape(rec, x, module):
     return None  # stem, downsample, conv: checked below by channels
 
 
-@pytest.mark.parametrize('rec', RECORDS, ids=lambda r: f'{r.kind}/{r.name}')
+DENSE = ('neck', 'dense_head')  # lists of maps in and out
+
+
+@pytest.mark.parametrize('rec', [r for r in RECORDS if r.kind in DENSE], ids=lambda r: f'{r.kind}/{r.name}')
+def test_dense_block_contract(rec):
+    """Necks keep the number of levels and their strides, with ``out_channels``; dense heads give one raw output
+    per level; gradients reach every parameter."""
+    assert rec.example_input and all(isinstance(s, tuple) for s in rec.example_input), rec.name
+    torch.manual_seed(0)
+    module = _build(rec)
+    xs = [torch.randn(*shape, requires_grad=True) for shape in rec.example_input]
+    ys = module(xs)
+    assert len(ys) == len(xs)
+    for x, y, c in zip(xs, ys, getattr(module, 'out_channels', [None] * len(xs))):
+        assert y.shape[0] == x.shape[0] and y.shape[-2:] == x.shape[-2:] and (c is None or y.shape[1] == c)
+    sum((y.float() ** 2).mean() for y in ys).backward()
+    for n, p in module.named_parameters():
+        if p.requires_grad:
+            assert p.grad is not None and torch.isfinite(p.grad).all(), f'{rec.kind}/{rec.name}: {n}'
+
+
+@pytest.mark.parametrize('rec', [r for r in RECORDS if r.kind not in DENSE], ids=lambda r: f'{r.kind}/{r.name}')
 def test_block_contract(rec):
     assert rec.example_input, f'{rec.kind}/{rec.name} must declare example_input for the tests'
     torch.manual_seed(0)
