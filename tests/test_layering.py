@@ -26,7 +26,7 @@ PACKAGE = {'layers': 'zoo.layers', 'zoo': 'zoo', 'eval': 'zoo.eval', 'datasets':
 
 def _imports(path: Path, package: str) -> list[tuple[int, str]]:
     """Absolute names of every module imported anywhere in ``path`` (relative imports resolved)."""
-    pkg = '.'.join((package, *path.parent.relative_to(ROOT).parts[1:]))  # e.g. zoo.recipes.experiments
+    pkg = '.'.join((package, *path.parent.relative_to(ROOT).parts[1:]))  # e.g. zoo.eval.results
     out = []
     for node in ast.walk(ast.parse(path.read_text(), str(path))):
         if isinstance(node, ast.Import):

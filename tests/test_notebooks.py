@@ -22,7 +22,7 @@ from zoo.eval import results as R  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOKS = sorted((ROOT / 'notebooks').glob('*.ipynb'))
-REGENERATE = 'python -m zoo.recipes.experiments.notebook_data'
+REGENERATE = 'python -m experiments.notebook_data'
 
 # Keep figures open (the inline backend closes them after each cell) so the last cell can inspect them.
 SETUP = ("get_ipython().run_line_magic('matplotlib', 'inline')\n"
@@ -190,7 +190,7 @@ def test_notebook_data_latency_only_rewrites_the_latency_and_keeps_the_runs(tmp_
     load record are written; the rows carry the fingerprints the shipped runs are joined by."""
     import pandas as pd
 
-    from zoo.recipes.experiments import notebook_data
+    from experiments import notebook_data
 
     out = tmp_path / 'data'
     out.mkdir()

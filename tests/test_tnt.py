@@ -263,7 +263,7 @@ def test_attention_for_the_first_queries_equals_the_first_rows():
 
 
 def test_mlp_table_pairs_tnt_with_the_poolformer_of_similar_macs(one_thread):
-    from zoo.eval import bench_mlp
+    from benchmarks import bench_mlp
     rows = bench_mlp.run(['tnt_s'], batch_sizes=(1,), repeats=1, warmup=0)
     by_model = {r['model']: r for r in rows}
     assert set(by_model) == {'tnt_s', 'poolformer_s36'}

@@ -6,7 +6,7 @@
    (KV cache / recurrent state + Canon windows, one token per step) and uncached (re-runs the prefix at
    every step), interleaved).
 
-    python -m zoo.eval.canon_bench --out docs/measurements/canon_bench.json
+    python -m benchmarks.canon_bench --out docs/measurements/canon_bench.json
 """
 from __future__ import annotations
 

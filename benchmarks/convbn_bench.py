@@ -6,7 +6,7 @@ step (VmHWM reset before the step, minus the RSS before it), and the step time (
 process, median over repeats. ``mmengine`` is mmengine's efficient ConvBN (``turn_on_efficient_conv_bn_eval``)
 on the same model, for reference.
 
-    python -m zoo.eval.convbn_bench --batch 32 --size 224 --repeats 5
+    python -m benchmarks.convbn_bench --batch 32 --size 224 --repeats 5
 """
 from __future__ import annotations
 
@@ -16,13 +16,15 @@ import json
 import statistics
 import subprocess
 import sys
+from pathlib import Path
 
 import torch
 from torch import nn
 
-from .profile import _proc_status_kib, interleave, peak_memory_mb, reset_peak_memory
+from zoo.eval.profile import _proc_status_kib, interleave, peak_memory_mb, reset_peak_memory
 
 MODES = ('eval', 'tune', 'mmengine', 'deploy')
+ROOT = Path(__file__).resolve().parents[1]       # the checkout: the child runs as `python -m benchmarks.convbn_bench`
 
 
 def build(mode: str, seed: int = 0) -> nn.Module:
@@ -86,8 +88,8 @@ def peak_rss_child(mode: str, batch: int, size: int) -> None:
 
 
 def rss_of(mode: str, batch: int, size: int) -> dict:
-    out = subprocess.run([sys.executable, '-m', 'zoo.eval.convbn_bench', '--_child', mode, '--batch', str(batch),
-                          '--size', str(size)], capture_output=True, text=True, check=True)
+    out = subprocess.run([sys.executable, '-m', 'benchmarks.convbn_bench', '--_child', mode, '--batch', str(batch),
+                          '--size', str(size)], capture_output=True, text=True, check=True, cwd=ROOT)
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
