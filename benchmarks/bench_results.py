@@ -68,7 +68,7 @@ def main(argv=None) -> None:
             ts.append(time.perf_counter() - t)
         queries[name] = statistics.median(ts)
     size = os.path.getsize(sa.engine.make_url(db.url).database) if db.url.startswith('sqlite') else None
-    print(f'store {db._safe_url()}: open + migrate {t_open * 1000:.1f} ms')
+    print(f'store {db.safe_url()}: open + migrate {t_open * 1000:.1f} ms')
     print(f'recording one run ({args.epochs} epochs, {writes} transactions): median '
           f'{statistics.median(per_run) * 1000:.2f} ms, {statistics.median(per_run) / writes * 1000:.2f} ms per write')
     for name, t in queries.items():

@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from zoo.eval.profile import _proc_status_kib, interleave, peak_memory_mb, reset_peak_memory
+from zoo.eval.profile import interleave, peak_memory_mb, reset_peak_memory, resident_memory_mb
 
 MODES = ('eval', 'tune', 'mmengine', 'deploy')
 ROOT = Path(__file__).resolve().parents[1]       # the checkout: the child runs as `python -m benchmarks.convbn_bench`
@@ -80,7 +80,7 @@ def peak_rss_child(mode: str, batch: int, size: int) -> None:
     x, y = torch.randn(batch, 3, size, size), torch.randint(0, 1000, (batch,))
     step = make_step(model, x, y)
     step()  # first step allocates optimizer state; measure the second
-    base = _proc_status_kib('VmRSS') / 1024
+    base = resident_memory_mb()
     reset_peak_memory()  # the kernel's peak-RSS mark (VmHWM) to now
     step()
     peak = peak_memory_mb()
