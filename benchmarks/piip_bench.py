@@ -2,11 +2,11 @@
 
     python -m benchmarks.piip_bench deform            # batched grid_sample core vs one grid_sample per head
     python -m benchmarks.piip_bench models            # params, MACs, latency: piip_tsb vs ViT-B and its branches,
-                                                    # piip_tiny vs its single-branch baseline
+                                                       # piip_tiny vs its single-branch baseline
     python -m benchmarks.piip_bench models --macs-only
     python -m benchmarks.piip_bench compare --db docs/measurements/piip_compare.db [--measure]
-                                                    # the CPU-scale comparison runs side by side: accuracy / mAP
-                                                    # over seeds, params, MACs, latency (--measure: time now)
+                                                       # the CPU-scale comparison runs side by side: accuracy / mAP
+                                                       # over seeds, params, MACs, latency (--measure: time now)
 
 MACs: ``zoo.eval.profile.count_macs`` (torch's FlopCounterMode: linears, convs, attention matmuls) plus the
 bilinear sampling, which the counter does not see: 5 MACs per sampled channel (4 corner products and the

@@ -3,11 +3,11 @@
 Three subcommands, one target each (run from the repository root; ``--threads`` sets torch's threads):
 
     python -m benchmarks.scan_bench scan    # (a) the scan at mamba_yolo_t's stride-4 stage: forward and
-                                          #     forward + backward vs the sequential reference, chunk sweep
+                                            #     forward + backward vs the sequential reference, chunk sweep
     python -m benchmarks.scan_bench model   # (b) mamba_yolo_t at 320 / 640 px, batch 1, eval: chunked scan vs
-                                          #     the per-step loop scan vs a conv-backbone YOLO of equal MACs
+                                            #     the per-step loop scan vs a conv-backbone YOLO of equal MACs
     python -m benchmarks.scan_bench share   # (c) the share of mamba_yolo_t's eval time inside SS2D and inside
-                                          #     the selective scan
+                                            #     the selective scan
 
 Times on a shared machine move; ratios of candidates measured interleaved (A, B, A, B, ...) in one process
 (``zoo.eval.profile.interleave``) are what to compare. Errors are measured against the sequential scan in

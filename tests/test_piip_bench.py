@@ -1,4 +1,4 @@
-"""eval/piip_bench.py compare: the side-by-side table of the CPU-scale PIIP comparison, read from a results
+"""benchmarks/piip_bench.py compare: the side-by-side table of the CPU-scale PIIP comparison, read from a results
 database that the test writes (two configurations, three seeds each, known metrics)."""
 from __future__ import annotations
 
