@@ -89,7 +89,8 @@ def main(argv=None):
     p.add_argument('--scans-only', action='store_true', help='only the chunked-scan comparison')
     p.add_argument('--out', type=Path, default=None)
     p.add_argument('--smoke', action='store_true',
-                   help='toy sizes (T=64, one 1-layer d32 model per family, 1 repeat; overrides --T, --repeats, --prompt, --gen): checks that it runs, no figures')
+                   help='toy sizes (T=64, one 1-layer d32 model per family, 1 repeat; overrides --T, --repeats, '
+                        '--prompt, --gen): checks that it runs, its figures mean nothing')
     args = p.parse_args(argv)
     lm_sizes, lm_t, lm_batch = ((2, 64), (4, 256)), 256, 8
     if args.smoke:

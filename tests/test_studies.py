@@ -48,7 +48,8 @@ SMOKE = {
 def test_every_study_has_a_smoke_run_and_a_readme_line():
     on_disk = {f'{folder}.{p.stem}' for folder in FOLDERS for p in (ROOT / folder).glob('*.py')
                if p.stem != '__init__'}
-    assert on_disk == set(SMOKE), f'add a smoke run for {sorted(on_disk - set(SMOKE))}, drop {sorted(set(SMOKE) - on_disk)}'
+    assert on_disk == set(SMOKE), \
+        f'add a smoke run for {sorted(on_disk - set(SMOKE))}, drop {sorted(set(SMOKE) - on_disk)}'
     for folder in FOLDERS:
         readme = (ROOT / folder / 'README.md').read_text()
         missing = [m for m in on_disk if m.startswith(folder + '.') and f"`{m.split('.')[1]}.py`" not in readme]
