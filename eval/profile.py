@@ -34,7 +34,7 @@ def count_macs(model: nn.Module, input_size=(3, 224, 224), batch_size: int = 1, 
     """
     from torch.utils.flop_counter import FlopCounterMode
 
-    _register_cpu_sdpa_flops()
+    register_cpu_sdpa_flops()
     p = next(iter(model.parameters()), None)
     device = p.device if p is not None else torch.device('cpu')
     if example is None:
@@ -50,10 +50,11 @@ def count_macs(model: nn.Module, input_size=(3, 224, 224), batch_size: int = 1, 
     return counter.get_total_flops() // 2
 
 
-def _register_cpu_sdpa_flops() -> None:
+def register_cpu_sdpa_flops() -> None:
     """Teach FlopCounterMode the CPU flash-attention kernel that ``F.scaled_dot_product_attention``
     dispatches to on CPU tensors (torch counts only the CUDA kernels, and the math fallback on meta).
-    Same formula as torch's: 2 batched matmuls, q @ k^T and attn @ v."""
+    Same formula as torch's: 2 batched matmuls, q @ k^T and attn @ v. ``count_macs`` calls it; call it
+    yourself before using ``FlopCounterMode`` directly. Idempotent."""
     from torch.utils import flop_counter
 
     op = getattr(torch.ops.aten, '_scaled_dot_product_flash_attention_for_cpu', None)
@@ -162,6 +163,13 @@ def reset_peak_memory(device: torch.device | str = 'cpu') -> None:
         pass
 
 
+def resident_memory_mb() -> float | None:
+    """The process's resident set now, in MiB (``VmRSS``; None where ``/proc`` is missing): the baseline to
+    subtract from ``peak_memory_mb`` for what one step adds."""
+    kib = _proc_status_kib('VmRSS')
+    return None if kib is None else kib / 1024
+
+
 def peak_memory_mb(device: torch.device | str = 'cpu') -> float | None:
     """Peak memory since ``reset_peak_memory``, in MiB: tensors allocated on a CUDA device, or the process's
     resident set on the CPU (model, activations, data and the interpreter: what the machine must hold)."""
@@ -182,7 +190,9 @@ def resolve_dtype(dtype: str | torch.dtype) -> torch.dtype:
     return _DTYPES[dtype]
 
 
-def _step_fn(model: nn.Module, x: torch.Tensor, mode: str) -> Callable[[], None]:
+def make_step(model: nn.Module, x: torch.Tensor, mode: str) -> Callable[[], None]:
+    """What ``benchmark`` times per call, for ``interleave``: ``'inference'``, an eval forward under
+    ``torch.inference_mode``; ``'train'``, a train-mode forward and backward of the output's sum."""
     if mode == 'inference':
         model.eval()
 
@@ -264,7 +274,7 @@ def benchmark(models: dict[str, nn.Module], input_size=(3, 224, 224), batch_size
         if channels_last and x.ndim == 4:
             model = model.to(memory_format=torch.channels_last)
             x = x.contiguous(memory_format=torch.channels_last)
-        steps[name] = _step_fn(model, x, mode)
+        steps[name] = make_step(model, x, mode)
         results[name] = Latency(name, batch_size, tuple(x.shape[1:]), 'cpu', threads,
                                 str(tdtype).replace('torch.', ''), channels_last, False, mode)
     load_before, cpus = load_average(), os.cpu_count()

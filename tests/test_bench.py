@@ -20,9 +20,7 @@ def zoo_db(tmp_path, monkeypatch):
     path = tmp_path / 'results.db'
     monkeypatch.setenv('ZOO_DB', str(path))
     yield path
-    for db in R._DBS.values():
-        db.close()
-    R._DBS.clear()
+    R.close_all()
 
 
 def test_interleave_repeats_budget_and_cap():

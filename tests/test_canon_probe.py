@@ -1,4 +1,4 @@
-"""The CPU reproduction script of the Canon probes (recipes/experiments/canon_probe.py): data cache, runs, table."""
+"""The CPU reproduction script of the Canon probes (experiments/canon_probe.py): data cache, runs, table."""
 import argparse
 import json
 
@@ -7,7 +7,7 @@ import torch
 
 from zoo.datasets.synthetic import make_task
 from zoo.datasets.synthetic_data import SyntheticWindows
-from zoo.recipes.experiments import canon_probe
+from experiments import canon_probe
 
 
 def _args(**kw):

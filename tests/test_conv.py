@@ -242,7 +242,7 @@ def test_set_mode_traced_pairs_match_eval_and_mmengine():
 
 
 def test_tune_mode_keeps_fewer_activation_bytes():
-    from zoo.eval.convbn_bench import saved_bytes
+    from benchmarks.convbn_bench import saved_bytes
     torch.manual_seed(0)
     model = zoo.create('resnet_tiny', num_classes=10)
     x, y = torch.randn(4, 3, 32, 32), torch.randint(0, 10, (4,))

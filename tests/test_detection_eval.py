@@ -252,7 +252,7 @@ def test_backbone_table_reads_the_trained_map_of_each_architecture(tmp_path, cap
     """``detection_bench backbones`` measures the detectors its configs build (tiny sizes here; no timing is
     asserted) and takes mAP from the newest finished fit run of the same architecture and dataset."""
     import zoo
-    from zoo.eval import detection_bench as bench
+    from benchmarks import detection_bench as bench
     from zoo.eval.profile import fingerprint
     from zoo.eval.results import ResultsDB
 

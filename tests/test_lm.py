@@ -250,7 +250,7 @@ def test_short_training_lowers_loss(name, one_thread):
 def test_canon_bench_functions_report_equal_scans_and_both_generation_speeds(one_thread):
     """The benchmark's own checks at a tiny size: the chunked scans match their references, and every model
     row carries training and cached / uncached generation throughput."""
-    from zoo.eval.canon_bench import scans, throughput
+    from benchmarks.canon_bench import scans, throughput
     rows = scans(40, repeats=1)
     assert [r['scan'] for r in rows] == ['gla', 'ssd'] and all(r['max_abs_diff'] < 1e-4 for r in rows)
     lm = throughput(depth=1, dim=32, t=16, batch=2, gen_tokens=3, repeats=1)

@@ -22,11 +22,12 @@ from zoo.eval import results as R  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOKS = sorted((ROOT / 'notebooks').glob('*.ipynb'))
-REGENERATE = 'python -m zoo.recipes.experiments.notebook_data'
+REGENERATE = 'python -m experiments.notebook_data'
 
 # Keep figures open (the inline backend closes them after each cell) so the last cell can inspect them.
 SETUP = ("get_ipython().run_line_magic('matplotlib', 'inline')\n"
-         "get_ipython().run_line_magic('config', 'InlineBackend.close_figures = False')")
+         "get_ipython().run_line_magic('config', 'InlineBackend.close_figures = False')\n"
+         "import zoo as _zoo\nprint('ZOO_FILE', _zoo.__file__)")
 CHECK_FIGURES = '''
 import matplotlib.pyplot as _plt
 _report = []
@@ -40,7 +41,10 @@ print('FIGURES', __import__('json').dumps(_report))
 
 
 def execute(path: Path, env: dict[str, str | None]) -> tuple[str, list[dict]]:
-    """Run the notebook in a fresh kernel with ``env`` applied; return its printed text and the figure report."""
+    """Run the notebook in a fresh kernel with ``env`` applied; return its printed text and the figure report.
+    The kernel imports ``zoo`` from this checkout (the checkout root first on PYTHONPATH; its cwd is notebooks/),
+    not from whichever checkout holds the editable install."""
+    env = {'PYTHONPATH': os.pathsep.join(filter(None, (str(ROOT), os.environ.get('PYTHONPATH')))), **env}
     nb = nbformat.read(path, as_version=4)
     nb.cells.insert(0, nbformat.v4.new_code_cell(SETUP))
     nb.cells.append(nbformat.v4.new_code_cell(CHECK_FIGURES))
@@ -61,6 +65,7 @@ def execute(path: Path, env: dict[str, str | None]) -> tuple[str, list[dict]]:
             else:
                 os.environ[k] = v
     text = ''.join(o.get('text', '') for c in nb.cells if c.cell_type == 'code' for o in c.outputs)
+    assert text.split('ZOO_FILE ', 1)[1].startswith(str(ROOT / 'zoo')), text[:500]
     report = json.loads(text.rsplit('FIGURES ', 1)[1].splitlines()[0])
     return text, report
 
@@ -190,7 +195,7 @@ def test_notebook_data_latency_only_rewrites_the_latency_and_keeps_the_runs(tmp_
     load record are written; the rows carry the fingerprints the shipped runs are joined by."""
     import pandas as pd
 
-    from zoo.recipes.experiments import notebook_data
+    from experiments import notebook_data
 
     out = tmp_path / 'data'
     out.mkdir()

@@ -26,5 +26,8 @@ def test_the_wheel_builds_quietly_and_holds_the_recipes(tmp_path):
     [wheel] = tmp_path.glob('zoo-*.whl')
     shipped = {str(p.relative_to(ROOT / 'recipes' / 'configs')) for p in (ROOT / 'recipes' / 'configs').rglob('*.yaml')}
     with zipfile.ZipFile(wheel) as z:
-        inside = {n.split('zoo/recipes/configs/', 1)[1] for n in z.namelist() if 'zoo/recipes/configs/' in n}
+        names = z.namelist()
+    inside = {n.split('zoo/recipes/configs/', 1)[1] for n in names if 'zoo/recipes/configs/' in n}
     assert shipped <= inside
+    studies = [n for n in names if n.split('/')[0] in ('benchmarks', 'experiments') or '/experiments/' in n]
+    assert not studies, f'the studies are not part of the package: {studies[:5]}'

@@ -365,8 +365,8 @@ def test_detection_backbone_macs_equal_the_official_flops_script(key):
     official flash path does (it used to run on the padded tokens: 13.5 G more for SBL).
     """
     from torch.utils.flop_counter import FlopCounterMode
-    from zoo.eval.profile import _register_cpu_sdpa_flops
-    _register_cpu_sdpa_flops()
+    from zoo.eval.profile import register_cpu_sdpa_flops
+    register_cpu_sdpa_flops()
     with torch.device('meta'):
         model = zoo.create(f'piip_{key}', features_only=True).eval()
     size = model.img_sizes[-1]

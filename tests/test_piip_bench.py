@@ -1,4 +1,4 @@
-"""eval/piip_bench.py compare: the side-by-side table of the CPU-scale PIIP comparison, read from a results
+"""benchmarks/piip_bench.py compare: the side-by-side table of the CPU-scale PIIP comparison, read from a results
 database that the test writes (two configurations, three seeds each, known metrics)."""
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from zoo.eval.piip_bench import compare_table, format_compare, main
+from benchmarks.piip_bench import compare_table, format_compare, main
 from zoo.eval.results import ResultsDB
 
 _ONE_BRANCH = {'img_sizes': [32], 'embed_dims': [64], 'depths': [1], 'num_heads': [2], 'drop_path_rates': [0.0],

@@ -27,9 +27,7 @@ def zoo_db(tmp_path, monkeypatch):
     monkeypatch.setenv('ZOO_DB', str(path))
     monkeypatch.setenv('ZOO_RECORD_LATENCY', '1')
     yield path
-    for db in R._DBS.values():
-        db.close()
-    R._DBS.clear()
+    R.close_all()
 
 
 def _describe(engine) -> dict:
@@ -69,13 +67,13 @@ def test_an_older_file_is_migrated_and_keeps_its_rows(zoo_db, version):
         op = Operations(MigrationContext.configure(conn))
         for migration in R.MIGRATIONS[:version]:
             migration(op)
-        conn.execute(R.schema_table.insert().values(id=1, version=version, updated_at=R._now()))
+        conn.execute(R.schema_table.insert().values(id=1, version=version, updated_at=R.utcnow()))
         conn.exec_driver_sql("INSERT INTO zoo_runs (uid, model, status, started_at, seed, heartbeat_at, host, pid) "
                              "VALUES ('old', 'net_old', 'finished', '2026-01-01 00:00:00', 3, "
                              "'2026-01-01 00:00:00', 'elsewhere', 1)")
         conn.exec_driver_sql("INSERT INTO zoo_runs (uid, model, status, started_at, heartbeat_at, host, pid) "
                              "VALUES ('live', 'net_live', 'running', :t, :t, 'elsewhere', 1)",
-                             {'t': str(R._now() - __import__('datetime').timedelta(hours=1))})
+                             {'t': str(R.utcnow() - __import__('datetime').timedelta(hours=1))})
         conn.exec_driver_sql("INSERT INTO zoo_metrics (run_id, name, value, final) VALUES (1, 'val/acc1', 0.5, 1)")
         conn.exec_driver_sql("INSERT INTO zoo_latency (model, input_shape, batch_size, device, median_ms, "
                              "measured_at) VALUES ('net_old', '3x8x8', 1, 'cpu', 2.5, '2026-01-01 00:00:00')")
@@ -103,8 +101,8 @@ def test_an_older_file_is_migrated_and_keeps_its_rows(zoo_db, version):
 
 
 def test_a_newer_schema_is_refused_and_left_untouched(zoo_db):
-    R.open_db().close()
-    R._DBS.clear()
+    R.open_db()
+    R.close_all()
     engine = sa.create_engine(f'sqlite:///{zoo_db}')
     with engine.begin() as conn:
         conn.execute(R.schema_table.update().values(version=R.SCHEMA_VERSION + 1))
@@ -193,7 +191,7 @@ def test_a_killed_run_is_marked_crashed_when_the_store_is_next_opened(zoo_db):
 def test_a_run_elsewhere_is_crashed_once_its_heartbeat_is_stale(zoo_db):
     import datetime as dt
     db = R.open_db()
-    now = R._now()
+    now = R.utcnow()
 
     def run(name, host, ago, heartbeat_s, pid=1):
         rid = db.start_run(name, host=host, pid=pid, heartbeat_s=heartbeat_s)
@@ -218,7 +216,7 @@ def test_the_heartbeat_thread_refreshes_a_running_run_and_stops(zoo_db, monkeypa
     import time
     db = R.open_db()
     rid = db.start_run('beating')
-    db.update_run(rid, heartbeat_at=R._now() - __import__('datetime').timedelta(hours=1))
+    db.update_run(rid, heartbeat_at=R.utcnow() - __import__('datetime').timedelta(hours=1))
     before = db.runs(id=rid).heartbeat_at.iloc[0]
     hb = db.start_heartbeat(rid, 0.02)
     deadline = time.time() + 30
@@ -449,7 +447,7 @@ def test_aggregate_interval_contains_the_truth_and_shrinks_with_more_seeds():
     # two tasks centred on 0.6 and 0.8: the pooled distribution is symmetric about 0.7, so mean = IQM = 0.7
     widths = {}
     for n in (5, 40):
-        R._DBS.clear()
+        R.close_all()
         _multi_task_db({f'seeds{n}': {'t1': rng.normal(0.6, 0.05, n).tolist(), 't2': rng.normal(0.8, 0.05, n).tolist()}})
         row = R.aggregate(model=f'seeds{n}').iloc[0]
         for stat in ('iqm', 'mean'):
@@ -567,7 +565,7 @@ def test_a_database_with_damaged_pages_is_one_line_and_kept(zoo_db, capsys, jour
         data[pg * 4096:(pg + 1) * 4096] = bytes((i * 37 + pg) % 256 for i in range(4096))
     zoo_db.write_bytes(bytes(data))
     for argv in (['results', '--db', str(zoo_db)], ['results', '--runs', '--db', str(zoo_db)]):
-        R._DBS.clear()
+        R.close_all()
         assert main(argv) == 2
         err = capsys.readouterr().err.strip()
         assert err.count('\n') == 0 and 'corrupt' in err and 'left untouched' in err, err

@@ -52,9 +52,7 @@ def pg_url(pg_server, request, monkeypatch, tmp_path):
     monkeypatch.setenv('ZOO_DB', url)
     monkeypatch.setenv('ZOO_RUNS', str(tmp_path / 'runs'))
     yield url
-    for db in R._DBS.values():
-        db.close()
-    R._DBS.clear()
+    R.close_all()
 
 
 def test_recording_queries_and_crash_detection_on_postgres(pg_url):
@@ -97,9 +95,9 @@ def test_an_older_schema_is_migrated_on_postgres_and_a_newer_one_refused(pg_url)
         op = Operations(MigrationContext.configure(conn))
         for migration in R.MIGRATIONS[:R.SCHEMA_VERSION - 1]:
             migration(op)
-        conn.execute(R.schema_table.insert().values(id=1, version=R.SCHEMA_VERSION - 1, updated_at=R._now()))
+        conn.execute(R.schema_table.insert().values(id=1, version=R.SCHEMA_VERSION - 1, updated_at=R.utcnow()))
         conn.execute(R.runs_table.insert().values(uid='old', model='net_old', status='finished',
-                                                   started_at=R._now(), seed=3))
+                                                   started_at=R.utcnow(), seed=3))
     db = R.ResultsDB(pg_url)
     assert db.schema_version() == R.SCHEMA_VERSION
     assert db.runs().seed.tolist() == [3] and db.runs().heartbeat_s.isna().all()

@@ -174,9 +174,9 @@ def test_inference_mode_and_no_grad_give_the_same_values():
 
 
 def test_scan_bench_rows_and_share_are_consistent():
-    """eval/scan_bench at toy sizes (no timing asserted): every candidate is exact against the float64
+    """benchmarks/scan_bench at toy sizes (no timing asserted): every candidate is exact against the float64
     scan, and the SS2D / scan shares of a Mamba-YOLO's time are nested fractions."""
-    from zoo.eval import scan_bench
+    from benchmarks import scan_bench
     rows = scan_bench.scan_rows(size=32, stride=4, chunks=(4, 8), repeats=1, modes=('inference',))
     # L = 64: the auto chunk is the whole sequence
     assert {r['case'] for r in rows} == {'sequential', 'chunked/4', 'chunked/8', 'chunked_autograd/64'}

@@ -28,9 +28,7 @@ def zoo_db(tmp_path, monkeypatch):
     monkeypatch.setenv('ZOO_RUNS', str(tmp_path / 'runs'))     # run folders out of the checkout
     monkeypatch.setenv('ZOO_RECORD_LATENCY', '1')
     yield path
-    for db in R._DBS.values():
-        db.close()
-    R._DBS.clear()
+    R.close_all()
 
 
 def _study(name, db):

@@ -262,38 +262,8 @@ def test_attention_for_the_first_queries_equals_the_first_rows():
     torch.testing.assert_close(attn(x, num_queries=2), attn(x)[:, :2], rtol=0, atol=1e-6)
 
 
-@pytest.mark.parametrize('name,batch', [('tnt_tiny', 2), ('tnt_s', 1)])
-def test_speed_floor_runs_exactly_the_inference_multiply_adds(name, batch, monkeypatch):
-    """zoo.eval.tnt_floor sums the forward's ops timed alone; it is a floor only if it leaves no op out.
-    The floor is the analysis of the F.linear (MKL) path: oneDNN's fused linears (layers/onednn.py) are
-    invisible to FlopCounterMode, so the forward is counted with them off."""
-    from torch.utils.flop_counter import FlopCounterMode
-    monkeypatch.setenv('ZOO_ONEDNN', '0')
-
-    from zoo.eval.profile import _register_cpu_sdpa_flops
-    from zoo.eval.tnt_floor import floor_ops
-    _register_cpu_sdpa_flops()
-    model = zoo.create(name).eval()
-    ops = floor_ops(model, batch)
-    with torch.inference_mode():
-        with FlopCounterMode(display=False) as forward:
-            model(torch.randn(batch, *zoo.model_info(name).input_size))
-        with FlopCounterMode(display=False) as floor:
-            for _, run in ops.values():
-                run()
-    assert floor.get_total_flops() == forward.get_total_flops() > 0
-    assert {group for group, _ in ops.values()} == {'shared', 'inner'}
-
-
-def test_speed_floor_command_on_the_tiny_model(capsys, one_thread):
-    from zoo.eval import tnt_floor
-    tnt_floor.main(['--model', 'tnt_tiny', '--batch-size', '2', '--repeats', '2', '--vs', 'poolformer_tiny'])
-    out = capsys.readouterr().out
-    assert 'inner attention' in out and 'floor (sum)' in out and 'measured: tnt_tiny' in out
-
-
 def test_mlp_table_pairs_tnt_with_the_poolformer_of_similar_macs(one_thread):
-    from zoo.eval import bench_mlp
+    from benchmarks import bench_mlp
     rows = bench_mlp.run(['tnt_s'], batch_sizes=(1,), repeats=1, warmup=0)
     by_model = {r['model']: r for r in rows}
     assert set(by_model) == {'tnt_s', 'poolformer_s36'}

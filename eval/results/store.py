@@ -34,7 +34,8 @@ def resolve_url(db: str | os.PathLike | None = None) -> str | None:
     return f'sqlite:///{Path(db).expanduser().resolve()}'
 
 
-def _now() -> _dt.datetime:
+def utcnow() -> _dt.datetime:
+    """The time the store writes (``started_at``, ``heartbeat_at``, ``measured_at``, ...): now in UTC, naive."""
     return _dt.datetime.now(_dt.timezone.utc).replace(tzinfo=None)
 
 
@@ -95,7 +96,7 @@ class ResultsDB:
             raise
         except sa_exc.DatabaseError as e:
             self.engine.dispose()
-            raise ResultsDBError(f'cannot open results database {self._safe_url()}: {getattr(e, "orig", e)}') from e
+            raise ResultsDBError(f'cannot open results database {self.safe_url()}: {getattr(e, "orig", e)}') from e
 
     def _damaged(self, e: sa_exc.DatabaseError) -> ResultsDBError | None:
         """The one-line error for a SQLite file that is not a database or has damaged pages (which may show
@@ -107,7 +108,8 @@ class ResultsDB:
                               f'(SQLite: {orig}). Point ZOO_DB/--db at another file; `sqlite3 FILE .recover` may '
                               'save its rows.')
 
-    def _safe_url(self) -> str:
+    def safe_url(self) -> str:
+        """The URL with its password hidden, for messages and logs."""
         return sa.engine.make_url(self.url).render_as_string(hide_password=True)
 
     def _sqlite_events(self, wal: bool = True) -> None:
@@ -176,7 +178,7 @@ class ResultsDB:
             version = version or 0
             if version > SCHEMA_VERSION:
                 raise ResultsDBError(
-                    f'results database {self._safe_url()} has schema version {version}, newer than this zoo '
+                    f'results database {self.safe_url()} has schema version {version}, newer than this zoo '
                     f'(version {SCHEMA_VERSION}); upgrade zoo to use it. Nothing was changed.')
             if version == SCHEMA_VERSION:
                 return
@@ -186,9 +188,9 @@ class ResultsDB:
             for migration in MIGRATIONS[version:]:
                 migration(op)
             if has:
-                conn.execute(schema_table.update().values(version=SCHEMA_VERSION, updated_at=_now()))
+                conn.execute(schema_table.update().values(version=SCHEMA_VERSION, updated_at=utcnow()))
             else:
-                conn.execute(schema_table.insert().values(id=1, version=SCHEMA_VERSION, updated_at=_now()))
+                conn.execute(schema_table.insert().values(id=1, version=SCHEMA_VERSION, updated_at=utcnow()))
 
     # --- runs
     def start_run(self, model: str, **fields) -> int:
@@ -196,7 +198,7 @@ class ResultsDB:
         unknown = set(fields) - set(runs_table.c.keys())
         if unknown:
             raise ResultsDBError(f'unknown run field(s) {sorted(unknown)}; known: {sorted(runs_table.c.keys())}')
-        now = _now()
+        now = utcnow()
         row = dict(uid=os.urandom(16).hex(), model=model, status='running', started_at=now, heartbeat_at=now,
                    host=socket.gethostname(), pid=os.getpid(), proc_start=_proc_start(os.getpid()))
         row.update(fields)
@@ -227,16 +229,16 @@ class ResultsDB:
                                                           metrics_table.c.name.in_(list(metrics))))
             if rows:
                 conn.execute(metrics_table.insert(), rows)
-            conn.execute(runs_table.update().where(runs_table.c.id == run_id).values(heartbeat_at=_now()))
+            conn.execute(runs_table.update().where(runs_table.c.id == run_id).values(heartbeat_at=utcnow()))
 
     def finish_run(self, run_id: int, status: str = 'finished', error: str | None = None) -> None:
         if status not in STATUSES:
             raise ResultsDBError(f'unknown status {status!r}; expected one of {STATUSES}')
-        now = _now()
+        now = utcnow()
         with self.write() as conn:
             started = conn.execute(sa.select(runs_table.c.started_at).where(runs_table.c.id == run_id)).scalar()
             if started is None:
-                raise ResultsDBError(f'no run with id {run_id} in {self._safe_url()}')
+                raise ResultsDBError(f'no run with id {run_id} in {self.safe_url()}')
             conn.execute(runs_table.update().where(runs_table.c.id == run_id).values(
                 status=status, error=error, ended_at=now, heartbeat_at=now,
                 wall_s=(now - started).total_seconds()))
@@ -245,7 +247,7 @@ class ResultsDB:
         """Refresh a running run's ``heartbeat_at``; False once the run is no longer ``running``."""
         with self.write() as conn:
             return conn.execute(runs_table.update().where(runs_table.c.id == run_id, runs_table.c.status == 'running')
-                                .values(heartbeat_at=_now())).rowcount > 0
+                                .values(heartbeat_at=utcnow())).rowcount > 0
 
     def start_heartbeat(self, run_id: int, interval_s: float | None = None) -> 'Heartbeat':
         """Record ``interval_s`` on the run and refresh its heartbeat from a daemon thread until stopped."""
@@ -257,7 +259,7 @@ class ResultsDB:
                 raise ResultsDBError(f'{HEARTBEAT_ENV} must be a positive number of seconds; got {raw!r}') from None
         if not interval_s > 0:
             raise ResultsDBError(f'{HEARTBEAT_ENV} must be a positive number of seconds; got {interval_s}')
-        self.update_run(run_id, heartbeat_s=float(interval_s), heartbeat_at=_now())
+        self.update_run(run_id, heartbeat_s=float(interval_s), heartbeat_at=utcnow())
         return Heartbeat(self, run_id, float(interval_s))
 
     @staticmethod
@@ -273,7 +275,7 @@ class ResultsDB:
         On this host the pid (and its start time) is checked. A run from another host is presumed dead
         when its heartbeat is older than ``stale_after(heartbeat_s)``: 5 intervals, at least 2 minutes
         (5 minutes with the default 60 s interval), or 24 h for runs that record no interval."""
-        host, now = socket.gethostname(), _now()
+        host, now = socket.gethostname(), utcnow()
         with self.read() as conn:
             running = conn.execute(sa.select(runs_table.c.id, runs_table.c.host, runs_table.c.pid,
                                              runs_table.c.proc_start, runs_table.c.heartbeat_at,
@@ -302,7 +304,7 @@ class ResultsDB:
             input_shape = 'x'.join(str(int(s)) for s in input_shape)
         import torch
         row = dict(model=model, median_ms=float(median_ms), input_shape=input_shape, batch_size=int(batch_size),
-                   device=device, torch_version=torch.__version__, host=socket.gethostname(), measured_at=_now())
+                   device=device, torch_version=torch.__version__, host=socket.gethostname(), measured_at=utcnow())
         row.update(fields)
         with self.write() as conn:
             lat_id = conn.execute(latency_table.insert().values(**row)).inserted_primary_key[0]
@@ -322,7 +324,7 @@ class ResultsDB:
             architectures_table.c.fingerprint == fingerprint, architectures_table.c.model == model)).first()
         if seen is None:
             conn.execute(architectures_table.insert().values(fingerprint=fingerprint, model=model, params=params,
-                                                             first_seen=_now()))
+                                                             first_seen=utcnow()))
 
     # --- queries
     def runs(self, *, model: str | None = None, columns: Iterable[str] | None = None, **filters):
@@ -384,11 +386,11 @@ def _jsonable_row(row: dict) -> dict:
     out = {}
     for k, v in row.items():
         col = runs_table.c.get(k)
-        out[k] = _jsonable(v) if col is not None and isinstance(col.type, sa.JSON) else v
+        out[k] = jsonable(v) if col is not None and isinstance(col.type, sa.JSON) else v
     return out
 
 
-def _jsonable(v):
+def jsonable(v):
     """Round-trip through JSON with ``str`` for anything exotic (paths, dtypes, classes)."""
     return json.loads(json.dumps(v, default=str))
 
@@ -473,6 +475,15 @@ def open_db(db: str | os.PathLike | ResultsDB | None = None, *, create: bool = T
         if url not in _DBS:
             _DBS[url] = ResultsDB(url, create=create)
         return _DBS[url]
+
+
+def close_all() -> None:
+    """Close every store ``open_db`` has opened in this process and forget them (the next ``open_db`` opens
+    afresh): after a database file was replaced or deleted, or between tests."""
+    with _LOCK:
+        for store in _DBS.values():
+            store.close()
+        _DBS.clear()
 
 
 def runs(*, db=None, **kw):

@@ -4,7 +4,7 @@ Both models have the same weights and layout; the weighted one has ``den=[0.7]``
 (``Phi`` precomputed, one weight-sized multiply per conv per step). Interleaved in one process,
 median over repeats, ratio weighted / standard.
 
-    python -m zoo.eval.weighted_bench --repeats 7
+    python -m benchmarks.weighted_bench --repeats 7
 """
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ import torch
 
 import zoo
 
-from .profile import interleave
+from zoo.eval.profile import interleave
 
 
 def main(argv=None) -> dict:

@@ -6,8 +6,8 @@ same model, initial weights, data loader, batch, loss, optimizer, clipping and s
 Rounds alternate plain / recipe in one process; each round times the interval between the starts of
 consecutive training steps (so everything the loop does between steps counts), and we report medians.
 
-    python -m zoo.recipes.experiments.recipe_overhead                      # poolformer_tiny on digits, batch 64
-    python -m zoo.recipes.experiments.recipe_overhead --model poolformer_s12 --batch-size 32 --steps 12
+    python -m experiments.recipe_overhead                      # poolformer_tiny on digits, batch 64
+    python -m experiments.recipe_overhead --model poolformer_s12 --batch-size 32 --steps 12
 """
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """Detection benchmarks: the detector on three zoo backbones of similar MACs, and COCO mAP evaluation speed.
 
-    python -m zoo.eval.detection_bench backbones --db zoo-results.db   # the backbone table (issue 16)
-    python -m zoo.eval.detection_bench eval                            # faster-coco-eval vs pycocotools
+    python -m benchmarks.detection_bench backbones --db zoo-results.db   # the backbone table (issue 16)
+    python -m benchmarks.detection_bench eval                            # faster-coco-eval vs pycocotools
 
 ``backbones``: one row per detection config (default: ``poolformer_shapes_det``, ``metaformer_shapes_det`` and
 ``resnet_shapes_det`` in ``recipes/configs/detection/``: the same YOLOv8 neck, head, data and schedule on three
@@ -33,9 +33,9 @@ import torch
 import zoo
 from zoo.detection import DetectionLoss
 
-from .detection import coco_map
-from .profile import benchmark, count_macs, fingerprint, interleave
-from .results.schema import ResultsDBError
+from zoo.eval.detection import coco_map
+from zoo.eval.profile import benchmark, count_macs, fingerprint, interleave
+from zoo.eval.results.schema import ResultsDBError
 
 BACKBONE_CONFIGS = ('poolformer_shapes_det.yaml', 'metaformer_shapes_det.yaml', 'resnet_shapes_det.yaml')
 
@@ -93,7 +93,7 @@ def train_step(model: torch.nn.Module, batch: int, size: int):
 
 def existing_db(db) -> str | None:
     """The database URL for ``db`` (see ``results.resolve_url``), or None when disabled or a missing SQLite file."""
-    from .results import resolve_url
+    from zoo.eval.results import resolve_url
     url = resolve_url(db)
     if url is None or (url.startswith('sqlite:///') and not Path(url[len('sqlite:///'):]).is_file()):
         return None
@@ -102,7 +102,7 @@ def existing_db(db) -> str | None:
 
 def trained_map(db, name: str, model: torch.nn.Module, dataset: str | None, epochs: int | None) -> dict:
     """Final val/map and val/map50 of the newest finished fit run of this architecture (or empty)."""
-    from .results import open_db
+    from zoo.eval.results import open_db
     if existing_db(db) is None:
         return {}  # nothing trained yet (reading must not create a database)
     df = open_db(db).runs(model=name, task='detection', stage='fit', status='finished',
@@ -208,7 +208,7 @@ def _markdown(rows: list[dict]) -> str:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog='python -m zoo.eval.detection_bench', description=__doc__.split('\n\n')[0])
+    ap = argparse.ArgumentParser(prog='python -m benchmarks.detection_bench', description=__doc__.split('\n\n')[0])
     sub = ap.add_subparsers(dest='command', required=True)
     bb = sub.add_parser('backbones', help='params, MACs, training images/s, latency and trained mAP per backbone')
     bb.add_argument('configs', nargs='*', default=list(BACKBONE_CONFIGS),

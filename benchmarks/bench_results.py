@@ -1,7 +1,7 @@
 """Overhead of the results database: what recording costs a run, and what a query costs.
 
-    python -m zoo.eval.bench_results [--runs 500] [--epochs 10] [--tasks 2] [--db /tmp/bench.db]
-    python -m zoo.eval.bench_results --pgserver          # the same on a throw-away PostgreSQL (pgserver)
+    python -m benchmarks.bench_results [--runs 500] [--epochs 10] [--tasks 2] [--db /tmp/bench.db]
+    python -m benchmarks.bench_results --pgserver          # the same on a throw-away PostgreSQL (pgserver)
 
 Writes ``--runs`` synthetic runs the way ``ResultsCallback`` does (start, one metrics write per epoch
 with three metrics, the final metrics, one latency row, finish) into a fresh store, spread over
@@ -26,6 +26,8 @@ def main(argv=None) -> None:
     p.add_argument('--db', help='a new SQLite path or URL (default: a temporary file)')
     p.add_argument('--pgserver', action='store_true', help='run against a temporary PostgreSQL server (pgserver)')
     args = p.parse_args(argv)
+
+    import sqlalchemy as sa
 
     from zoo.eval import results as R
 
@@ -65,8 +67,8 @@ def main(argv=None) -> None:
             fn()
             ts.append(time.perf_counter() - t)
         queries[name] = statistics.median(ts)
-    size = os.path.getsize(R.sa.engine.make_url(db.url).database) if db.url.startswith('sqlite') else None
-    print(f'store {db._safe_url()}: open + migrate {t_open * 1000:.1f} ms')
+    size = os.path.getsize(sa.engine.make_url(db.url).database) if db.url.startswith('sqlite') else None
+    print(f'store {db.safe_url()}: open + migrate {t_open * 1000:.1f} ms')
     print(f'recording one run ({args.epochs} epochs, {writes} transactions): median '
           f'{statistics.median(per_run) * 1000:.2f} ms, {statistics.median(per_run) / writes * 1000:.2f} ms per write')
     for name, t in queries.items():

@@ -10,9 +10,9 @@ prints mean and 95 % t-interval over seeds as markdown, one group per (task, siz
 ``--cache DIR`` generates a seed's training windows once and keeps them as tensors, so the variants of that
 seed (possibly in other processes) train on the identical data without paying the Python generator again.
 
-    python -m zoo.recipes.experiments.canon_probe copy --N 32 --steps 3000 --seeds 0 1 2
-    python -m zoo.recipes.experiments.canon_probe depo --N 16 --K 4 --dim 64 --batch 16 --steps 1000 --seeds 0 --cache /tmp/probe
-    python -m zoo.recipes.experiments.canon_probe --table docs/measurements/canon_probe.jsonl
+    python -m experiments.canon_probe copy --N 32 --steps 3000 --seeds 0 1 2
+    python -m experiments.canon_probe depo --N 16 --K 4 --dim 64 --batch 16 --steps 1000 --seeds 0 --cache /tmp/probe
+    python -m experiments.canon_probe --table docs/measurements/canon_probe.jsonl
 """
 from __future__ import annotations
 

@@ -6,7 +6,7 @@
    (KV cache / recurrent state + Canon windows, one token per step) and uncached (re-runs the prefix at
    every step), interleaved).
 
-    python -m zoo.eval.canon_bench --out docs/measurements/canon_bench.json
+    python -m benchmarks.canon_bench --out docs/measurements/canon_bench.json
 """
 from __future__ import annotations
 
@@ -79,7 +79,7 @@ def throughput(depth: int, dim: int, t: int, batch: int, gen_tokens: int, repeat
     return rows
 
 
-def main():
+def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument('--T', type=int, default=512)
     p.add_argument('--repeats', type=int, default=7)
@@ -88,15 +88,22 @@ def main():
     p.add_argument('--gen', type=int, default=64, help='generation: new tokens (greedy)')
     p.add_argument('--scans-only', action='store_true', help='only the chunked-scan comparison')
     p.add_argument('--out', type=Path, default=None)
-    args = p.parse_args()
+    p.add_argument('--smoke', action='store_true',
+                   help='toy sizes (T=64, one 1-layer d32 model per family, 1 repeat; overrides --T, --repeats, '
+                        '--prompt, --gen): checks that it runs, its figures mean nothing')
+    args = p.parse_args(argv)
+    lm_sizes, lm_t, lm_batch = ((2, 64), (4, 256)), 256, 8
+    if args.smoke:
+        args.T, args.repeats, args.prompt, args.gen = 64, 1, 4, 4
+        lm_sizes, lm_t, lm_batch = ((1, 32),), 32, 2
     torch.set_num_threads(args.threads)
     res = {'threads': args.threads, 'torch': torch.__version__, 'load_before': os.getloadavg(),
            'scans': scans(args.T, args.repeats), 'lm': []}
     for r in res['scans']:
         print(f"{r['scan']}: T={r['T']} max|diff|={r['max_abs_diff']:.2e} recurrent {r['recurrent_ms']:.1f} ms "
               f"chunked {r['chunked_ms']:.1f} ms  x{r['speedup']:.1f}", flush=True)
-    for depth, dim in () if args.scans_only else ((2, 64), (4, 256)):
-        rows = throughput(depth, dim, 256, 8, args.gen, args.repeats, args.prompt)
+    for depth, dim in () if args.scans_only else lm_sizes:
+        rows = throughput(depth, dim, lm_t, lm_batch, args.gen, args.repeats, args.prompt)
         res['lm'] += rows
         for r in rows:
             print(f"{r['model']:12s} {depth}L d{dim}: train {r['train_tokens_per_s']:8.0f} tok/s  "

@@ -2,12 +2,12 @@
 
 Three subcommands, one target each (run from the repository root; ``--threads`` sets torch's threads):
 
-    python -m zoo.eval.scan_bench scan    # (a) the scan at mamba_yolo_t's stride-4 stage: forward and
-                                          #     forward + backward vs the sequential reference, chunk sweep
-    python -m zoo.eval.scan_bench model   # (b) mamba_yolo_t at 320 / 640 px, batch 1, eval: chunked scan vs
-                                          #     the per-step loop scan vs a conv-backbone YOLO of equal MACs
-    python -m zoo.eval.scan_bench share   # (c) the share of mamba_yolo_t's eval time inside SS2D and inside
-                                          #     the selective scan
+    python -m benchmarks.scan_bench scan    # (a) the scan at mamba_yolo_t's stride-4 stage: forward and
+                                            #     forward + backward vs the sequential reference, chunk sweep
+    python -m benchmarks.scan_bench model   # (b) mamba_yolo_t at 320 / 640 px, batch 1, eval: chunked scan vs
+                                            #     the per-step loop scan vs a conv-backbone YOLO of equal MACs
+    python -m benchmarks.scan_bench share   # (c) the share of mamba_yolo_t's eval time inside SS2D and inside
+                                            #     the selective scan
 
 Times on a shared machine move; ratios of candidates measured interleaved (A, B, A, B, ...) in one process
 (``zoo.eval.profile.interleave``) are what to compare. Errors are measured against the sequential scan in
@@ -23,7 +23,7 @@ import time
 import torch
 from torch import nn
 
-from zoo.eval.profile import _step_fn, count_macs, interleave
+from zoo.eval.profile import count_macs, interleave, make_step
 from zoo.layers.selective_scan import _auto_chunk, selective_scan
 
 # The conv-backbone comparison of `model`: YOLOv8's PAFPN neck and head (the same as every zoo detector) on a
@@ -88,7 +88,7 @@ def scan_rows(size: int = 320, stride: int = 4, chunks=(32, 64, 128, 256, 512), 
     print(f'# L={length} KD={kd} N=16 groups=4 batch=1 float32; auto chunk={auto} (*); err = max |y - y_float64|, '
           f'max |y_float64| = {truth.abs().max().item():.1f}')
     for mode in modes:
-        times = interleave({k: _step_fn(m, u, mode) for k, m in cases.items()}, repeats=repeats, warmup=1)
+        times = interleave({k: make_step(m, u, mode) for k, m in cases.items()}, repeats=repeats, warmup=1)
         base = statistics.median(times['sequential'])
         for k, t in times.items():
             rows.append(_print(dict(mode='forward' if mode == 'inference' else 'forward+backward', case=k,
@@ -116,7 +116,7 @@ def model_rows(sizes=(320, 640), repeats: int = 5, loop_repeats: int = 1, conv: 
     slow = {'mamba_yolo_t/loop': _mamba('sequential')}
     for size in sizes:
         x = torch.randn(1, 3, size, size)
-        steps = {k: _step_fn(m, x, 'inference') for k, m in {**fast, **slow}.items()}
+        steps = {k: make_step(m, x, 'inference') for k, m in {**fast, **slow}.items()}
         times = interleave({k: steps[k] for k in fast}, repeats=0, warmup=1)      # warm-up of the fast ones
         for k, t in interleave(steps, repeats=loop_repeats, warmup=0).items():
             times[k] = t

@@ -1,12 +1,12 @@
 """PIIP benchmarks (issue 18): the deformable cross-attention core and the PIIP models, on the CPU.
 
-    python -m zoo.eval.piip_bench deform            # batched grid_sample core vs one grid_sample per head
-    python -m zoo.eval.piip_bench models            # params, MACs, latency: piip_tsb vs ViT-B and its branches,
-                                                    # piip_tiny vs its single-branch baseline
-    python -m zoo.eval.piip_bench models --macs-only
-    python -m zoo.eval.piip_bench compare --db docs/measurements/piip_compare.db [--measure]
-                                                    # the CPU-scale comparison runs side by side: accuracy / mAP
-                                                    # over seeds, params, MACs, latency (--measure: time now)
+    python -m benchmarks.piip_bench deform            # batched grid_sample core vs one grid_sample per head
+    python -m benchmarks.piip_bench models            # params, MACs, latency: piip_tsb vs ViT-B and its branches,
+                                                       # piip_tiny vs its single-branch baseline
+    python -m benchmarks.piip_bench models --macs-only
+    python -m benchmarks.piip_bench compare --db docs/measurements/piip_compare.db [--measure]
+                                                       # the CPU-scale comparison runs side by side: accuracy / mAP
+                                                       # over seeds, params, MACs, latency (--measure: time now)
 
 MACs: ``zoo.eval.profile.count_macs`` (torch's FlopCounterMode: linears, convs, attention matmuls) plus the
 bilinear sampling, which the counter does not see: 5 MACs per sampled channel (4 corner products and the
@@ -30,7 +30,7 @@ from torch import nn
 
 from zoo.layers.deform_attn import DeformCrossAttention, deform_attn_core
 
-from .profile import benchmark, count_macs, count_params
+from zoo.eval.profile import benchmark, count_macs, count_params
 
 
 def per_head_core(value, value_grid, locations, weights):
@@ -213,8 +213,8 @@ def compare_table(db: str, measure: bool = False, repeats: int = 30, threads: in
     on a shared machine)."""
     import pandas as pd
 
-    from .profile import fingerprint
-    from .results import open_db, t_interval
+    from zoo.eval.profile import fingerprint
+    from zoo.eval.results import open_db, t_interval
 
     store = open_db(db)
     runs = store.runs(status='finished', stage='fit')
@@ -297,7 +297,7 @@ def format_compare(rows, db: str) -> str:
     if loads:
         lines.append('\nload average while timing (before, after): ' + '; '.join(f'{a:.2f}, {b:.2f}' for a, b in loads))
     if any('latency_ms' not in r for r in rows):
-        lines.append(f'\nlatency to be measured on a quiet machine: python -m zoo.eval.piip_bench compare --db {db} '
+        lines.append(f'\nlatency to be measured on a quiet machine: python -m benchmarks.piip_bench compare --db {db} '
                      '--measure')
     return '\n'.join(lines)
 

@@ -6,7 +6,7 @@ step (VmHWM reset before the step, minus the RSS before it), and the step time (
 process, median over repeats. ``mmengine`` is mmengine's efficient ConvBN (``turn_on_efficient_conv_bn_eval``)
 on the same model, for reference.
 
-    python -m zoo.eval.convbn_bench --batch 32 --size 224 --repeats 5
+    python -m benchmarks.convbn_bench --batch 32 --size 224 --repeats 5
 """
 from __future__ import annotations
 
@@ -16,13 +16,15 @@ import json
 import statistics
 import subprocess
 import sys
+from pathlib import Path
 
 import torch
 from torch import nn
 
-from .profile import _proc_status_kib, interleave, peak_memory_mb, reset_peak_memory
+from zoo.eval.profile import interleave, peak_memory_mb, reset_peak_memory, resident_memory_mb
 
 MODES = ('eval', 'tune', 'mmengine', 'deploy')
+ROOT = Path(__file__).resolve().parents[1]       # the checkout: the child runs as `python -m benchmarks.convbn_bench`
 
 
 def build(mode: str, seed: int = 0) -> nn.Module:
@@ -78,7 +80,7 @@ def peak_rss_child(mode: str, batch: int, size: int) -> None:
     x, y = torch.randn(batch, 3, size, size), torch.randint(0, 1000, (batch,))
     step = make_step(model, x, y)
     step()  # first step allocates optimizer state; measure the second
-    base = _proc_status_kib('VmRSS') / 1024
+    base = resident_memory_mb()
     reset_peak_memory()  # the kernel's peak-RSS mark (VmHWM) to now
     step()
     peak = peak_memory_mb()
@@ -86,8 +88,8 @@ def peak_rss_child(mode: str, batch: int, size: int) -> None:
 
 
 def rss_of(mode: str, batch: int, size: int) -> dict:
-    out = subprocess.run([sys.executable, '-m', 'zoo.eval.convbn_bench', '--_child', mode, '--batch', str(batch),
-                          '--size', str(size)], capture_output=True, text=True, check=True)
+    out = subprocess.run([sys.executable, '-m', 'benchmarks.convbn_bench', '--_child', mode, '--batch', str(batch),
+                          '--size', str(size)], capture_output=True, text=True, check=True, cwd=ROOT)
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
@@ -99,39 +101,42 @@ def main(argv=None) -> dict:
     ap.add_argument('--threads', type=int, default=1)
     ap.add_argument('--no-rss', action='store_true', help='skip the per-mode peak-memory subprocesses')
     ap.add_argument('--rss-only', action='store_true', help='only the per-mode peak-memory subprocesses')
+    ap.add_argument('--modes', nargs='+', choices=MODES, default=list(MODES),
+                    help='the modes to compare (default: all; eval, the baseline of the ratios, is always included)')
     ap.add_argument('--_child', default=None, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args._child:
         return peak_rss_child(args._child, args.batch, args.size)
     torch.set_num_threads(args.threads)
+    modes = [m for m in MODES if m == 'eval' or m in args.modes]
     if args.rss_only:
-        for m in MODES:
+        for m in modes:
             print(m, rss_of(m, args.batch, args.size))
         return {}
     x = torch.randn(args.batch, 3, args.size, args.size)
     y = torch.randint(0, 1000, (args.batch,), generator=torch.Generator().manual_seed(0))
-    models = {m: build(m) for m in MODES}
+    models = {m: build(m) for m in modes}
     for name, model in models.items():
         if name != 'mmengine':
             model.train()  # what a training loop does; the modes are sticky
     res = {m: {'saved_mib': saved_bytes(copy.deepcopy(models[m]) if m == 'deploy' else models[m], x, y) / 2**20}
-           for m in MODES}
+           for m in modes}
     with torch.no_grad():  # all modes compute the same function (deploy: folded once)
         ref = models['eval'](x)
-        for m in MODES:
+        for m in modes:
             res[m]['max_diff_vs_eval'] = (models[m](x) - ref).abs().max().item()
-    steps = {m: make_step(models[m], x, y) for m in MODES}
+    steps = {m: make_step(models[m], x, y) for m in modes}
     for m, times in interleave(steps, args.repeats, warmup=1).items():
         res[m]['step_s'] = statistics.median(times) / 1e3
     if not args.no_rss:
-        for m in MODES:
+        for m in modes:
             res[m].update(rss_of(m, args.batch, args.size))
     e = res['eval']
     print(f'ResNet-50 (torchvision, random weights) fine-tuning step, batch {args.batch}, {args.size}x{args.size}, '
           f'CPU, {args.threads} thread(s), median of {args.repeats}')
     print(f'{"mode":10s} {"saved MiB":>10s} {"x eval":>7s} {"step s":>8s} {"x eval":>7s} {"peak MiB":>9s} '
           f'{"x eval":>7s} {"max|diff|":>10s}')
-    for m in MODES:
+    for m in modes:
         r = res[m]
         peak = f'{r["step_mib"]:9.0f} {r["step_mib"] / max(e["step_mib"], 1e-9):7.3f}' if 'step_mib' in r else f'{"-":>9s} {"-":>7s}'
         print(f'{m:10s} {r["saved_mib"]:10.1f} {r["saved_mib"] / e["saved_mib"]:7.3f} {r["step_s"]:8.3f} '

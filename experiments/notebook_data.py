@@ -6,9 +6,9 @@ that export *for real*: it trains every registered token mixer in the MetaFormer
 digits recipe (``zoo fit ... --seeds``), times all of them interleaved in one process (batch 1 and 64,
 1 thread; ``eval.profile.benchmark``), records both in a results database and exports the tables.
 
-    python -m zoo.recipes.experiments.notebook_data                      # train + latency + export
-    python -m zoo.recipes.experiments.notebook_data --latency-only       # re-time on a quiet machine
-    python -m zoo.recipes.experiments.notebook_data --mixers pooling,attention --seeds 0
+    python -m experiments.notebook_data                      # train + latency + export
+    python -m experiments.notebook_data --latency-only       # re-time on a quiet machine
+    python -m experiments.notebook_data --mixers pooling,attention --seeds 0
 
 Training is seed-major (seed 0 of every mixer, then seed 1, ...), so an interrupted run still covers
 every mixer; a (mixer, seed) already finished in the database is skipped, so re-running resumes.
@@ -26,7 +26,7 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT / 'notebooks' / 'data'
 CONFIG = 'recipes/configs/poolformer/poolformer_tiny_digits_15e.yaml'
 MODEL = 'metaformer_tiny'
@@ -142,8 +142,8 @@ def export(db: str, out: Path = DATA) -> None:
 def export_conv(out: Path = DATA) -> None:
     """The convolution-block measurements already under docs/measurements/ as tidy CSV.
 
-    They come from ``python -m zoo.recipes.experiments.denoising_compare --seeds 0 1 2 --steps {40,150} --out
-    docs/measurements/dncnn_compare[_150].md`` and ``python -m zoo.eval.convbn_bench --batch 32 --size 224
+    They come from ``python -m experiments.denoising_compare --seeds 0 1 2 --steps {40,150} --out
+    docs/measurements/dncnn_compare[_150].md`` and ``python -m benchmarks.convbn_bench --batch 32 --size 224
     --repeats 5`` (quiet machine: ``convbn_bench_quiet.txt``; under load: ``convbn_bench.txt``)."""
     import re
 

@@ -5,7 +5,7 @@ For every seed, trains ``--model`` once with ``conv_layer='standard'`` and once 
 photographs at ``--sigma``. Prints a table (mean and 95% t-interval over seeds, and the per-seed
 difference) and, with ``--out``, writes it as Markdown (an existing file is never overwritten).
 
-    python -m zoo.recipes.experiments.denoising_compare --seeds 0 1 2 --steps 300 --out docs/measurements/dncnn_compare.md
+    python -m experiments.denoising_compare --seeds 0 1 2 --steps 300 --out docs/measurements/dncnn_compare.md
 """
 from __future__ import annotations
 

@@ -7,7 +7,7 @@ docs/mlp.md).
 All models of one batch size run in one process, interleaved (A, B, C, A, B, C, ...), so machine noise
 hits them alike; figures are medians over the repeats and ratios against the paired PoolFormer.
 
-    python -m zoo.eval.bench_mlp --batch-sizes 1 16 --repeats 5 --markdown
+    python -m benchmarks.bench_mlp --batch-sizes 1 16 --repeats 5 --markdown
 """
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ import torch
 
 import zoo
 
-from .profile import benchmark, count_macs, count_params
+from zoo.eval.profile import benchmark, count_macs, count_params
 
 # Each model and the PoolFormer it is compared with (similar MACs at 224).
 PAIRS = {
@@ -71,7 +71,7 @@ def main(argv=None) -> None:
     if args.markdown:
         print(markdown(rows))
     else:
-        from .bench import print_table
+        from zoo.eval.bench import print_table
         print_table(rows)
 
 
