@@ -31,7 +31,6 @@ from pathlib import Path
 import torch
 
 import zoo
-from zoo.detection import DetectionLoss
 
 from zoo.eval.detection import coco_map
 from zoo.eval.profile import benchmark, count_macs, fingerprint, interleave
@@ -76,7 +75,7 @@ def read_config(path: str | Path) -> tuple[str, dict]:
 
 def train_step(model: torch.nn.Module, batch: int, size: int):
     """One optimisation step of the detector on a fixed random batch (forward, loss, backward, AdamW)."""
-    loss_fn = DetectionLoss(model.head)
+    loss_fn = model.head.loss
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
     x = torch.rand(batch, 3, size, size)
     box = torch.tensor([[0.1, 0.1, 0.3, 0.4], [0.5, 0.5, 0.9, 0.8], [0.2, 0.6, 0.35, 0.75]]) * size
@@ -84,7 +83,7 @@ def train_step(model: torch.nn.Module, batch: int, size: int):
 
     def step():
         model.train()
-        loss, _ = loss_fn(model(x), targets)
+        loss, _ = loss_fn(model.forward_raw(x), targets)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()

@@ -112,23 +112,19 @@ def run(names: list[str], vs: str | None = None, batch_sizes=(1,), img_size: int
 
 
 # ------------------------------------------------------------------------------- re-measure a results database
-_CREATE_KEYS = ('num_classes', 'in_chans', 'vocab_size')      # hparams a system passes to zoo.create beside model_args
-
-
 def recorded_networks(db, task: str | None = None, dataset: str | None = None, model: str | None = None,
                       warn=None) -> list[dict]:
     """The distinct networks of a database's finished runs (one per architecture fingerprint, or per model
     name for runs without one): ``{'name', 'label', 'model', 'input_size', 'task', 'fingerprint'}``, each
-    rebuilt from the newest run's recorded ``model_args`` (and num_classes / in_chans / vocab_size) and
-    checked against the recorded fingerprint; a network that cannot be rebuilt exactly is skipped with a
-    line to ``warn``. The input shape is the one measured after that architecture's training (the shape
-    it was trained at), else the registry's."""
+    rebuilt from the newest run's recorded network spec (``hparams['network']``: the registered name, the
+    arguments ``zoo.create`` built it with and one sample's input size, which every zoo system records) and
+    checked against the recorded fingerprint; a run without a spec, or whose network cannot be rebuilt exactly,
+    is skipped with a line to ``warn``."""
     from .results import open_db
 
     warn = warn or (lambda msg: print(msg, file=sys.stderr))
     store = open_db(db, create=False)
     runs = store.runs(model=model, task=task, dataset=dataset, status='finished')
-    lat = store.latency()
     out, seen = [], set()
     for _, r in runs.sort_values('id', ascending=False).iterrows():
         fp = r.arch_fingerprint if isinstance(r.arch_fingerprint, str) else None
@@ -136,44 +132,26 @@ def recorded_networks(db, task: str | None = None, dataset: str | None = None, m
         if key in seen:
             continue
         seen.add(key)
-        hp = r.hparams if isinstance(r.hparams, dict) else {}
-        args = dict(hp.get('model_args') or {})
-        kwargs = {k: hp[k] for k in _CREATE_KEYS if hp.get(k) is not None}
+        spec = (r.hparams if isinstance(r.hparams, dict) else {}).get('network')
+        if not isinstance(spec, dict) or not spec.get('name'):
+            warn(f'zoo bench: skipped {r.model} (run {r.id}): it recorded no network spec (a run of a system that '
+                 f'is not a zoo ZooSystem, or recorded before they did)')
+            continue
+        kwargs = dict(spec.get('kwargs') or {})
         try:
-            net = zoo.create(r.model, **kwargs, **args).eval()
+            net = zoo.create(spec['name'], **kwargs).eval()
         except (KeyError, ValueError, TypeError) as e:
             warn(f'zoo bench: skipped {r.model} (run {r.id}): cannot rebuild it: {e}')
             continue
         if fp and fingerprint(net) != fp:
-            warn(f'zoo bench: skipped {r.model} (run {r.id}): rebuilt from its recorded arguments it is not the '
-                 f'recorded network (fingerprint {fingerprint(net)} != {fp})')
+            warn(f'zoo bench: skipped {r.model} (run {r.id}): rebuilt from its recorded spec it is not the recorded '
+                 f'network (fingerprint {fingerprint(net)} != {fp})')
             continue
-        size = _trained_input_size(r, kwargs, lat[(lat.arch_fingerprint == fp) if fp else (lat.model == r.model)])
-        label = r.model + (f' ({", ".join(f"{k}={v}" for k, v in sorted(args.items()))})' if args else '')
+        size = tuple(spec.get('input_size') or input_size_of(spec['name'], None))
+        shown = {k: v for k, v in kwargs.items() if k not in ('num_classes', 'in_chans', 'img_size', 'vocab_size')}
+        label = r.model + (f' ({", ".join(f"{k}={v}" for k, v in sorted(shown.items()))})' if shown else '')
         out.append(dict(name=r.model, label=label, model=net, input_size=size, task=r.task, fingerprint=fp))
     return out
-
-
-def _trained_input_size(run, create_kwargs: dict, records) -> tuple:
-    """The shape one sample had in training: the after-training latency record's, else the data module's
-    ``img_size``/``context_length`` from the resolved config with the run's ``in_chans``, else the registry's."""
-    own = records[records.run_id.notna()]
-    shapes = (own if not own.empty else records).input_shape
-    if len(shapes):
-        return tuple(int(s) for s in shapes.iloc[-1].split('x'))
-    size = list(input_size_of(run.model, None))
-    data = (run.config or {}).get('data') if isinstance(run.config, dict) else None
-    data = (data.get('init_args') or data) if isinstance(data, dict) else {}
-    if len(size) == 1 and isinstance(data.get('context_length'), int):
-        return (data['context_length'],)
-    if len(size) == 3:
-        img = data.get('img_size')
-        if isinstance(img, int):
-            size[1:] = [img, img]
-        elif isinstance(img, (list, tuple)) and len(img) == 2:
-            size[1:] = list(img)
-        size[0] = create_kwargs.get('in_chans') or size[0]
-    return tuple(size)
 
 
 def remeasure(db, task: str | None = None, dataset: str | None = None, model: str | None = None,

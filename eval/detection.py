@@ -2,7 +2,10 @@
 
 Scoring is COCOeval's own (101-point interpolated precision, greedy matching by score, IoU 0.50:0.05:0.95,
 100 detections per image, crowd boxes ignored), run by faster-coco-eval (C++, the default) or by pycocotools
-(the official implementation). Both build the ground truth in memory; nothing is written to disk.
+(the official implementation). Both build the ground truth in memory; nothing is written to disk. Training
+runs accumulate mAP with torchmetrics' ``MeanAveragePrecision`` (the same faster-coco-eval scoring, gathered
+across processes by torchmetrics; ``recipes/detection.py``); ``coco_map`` scores whole prediction sets (a
+``predictions.json``, the tests' references).
 
     >>> from zoo.eval.detection import coco_map
     >>> coco_map(preds, targets)['map50']      # preds/targets: one dict per image (xyxy pixel boxes)
@@ -20,12 +23,16 @@ from collections.abc import Sequence
 
 import numpy as np
 
-__all__ = ['STATS', 'coco_map', 'coco_ground_truth', 'coco_detections', 'MeanAveragePrecision']
+__all__ = ['STATS', 'IOU_THRESHOLDS', 'REC_THRESHOLDS', 'coco_map', 'coco_ground_truth', 'coco_detections']
 
 # The twelve numbers of COCOeval.stats, in order.
 STATS = ('map', 'map50', 'map75', 'map_small', 'map_medium', 'map_large',
          'mar_1', 'mar_10', 'mar_100', 'mar_small', 'mar_medium', 'mar_large')
 BACKENDS = ('faster_coco_eval', 'pycocotools')
+# COCOeval's own thresholds, in float64 as its Params builds them: an evaluator given float32 ones (torchmetrics'
+# default) scores a pair at IoU 0.75 differently from COCOeval now and then.
+IOU_THRESHOLDS = np.linspace(0.5, 0.95, int(np.round((0.95 - 0.5) / 0.05)) + 1, endpoint=True).tolist()
+REC_THRESHOLDS = np.linspace(0.0, 1.00, int(np.round((1.00 - 0.0) / 0.01)) + 1, endpoint=True).tolist()
 
 
 def _np(x, dtype=np.float64, shape=None) -> np.ndarray:
@@ -111,38 +118,3 @@ def coco_map(preds: Sequence[dict], targets: Sequence[dict], num_classes: int | 
         ev.summarize()
     # as COCOeval reports them: -1 where an area range holds no ground truth
     return {k: float(v) for k, v in zip(STATS, ev.stats)}
-
-
-class MeanAveragePrecision:
-    """Accumulate per-image predictions and targets over an epoch, then :func:`coco_map` them.
-
-    ``update(preds, targets)`` takes lists of dicts (tensors are moved to the CPU); ``compute()`` scores
-    everything seen; ``reset()`` empties. Lightning-free; the recipe gathers across processes itself.
-    """
-
-    def __init__(self, num_classes: int | None = None, backend: str = 'faster_coco_eval'):
-        if backend not in BACKENDS:
-            raise ValueError(f'unknown mAP backend {backend!r}; expected one of {", ".join(BACKENDS)}')
-        self.num_classes, self.backend = num_classes, backend
-        self.preds: list[dict] = []
-        self.targets: list[dict] = []
-
-    @staticmethod
-    def _cpu(d: dict) -> dict:
-        return {k: (v.detach().cpu() if hasattr(v, 'detach') else v) for k, v in d.items()}
-
-    def update(self, preds: Sequence[dict], targets: Sequence[dict]) -> None:
-        if len(preds) != len(targets):
-            raise ValueError(f'{len(preds)} predictions but {len(targets)} targets')
-        self.preds += [self._cpu(p) for p in preds]
-        self.targets += [self._cpu({k: t[k] for k in ('boxes', 'labels', 'iscrowd', 'area') if k in t})
-                         for t in targets]
-
-    def compute(self) -> dict[str, float]:
-        return coco_map(self.preds, self.targets, self.num_classes, backend=self.backend)
-
-    def reset(self) -> None:
-        self.preds, self.targets = [], []
-
-    def __len__(self) -> int:
-        return len(self.preds)

@@ -26,7 +26,7 @@ def run_one(model: str, conv_layer: str, den, seed: int, steps: int, batch_size:
 
     seed_everything(seed, verbose=False)
     args = {'conv_layer': conv_layer, **({'den': list(den)} if conv_layer == 'weighted' else {})}
-    system = Denoiser(model, model_args=args, sigma=sigma, lr=lr)
+    system = Denoiser(model, model_args=args, sigma=sigma, optimizer=lambda p: torch.optim.Adam(p, lr=lr))
     data = PhotoPatchesDataModule(patch_size=patch_size, batch_size=batch_size, patches_per_epoch=steps * batch_size,
                                   max_side=max_side, seed=seed)
     trainer = Trainer(max_epochs=1, accelerator='cpu', devices=1, logger=False, enable_checkpointing=False,

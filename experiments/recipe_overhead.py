@@ -27,7 +27,7 @@ def _plain_steps(system, dm, steps: int, clip: float) -> list[float]:
     model = system.model.train()
     hp = system.hparams
     from zoo.recipes import optim
-    opt = torch.optim.AdamW(optim.param_groups(model, hp.weight_decay), lr=hp.lr)
+    opt = torch.optim.AdamW(optim.param_groups(model, 0.05), lr=1e-3)  # the optimizer main() gives the recipe
     sched = optim.scheduler(opt, steps)
     starts, step = [], 0
     while step < steps:
@@ -68,7 +68,7 @@ def _recipe_steps(system, dm, steps: int, clip: float, log_every: int) -> list[f
         warnings.simplefilter('ignore')
         trainer = Trainer(accelerator='cpu', devices=1, max_steps=steps, limit_val_batches=0, gradient_clip_val=clip,
                           log_every_n_steps=log_every, logger=CSVLogger(tmp, name='', version=''),
-                          callbacks=[*default_callbacks(tmp), clock], enable_model_summary=False,
+                          callbacks=[*default_callbacks(tmp, 'val/acc1', 'max'), clock], enable_model_summary=False,
                           enable_progress_bar=True, num_sanity_val_steps=0)
         trainer.fit(system, datamodule=dm)
     return clock.starts
@@ -92,7 +92,8 @@ def main(argv=None) -> None:
     dm = DigitsDataModule(batch_size=args.batch_size, img_size=args.img_size)
     dm.setup('fit')
     torch.manual_seed(0)
-    base = ImageClassifier(args.model, num_classes=10, in_chans=1, lr=1e-3, label_smoothing=0.1)
+    base = ImageClassifier(args.model, num_classes=10, in_chans=1, label_smoothing=0.1,
+                           optimizer=lambda p: torch.optim.AdamW(p, lr=1e-3, weight_decay=0.05))
     plain, recipe = [], []
     for r in range(args.rounds):
         for kind in (('plain', 'recipe') if r % 2 == 0 else ('recipe', 'plain')):  # alternate who goes first

@@ -5,9 +5,10 @@ ultralytics; AGPL-3.0, so nothing is imported or copied from it) and in Mamba-YO
 https://github.com/HZAI-ZJNU/Mamba-YOLO), whose published parameter counts include this head. Distribution
 focal loss: Li et al., "Generalized Focal Loss" (NeurIPS 2020, arXiv 2006.04388).
 
-Blocks (all NCHW):
+Blocks (all NCHW; every Conv + BatchNorm pair is one :class:`~zoo.layers.convbn.ConvBN`, so ``set_mode``
+switches it, and ``conv_layer`` builds every convolution wider than 1x1, e.g. the weighted convolution):
 
-- :class:`ConvBNAct` -- Conv2d (no bias) + BatchNorm (eps 1e-3, momentum 0.03) + SiLU ("Conv" in YOLOv8).
+- :class:`ConvBNAct` -- Conv (no bias) + BatchNorm (eps 1e-3, momentum 0.03) + SiLU ("Conv" in YOLOv8).
 - :class:`Bottleneck` -- two 3x3 ConvBNActs, optional residual.
 - :class:`C2f` -- 1x1 conv to 2c, split, n bottlenecks chained on the second half, every intermediate
   concatenated, 1x1 conv to the output width.
@@ -17,51 +18,59 @@ Blocks (all NCHW):
 - :class:`DFL` -- softmax over ``reg_max`` bins, then the expectation (a fixed 1x1 conv with weights 0..reg_max-1).
 - :class:`DetectHead` -- per level a box branch (3x3, 3x3, 1x1 to 4*reg_max) and a class branch
   (3x3, 3x3, 1x1 to nc); widths c2 = max(16, ch0 // 4, 4 * reg_max), c3 = max(ch0, min(nc, 100)).
-  ``forward`` gives the raw maps, ``decode`` boxes (xyxy, input pixels) and class probabilities.
+  ``forward`` gives the raw maps, ``decode`` boxes (xyxy, input pixels) and class probabilities, ``loss``
+  YOLOv8's loss (task-aligned assignment, BCE, CIoU, DFL) and ``predict`` the detections of each image after
+  NMS, in the pixels of its file.
 
 Helpers: :func:`make_anchors` (cell centres, offset 0.5, and the stride per anchor), :func:`dist2bbox` and
-:func:`bbox2dist` (left-top-right-bottom distances <-> xyxy boxes).
+:func:`bbox2dist` (left-top-right-bottom distances <-> xyxy boxes), :func:`nms` (class-aware, per image) and
+:func:`unletterbox` (input pixels -> the file's, from the data's letterbox metadata).
 """
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable, Sequence
 
 import torch
+import torch.nn.functional as F
 from einops import rearrange
 from torch import nn
 
 from ._registry import register
+from .assign import TaskAlignedAssigner, ciou, pad_targets
+from .convbn import ConvBN
 
 __all__ = ['ConvBNAct', 'Bottleneck', 'C2f', 'SPPF', 'PAFPN', 'DFL', 'DetectHead', 'make_anchors', 'dist2bbox',
-           'bbox2dist']
+           'bbox2dist', 'nms', 'unletterbox']
 
 BN_EPS, BN_MOMENTUM = 1e-3, 0.03  # YOLOv8's BatchNorm settings (its initialize_weights)
 
 
 class ConvBNAct(nn.Module):
-    """Conv2d without bias, BatchNorm, SiLU; ``padding`` defaults to 'same' for odd kernels."""
+    """Conv without bias + BatchNorm (one :class:`ConvBN`) + SiLU; ``padding`` defaults to 'same' for odd kernels;
+    ``conv_layer`` builds convolutions wider than 1x1."""
 
     def __init__(self, in_chs: int, out_chs: int, kernel_size: int = 1, stride: int = 1, padding: int | None = None,
-                 groups: int = 1, act: bool = True):
+                 groups: int = 1, act: bool = True, conv_layer=None):
         super().__init__()
-        self.conv = nn.Conv2d(in_chs, out_chs, kernel_size, stride, kernel_size // 2 if padding is None else padding,
-                              groups=groups, bias=False)
-        self.bn = nn.BatchNorm2d(out_chs, eps=BN_EPS, momentum=BN_MOMENTUM)
+        self.conv = ConvBN(in_chs, out_chs, kernel_size, stride, kernel_size // 2 if padding is None else padding,
+                           groups=groups, conv_layer=conv_layer if kernel_size > 1 else None, eps=BN_EPS,
+                           momentum=BN_MOMENTUM)
         self.act = nn.SiLU(inplace=True) if act else nn.Identity()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.act(self.bn(self.conv(x)))
+        return self.act(self.conv(x))
 
 
 class Bottleneck(nn.Module):
     """3x3 -> 3x3 ConvBNAct (hidden ``out_chs * expansion``), plus the input when ``shortcut`` and widths match."""
 
-    def __init__(self, in_chs: int, out_chs: int, shortcut: bool = True, expansion: float = 0.5):
+    def __init__(self, in_chs: int, out_chs: int, shortcut: bool = True, expansion: float = 0.5, conv_layer=None):
         super().__init__()
         hidden = int(out_chs * expansion)
-        self.cv1 = ConvBNAct(in_chs, hidden, 3)
-        self.cv2 = ConvBNAct(hidden, out_chs, 3)
+        self.cv1 = ConvBNAct(in_chs, hidden, 3, conv_layer=conv_layer)
+        self.cv2 = ConvBNAct(hidden, out_chs, 3, conv_layer=conv_layer)
         self.add = shortcut and in_chs == out_chs
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -76,12 +85,14 @@ class C2f(nn.Module):
     the second half, concat [half1, half2, b1, ..., bn] ((2 + n) c channels), 1x1 to ``out_chs``.
     """
 
-    def __init__(self, in_chs: int, out_chs: int, n: int = 1, shortcut: bool = False, expansion: float = 0.5):
+    def __init__(self, in_chs: int, out_chs: int, n: int = 1, shortcut: bool = False, expansion: float = 0.5,
+                 conv_layer=None):
         super().__init__()
         self.c = int(out_chs * expansion)
         self.cv1 = ConvBNAct(in_chs, 2 * self.c, 1)
         self.cv2 = ConvBNAct((2 + n) * self.c, out_chs, 1)
-        self.m = nn.ModuleList(Bottleneck(self.c, self.c, shortcut, expansion=1.0) for _ in range(n))
+        self.m = nn.ModuleList(Bottleneck(self.c, self.c, shortcut, expansion=1.0, conv_layer=conv_layer)
+                               for _ in range(n))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         ys = list(self.cv1(x).chunk(2, dim=1))  # (B, 2c, H, W) -> 2 x (B, c, H, W)
@@ -117,13 +128,12 @@ class PAFPN(nn.Module):
     with C5' = SPPF(C5) when ``sppf`` (YOLOv8 puts SPPF at the end of its backbone; zoo backbones lack it).
     ``in_channels=out_channels=(64, 128, 256)``, ``depth=1``, ``sppf=False`` is YOLOv8-n's neck exactly.
 
-    ``block(c_in, c_out, depth)`` builds the four fusion blocks (default :class:`C2f`): Mamba-YOLO's neck is
-    this PAFPN with its XSSBlock there (and SPPF inside its backbone). Any module with this interface (a list
-    of three maps in, a list out, ``out_channels``) can replace the whole neck.
+    ``block(c_in, c_out, depth)`` builds the four fusion blocks (default :class:`C2f`): Mamba-YOLO's neck
+    (``neck/xss_pafpn``, :mod:`zoo.layers.mamba`) is this PAFPN with its XSSBlock there.
     """
 
     def __init__(self, in_channels: Sequence[int], out_channels: Sequence[int] | None = None, depth: int = 1,
-                 sppf: bool = False, block: Callable[[int, int, int], nn.Module] | None = None):
+                 sppf: bool = False, block: Callable[[int, int, int], nn.Module] | None = None, conv_layer=None):
         super().__init__()
         if len(in_channels) != 3:
             raise ValueError(f'PAFPN takes three levels (strides 8, 16, 32), got in_channels={tuple(in_channels)}')
@@ -132,12 +142,12 @@ class PAFPN(nn.Module):
         self.in_channels, self.out_channels = tuple(in_channels), out_channels
         self.sppf = SPPF(c5, c5) if sppf else nn.Identity()
         self.up = nn.Upsample(scale_factor=2, mode='nearest')
-        block = block or C2f
+        block = block or functools.partial(C2f, conv_layer=conv_layer)  # block(c_in, c_out, depth)
         self.td4 = block(c5 + c4, o4, depth)
         self.td3 = block(o4 + c3, o3, depth)
-        self.down3 = ConvBNAct(o3, o3, 3, 2)
+        self.down3 = ConvBNAct(o3, o3, 3, 2, conv_layer=conv_layer)
         self.bu4 = block(o3 + o4, o4, depth)
-        self.down4 = ConvBNAct(o4, o4, 3, 2)
+        self.down4 = ConvBNAct(o4, o4, 3, 2, conv_layer=conv_layer)
         self.bu5 = block(o4 + c5, o5, depth)
 
     def forward(self, feats: Sequence[torch.Tensor]) -> list[torch.Tensor]:
@@ -197,23 +207,72 @@ def bbox2dist(anchor_points: torch.Tensor, bbox: torch.Tensor, max_dist: float) 
     return torch.cat((anchor_points - x1y1, x2y2 - anchor_points), -1).clamp_(0, max_dist)
 
 
+def unletterbox(boxes: torch.Tensor, meta: dict | None) -> torch.Tensor:
+    """xyxy boxes in network-input pixels -> the file's pixels, undoing the data's letterbox (input = file *
+    ``scale`` + ``pad``; ``meta`` holds ``scale`` (sx, sy), ``pad`` (left, top) and ``orig_size`` (H, W)),
+    clipped to the file. ``meta=None``: unchanged."""
+    if not meta:
+        return boxes
+    sx, sy = meta.get('scale', (1.0, 1.0))
+    px, py = meta.get('pad', (0, 0))
+    out = (boxes - boxes.new_tensor([px, py, px, py])) / boxes.new_tensor([sx, sy, sx, sy])
+    h, w = meta.get('orig_size', (None, None))
+    if h is not None:
+        out[:, 0::2] = out[:, 0::2].clamp(0, w)
+        out[:, 1::2] = out[:, 1::2].clamp(0, h)
+    return out
+
+
+def nms(y: torch.Tensor, conf: float = 0.25, iou: float = 0.7, max_det: int = 300, max_nms: int = 30000,
+        multi_label: bool = True) -> list[dict]:
+    """(B, 4 + nc, A) decoded outputs -> per-image dicts of ``boxes`` (N, 4) xyxy, ``scores``, ``labels``.
+
+    Class-aware NMS with ``torchvision.ops.batched_nms``. ``multi_label`` keeps every (box, class) pair above
+    ``conf`` (YOLOv8's validation setting, conf 0.001); otherwise each box keeps its best class.
+    """
+    from torchvision.ops import batched_nms  # lazily: keep `import zoo.layers` light
+    out = []
+    for pred in y.transpose(1, 2):  # (B, 4 + nc, A) -> per image (A, 4 + nc)
+        boxes, scores = pred[:, :4], pred[:, 4:]
+        if multi_label:
+            idx, labels = (scores > conf).nonzero(as_tuple=True)
+            boxes, scores = boxes[idx], scores[idx, labels]
+        else:
+            scores, labels = scores.max(1)
+            keep = scores > conf
+            boxes, scores, labels = boxes[keep], scores[keep], labels[keep]
+        if scores.numel() > max_nms:
+            top = scores.topk(max_nms).indices
+            boxes, scores, labels = boxes[top], scores[top], labels[top]
+        keep = batched_nms(boxes.float(), scores.float(), labels, iou)[:max_det]
+        out.append({'boxes': boxes[keep], 'scores': scores[keep], 'labels': labels[keep]})
+    return out
+
+
 @register('dense_head', 'yolov8', example=dict(in_channels=(8, 16, 16), num_classes=3, strides=(8, 16, 32)),
           example_input=((2, 8, 16, 16), (2, 16, 8, 8), (2, 16, 4, 4)))
 class DetectHead(nn.Module):
-    """YOLOv8's anchor-free decoupled head with DFL box regression.
+    """YOLOv8's anchor-free decoupled head with DFL box regression; it owns its loss and its prediction.
 
     Args:
         in_channels: channels of the input maps, one per level (e.g. the neck's P3, P4, P5).
         num_classes: object classes (no background class; scores are per-class sigmoids).
         strides: the stride of each input map from the image (8, 16, 32).
         reg_max: DFL bins per box side (distances 0..reg_max-1 in stride units).
+        conv_layer: builds the 3x3 convolutions (``nn.Conv2d`` by default).
+        box_gain, cls_gain, dfl_gain: the loss gains (YOLOv8: 7.5, 0.5, 1.5).
+        topk, alpha, beta: the task-aligned assigner (:class:`~zoo.layers.assign.TaskAlignedAssigner`).
+        conf, iou, max_det: ``predict``'s NMS defaults (YOLOv8's validation: 0.001, 0.7, 300).
 
     ``forward(maps)`` returns the raw maps, a list of (B, 4 * reg_max + nc, H_i, W_i).
     ``decode(maps)`` returns (B, 4 + nc, A): boxes xyxy in input pixels, then class probabilities.
+    ``loss(maps, targets)`` and ``predict(maps, metas)``: see their docstrings.
     """
 
     def __init__(self, in_channels: Sequence[int], num_classes: int = 80, strides: Sequence[int] = (8, 16, 32),
-                 reg_max: int = 16):
+                 reg_max: int = 16, conv_layer=None, box_gain: float = 7.5, cls_gain: float = 0.5,
+                 dfl_gain: float = 1.5, topk: int = 10, alpha: float = 0.5, beta: float = 6.0, conf: float = 0.001,
+                 iou: float = 0.7, max_det: int = 300):
         super().__init__()
         if len(in_channels) != len(strides):
             raise ValueError(f'DetectHead: {len(in_channels)} input levels but {len(strides)} strides')
@@ -224,11 +283,16 @@ class DetectHead(nn.Module):
         self.num_outputs = 4 * reg_max + num_classes
         c2 = max(16, in_channels[0] // 4, 4 * reg_max)
         c3 = max(in_channels[0], min(num_classes, 100))
-        self.cv2 = nn.ModuleList(nn.Sequential(ConvBNAct(c, c2, 3), ConvBNAct(c2, c2, 3), nn.Conv2d(c2, 4 * reg_max, 1))
+        conv = functools.partial(ConvBNAct, kernel_size=3, conv_layer=conv_layer)
+        self.cv2 = nn.ModuleList(nn.Sequential(conv(c, c2), conv(c2, c2), nn.Conv2d(c2, 4 * reg_max, 1))
                                  for c in in_channels)
-        self.cv3 = nn.ModuleList(nn.Sequential(ConvBNAct(c, c3, 3), ConvBNAct(c3, c3, 3), nn.Conv2d(c3, num_classes, 1))
+        self.cv3 = nn.ModuleList(nn.Sequential(conv(c, c3), conv(c3, c3), nn.Conv2d(c3, num_classes, 1))
                                  for c in in_channels)
         self.dfl = DFL(reg_max)
+        self.gains = (box_gain, cls_gain, dfl_gain)
+        self.assigner = TaskAlignedAssigner(topk, num_classes, alpha, beta)
+        self.conf, self.iou, self.max_det = conf, iou, max_det
+        self.register_buffer('proj', torch.arange(reg_max, dtype=torch.float), persistent=False)
         self.reset_bias()
 
     @torch.no_grad()
@@ -259,3 +323,68 @@ class DetectHead(nn.Module):
         # (B, 4, A) distances in bins -> xyxy in grid units -> pixels
         boxes = dist2bbox(self.dfl(box), points.transpose(0, 1).unsqueeze(0), dim=1) * stride.transpose(0, 1)
         return torch.cat((boxes, cls.sigmoid()), 1)
+
+    @torch.no_grad()
+    def predict(self, maps: Sequence[torch.Tensor], metas: Sequence[dict] | None = None, conf: float | None = None,
+                iou: float | None = None, max_det: int | None = None) -> list[dict]:
+        """Detections per image after NMS (``boxes`` (N, 4) xyxy, ``scores``, ``labels``), in the pixels of each
+        image's file when ``metas`` (one dict per image: the data's ``orig_size``, ``scale``, ``pad``) is given,
+        else in input pixels. ``conf``/``iou``/``max_det`` default to the head's."""
+        dets = nms(self.decode(maps), conf=self.conf if conf is None else conf, iou=self.iou if iou is None else iou,
+                   max_det=self.max_det if max_det is None else max_det)
+        if metas is not None:
+            dets = [{**d, 'boxes': unletterbox(d['boxes'].float(), m)} for d, m in zip(dets, metas)]
+        return dets
+
+    # -- the loss ------------------------------------------------------------------------------------------
+    def _decode_dist(self, anchor_points: torch.Tensor, pred_dist: torch.Tensor) -> torch.Tensor:
+        """(B, A, 4 * R) logits -> (B, A, 4) xyxy boxes in grid units (the expectation over the bins)."""
+        b, a, _ = pred_dist.shape
+        dist = pred_dist.view(b, a, 4, self.reg_max).softmax(-1) @ self.proj.to(pred_dist.dtype)  # (B, A, 4)
+        return dist2bbox(dist, anchor_points)
+
+    def _dfl(self, pred_dist: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        """(N, 4, R) logits and (N, 4) continuous targets in [0, R - 1) -> (N, 1): cross-entropy to the two
+        neighbouring bins, weighted by the distance to the other."""
+        left = target.long()
+        right = left + 1
+        wl = right - target
+        wr = 1 - wl
+        ce = lambda idx: F.cross_entropy(pred_dist.flatten(0, 1), idx.flatten(), reduction='none').view(idx.shape)
+        return (ce(left) * wl + ce(right) * wr).mean(-1, keepdim=True)
+
+    def loss(self, maps: Sequence[torch.Tensor], targets: Sequence[dict]):
+        """YOLOv8's loss on the raw maps: BCE classification, CIoU box loss and distribution focal loss, weighted
+        by the task-aligned target scores and divided by their sum, times the gains; the total is multiplied by
+        the batch size (YOLOv8's convention). ``targets``: one ``{'boxes': (n, 4) xyxy input pixels, 'labels':
+        (n,)}`` per image (boxes flagged by an optional ``'iscrowd'`` are left out: COCO crowd regions are not
+        objects to regress). Returns ``(total, {'box': ..., 'cls': ..., 'dfl': ...})`` (the parts detached)."""
+        box_logits, cls_logits = self.split(maps)  # (B, 4R, A), (B, nc, A)
+        pred_dist = box_logits.transpose(1, 2).contiguous()  # (B, A, 4R)
+        pred_scores = cls_logits.transpose(1, 2).contiguous()  # (B, A, nc)
+        b = pred_scores.shape[0]
+        anchor_points, stride = self.anchors(maps)  # (A, 2) grid units, (A, 1)
+        gt_bboxes, gt_labels, mask_gt = pad_targets(targets, device=pred_scores.device)
+        if (gt_labels[mask_gt.squeeze(-1)] >= self.num_classes).any():
+            raise ValueError(f'a target label is >= num_classes={self.num_classes}')
+        pred_bboxes = self._decode_dist(anchor_points, pred_dist)  # (B, A, 4) grid units
+
+        _, target_bboxes, target_scores, fg_mask, _ = self.assigner(
+            pred_scores.detach().sigmoid(), (pred_bboxes.detach() * stride).to(gt_bboxes.dtype),
+            anchor_points * stride, gt_labels, gt_bboxes, mask_gt)
+        target_scores_sum = target_scores.sum().clamp(min=1)
+
+        loss_cls = F.binary_cross_entropy_with_logits(pred_scores, target_scores.to(pred_scores.dtype),
+                                                      reduction='sum') / target_scores_sum
+        loss_box = loss_dfl = pred_dist.sum() * 0  # keeps the graph when no anchor is positive
+        if fg_mask.any():
+            target_bboxes = target_bboxes / stride  # pixels -> grid units
+            weight = target_scores.sum(-1)[fg_mask].unsqueeze(-1)  # (N, 1)
+            overlap = ciou(pred_bboxes[fg_mask], target_bboxes[fg_mask]).unsqueeze(-1)
+            loss_box = ((1.0 - overlap) * weight).sum() / target_scores_sum
+            target_ltrb = bbox2dist(anchor_points, target_bboxes, self.reg_max - 1 - 0.01)  # (B, A, 4)
+            loss_dfl = (self._dfl(pred_dist[fg_mask].view(-1, 4, self.reg_max), target_ltrb[fg_mask])
+                        * weight).sum() / target_scores_sum
+        parts = torch.stack((loss_box * self.gains[0], loss_cls * self.gains[1], loss_dfl * self.gains[2]))
+        items = dict(zip(('box', 'cls', 'dfl'), parts.detach()))
+        return parts.sum() * b, items

@@ -15,6 +15,7 @@ Re-stated here from the paper and /work/shared/references/mamba_yolo.md; every b
 | :class:`RGBlock` | ``channel_mixer/rg_block`` | channels in -> out |
 | :class:`SimpleStem` | ``stem/simple_stem`` | (B, 3, H, W) -> (B, C, H/4, W/4) |
 | :class:`VisionClueMerge` | ``downsample/vision_clue_merge`` | (B, C, H, W) -> (B, C', H/2, W/2) |
+| :class:`XSSPAFPN` (the neck) | ``neck/xss_pafpn`` | three maps -> three maps, same strides |
 
 Every Conv + BatchNorm pair is a :class:`~zoo.layers.convbn.ConvBN` (so ``set_mode`` switches them)
 with YOLO's BatchNorm settings (eps 1e-3, momentum 0.03); ``conv_layer`` builds the 3x3 convolutions
@@ -22,22 +23,21 @@ with YOLO's BatchNorm settings (eps 1e-3, momentum 0.03); ``conv_layer`` builds 
 """
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from ._registry import register
 from .convbn import ConvBN
+from .detect import BN_EPS, BN_MOMENTUM, PAFPN
 from .drop import DropPath
 from .norm import LayerNorm2d
 from .selective_scan import selective_scan
 
 __all__ = ['cross_scan', 'cross_merge', 'SS2D', 'LSBlock', 'RGBlock', 'VSSBlock', 'ODSSBlock', 'XSSBlock',
-           'SimpleStem', 'VisionClueMerge', 'space_to_depth', 'BN_EPS', 'BN_MOMENTUM']
-
-BN_EPS, BN_MOMENTUM = 1e-3, 0.03  # YOLO's BatchNorm settings (set on every BN of the official model)
+           'SimpleStem', 'VisionClueMerge', 'XSSPAFPN', 'space_to_depth', 'BN_EPS', 'BN_MOMENTUM']
 
 
 def conv_bn(in_chs, out_chs, kernel_size=1, stride=1, groups=1, bias=False, conv_layer=None) -> ConvBN:
@@ -278,3 +278,19 @@ def space_to_depth(x: torch.Tensor) -> torch.Tensor:
     if x.shape[-2] % 2 or x.shape[-1] % 2:
         raise ValueError(f'VisionClueMerge needs an even height and width, got {tuple(x.shape[-2:])}')
     return torch.cat([x[..., ::2, ::2], x[..., 1::2, ::2], x[..., ::2, 1::2], x[..., 1::2, 1::2]], dim=1)
+
+
+@register('neck', 'xss_pafpn', example=dict(in_channels=(8, 16, 32)),
+          example_input=((2, 8, 16, 16), (2, 16, 8, 8), (2, 32, 4, 4)))
+class XSSPAFPN(PAFPN):
+    """Mamba-YOLO's neck: YOLOv8's path aggregation (:class:`~zoo.layers.detect.PAFPN`) with XSSBlocks as its
+    four fusion blocks, each with ``depth`` SS2D; no SPPF by default (the ODMamba backbone ends with one).
+
+    top-down: T4 = XSS(cat(up(C5), C4)); P3 = XSS(cat(up(T4), C3))
+    bottom-up: P4 = XSS(cat(conv_s2(P3), T4)); P5 = XSS(cat(conv_s2(P4), C5))
+    """
+
+    def __init__(self, in_channels, out_channels=None, depth: int = 1, sppf: bool = False, conv_layer=None,
+                 scan_method: str = 'chunked', chunk_size: int | None = None):
+        block = functools.partial(XSSBlock, conv_layer=conv_layer, scan_method=scan_method, chunk_size=chunk_size)
+        super().__init__(in_channels, out_channels, depth, sppf, block=block, conv_layer=conv_layer)

@@ -10,6 +10,7 @@ from __future__ import annotations
 from zoo._lazy import lazy_exports
 
 _EXPORTS = {
+    'ZooSystem': 'system',  # the plumbing every task's system shares
     'ImageClassifier': 'classification',
     'FineTuner': 'finetune',
     'Denoiser': 'denoising',

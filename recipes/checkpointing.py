@@ -27,22 +27,6 @@ from zoo._factory import load_failure, safe_torch_load
 from zoo.datasets._base import epoch_seed
 
 
-def _checkpoint_class():
-    from lightning.pytorch.callbacks import ModelCheckpoint
-
-    class Checkpoint(ModelCheckpoint):
-        """ModelCheckpoint with its ``state_key`` computed once: Lightning names every hook call by it,
-        and ModelCheckpoint rebuilds it from its settings each time (about 0.3 ms per training step)."""
-
-        @property
-        def state_key(self) -> str:
-            if '_zoo_state_key' not in self.__dict__:
-                self.__dict__['_zoo_state_key'] = super().state_key
-            return self.__dict__['_zoo_state_key']
-
-    return Checkpoint
-
-
 class EpochSeed(Callback):
     """Reseed Python, NumPy and torch at each training epoch's start from ``(seed, epoch)``.
 
@@ -84,7 +68,8 @@ def _interrupted_class():
 
 def checkpoint_callbacks(ckpt_dir: str | None, monitor: str, mode: str) -> list[Callback]:
     """Best on ``monitor``, ``last.ckpt`` at every training epoch's end, ``interrupted.ckpt`` on Ctrl-C."""
-    Checkpoint = _checkpoint_class()
+    from lightning.pytorch.callbacks import ModelCheckpoint as Checkpoint
+
     callbacks = [
         Checkpoint(dirpath=ckpt_dir, filename='best-epoch{epoch}-step{step}', auto_insert_metric_name=False,
                    monitor=monitor, mode=mode, save_top_k=1),

@@ -1,30 +1,24 @@
-"""``zoo fit|validate|test|predict``: LightningCLI over any Lightning system and DataModule.
+"""``zoo fit|validate|test|predict``: LightningCLI over any zoo system and DataModule.
 
-    zoo fit -c recipes/configs/poolformer/poolformer_tiny_digits_15e.yaml
+    zoo fit -c recipes/configs/poolformer/poolformer_tiny_digits_15e.yaml      # or -c poolformer/poolformer_tiny_digits_15e
     zoo fit -c ... --model.name metaformer_tiny --model.model_args '{token_mixer: attention}' --trainer.max_epochs 3
     zoo fit -c ... --ckpt_path last          # resume the latest run of this config
     zoo test -c ... --ckpt_path best         # evaluate the best checkpoint of the latest run
-    zoo predict -c ... --ckpt_path best      # the test split -> <run>/predictions.csv (id, label, score) and .pt
+    zoo predict -c ... --ckpt_path best      # the test split -> the task's prediction files in the run folder
     zoo fit -c ... --print_config            # the resolved config
 
-Model and data use LightningCLI's subclass form (``class_path`` + ``init_args``). Every run writes
-a new folder ``<run_root>/<config stem>/<timestamp>/`` holding the resolved ``config.yaml``,
-``checkpoints/`` (see ``checkpointing.py``) and ``metrics.csv``; an existing folder is never reused, and
-``<stem>/latest`` points at the newest fit that wrote a checkpoint. ``num_classes``/``in_chans`` of the model default to the
-DataModule's. A DDP job is one run: its processes share rank 0's folder, whether Lightning, ``torchrun`` or
-``srun`` started them (``docs/cluster.md``).
+Model and data use LightningCLI's subclass form (``class_path`` + ``init_args``). The DataModule is built once;
+the sizes it knows (``num_classes``, ``in_chans``, ``img_size``, ``vocab_size``) are linked into the system
+(``link_arguments(apply_on='instantiate')``). Each run gets a new folder (``runs.py``: resolved ``config.yaml``,
+``checkpoints/`` (``checkpointing.py``), ``metrics.csv``, ``run.json``), the default callbacks, a CSV logger and
+the results-database logger (``recording.py``). Bad input is one line and exit code 2 (``errors.py``).
 """
 from __future__ import annotations
 
 import argparse
-import difflib
-import importlib
-import inspect
-import logging
+import json
 import os
-import re
 import sys
-import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
@@ -34,26 +28,23 @@ from lightning.pytorch.cli import LightningCLI
 
 from . import runs
 from .checkpointing import check_checkpoint_model, check_weights_fit, checkpoint_callbacks, read_checkpoint
+from .errors import one_line_error, quiet_lightning, subcommand_parser, usage_errors
+
+# The sizes a DataModule knows and a system takes (``ZooSystem``): linked from the data, never guessed twice.
+SIZES = ('num_classes', 'in_chans', 'img_size', 'vocab_size')
 
 
-def default_callbacks(run_dir: str | Path | None = None, monitor: str = 'val/acc1', mode: str = 'max',
-                      db: str | None = None, trial=None) -> list[Callback]:
-    """The callbacks every run gets: progress bar, checkpoints (``checkpointing.py``), learning-rate monitor,
-    and the results-database recorder (off with ``zoo fit --db none`` or ``ZOO_DB=none``); ``trial`` is the
-    ``TrialContext`` of a sweep trial (its pruning callback joins the run)."""
+def default_callbacks(run_dir: str | Path | None, monitor: str, mode: str, trial=None) -> list[Callback]:
+    """The callbacks every run gets: progress bar, model summary, checkpoints (``checkpointing.py``), learning-rate
+    monitor, per-epoch statistics, and the callbacks of the sweep trial this run belongs to (its pruner)."""
     from lightning.pytorch.callbacks import LearningRateMonitor, TQDMProgressBar
 
-    from .callbacks import EpochStats, results_callbacks
+    from .recording import EpochStats
 
     ckpt_dir = str(Path(run_dir) / 'checkpoints') if run_dir is not None else None
-    return [
-        TQDMProgressBar(refresh_rate=10),
-        model_summary(),
-        *checkpoint_callbacks(ckpt_dir, monitor, mode),
-        LearningRateMonitor(logging_interval='step'),
-        EpochStats(),  # before the recorder, which stores each epoch's metrics at the same hook
-        *results_callbacks(db, trial),
-    ]
+    return [TQDMProgressBar(refresh_rate=10), model_summary(), *checkpoint_callbacks(ckpt_dir, monitor, mode),
+            LearningRateMonitor(logging_interval='step'), EpochStats(),
+            *(list(trial.callbacks) if trial is not None else [])]
 
 
 def model_summary() -> Callback:
@@ -87,11 +78,6 @@ def model_summary() -> Callback:
     return ZooModelSummary()
 
 
-def _import(class_path: str):
-    module, _, name = class_path.rpartition('.')
-    return getattr(importlib.import_module(module), name)
-
-
 def _init_args(ns) -> dict:
     args = ns.get('init_args') if ns is not None else None
     return dict(args.as_dict() if hasattr(args, 'as_dict') else (args or {}))
@@ -106,13 +92,14 @@ class CLIRun:
 
 
 class ZooCLI(LightningCLI):
-    """LightningCLI with run folders, the default callbacks and data-derived model sizes.
+    """LightningCLI with run folders, the default callbacks and loggers, and data-linked model sizes.
 
-    ``trial``: the sweep trial this run belongs to (``recipes.callbacks.TrialContext``), passed in by
+    ``trial``: the sweep trial this run belongs to (``recipes.recording.TrialContext``), passed in by
     ``zoo sweep``; ``--db`` is a parsed argument (the results database of this run)."""
 
     def __init__(self, *args, trial=None, result: CLIRun | None = None, **kwargs):
-        self.trial, self.result, self.run_dir = trial, result or CLIRun(0), None
+        self.trial, self.result, self.run_dir, self.results_logger = trial, result or CLIRun(0), None, None
+        self._ckpt = self._resolved = None
         super().__init__(*args, **kwargs)
 
     def parse_arguments(self, parser, args) -> None:
@@ -121,7 +108,7 @@ class ZooCLI(LightningCLI):
             super().parse_arguments(parser, args)
         except argparse.ArgumentError as e:
             sub = next((a for a in (args or []) if a in self.subcommands()), None) if isinstance(args, list) else None
-            raise argparse.ArgumentError(None, one_line_error(str(e), _subcommand_parser(parser, sub))) from None
+            raise argparse.ArgumentError(None, one_line_error(str(e), subcommand_parser(parser, sub))) from None
 
     def add_arguments_to_parser(self, parser) -> None:
         parser.add_argument('--run_root', default=os.environ.get('ZOO_RUNS', 'runs'),
@@ -129,9 +116,9 @@ class ZooCLI(LightningCLI):
         parser.add_argument('--db', type=Optional[str], default=None,
                             help="results database of this run: a path, a SQLAlchemy URL or 'none' "
                                  "(default $ZOO_DB or ./zoo-results.db)")
-        parser.add_argument('--seeds', type=Optional[str], default=None,
-                            help="'0,1,2': one run per seed, recorded as repeats of one configuration "
-                                 '(handled by `zoo`, before this parser)')
+        for size in SIZES:  # the DataModule is built first and once; what it knows, the system gets
+            parser.link_arguments('data', f'model.init_args.{size}', apply_on='instantiate',
+                                  compute_fn=lambda data, size=size: getattr(data, size, None))
 
     @staticmethod
     def _stem(cfg) -> str:
@@ -139,13 +126,12 @@ class ZooCLI(LightningCLI):
         return Path(str(configs[-1])).stem if configs else str(_init_args(cfg.get('model')).get('name') or 'run')
 
     def _parse_ckpt_path(self) -> None:
-        """Resolve ``--ckpt_path last|best|interrupted`` (``runs.resolve_checkpoint``), say which run and epoch it
-        is, and refuse a checkpoint of another model.
+        """Resolve ``--ckpt_path last|best|interrupted`` (``runs.resolve_checkpoint``) and refuse a checkpoint of
+        another model.
 
         Lightning's own version merges the checkpoint's hyper-parameters into the config, over the user's
         overrides, and so silently switches models; here the config (with its overrides) is what runs and the
         checkpoint must fit it (its weights' shapes are checked once the model is built)."""
-        self._ckpt = self._resolved = None
         sub = self.config.get('subcommand')
         cfg = self.config[sub] if sub else None
         ckpt = cfg.get('ckpt_path') if cfg is not None else None
@@ -169,8 +155,11 @@ class ZooCLI(LightningCLI):
         cfg = self.config[self.subcommand]
         model_cfg = cfg.get('model')
         stem = self._stem(cfg)
-        self.run_stem = stem
-        self._check_model_name(model_cfg)  # before making a run folder
+        name = _init_args(model_cfg).get('name')
+        if isinstance(name, str) and not name.startswith('timm/'):  # close matches, before making a run folder
+            import zoo
+            zoo.model_info(name)
+        self._user_sizes = {k: v for k, v in _init_args(model_cfg).items() if k in SIZES and v is not None}
         # One run folder for all processes of a DDP job: rank 0 makes it; the ranks torchrun or srun started
         # receive its path, the ranks Lightning launches itself inherit it.
         existed = [p for p in (Path(cfg.run_root) / stem, Path(cfg.run_root)) if p.exists()]
@@ -188,32 +177,45 @@ class ZooCLI(LightningCLI):
             self.result.made = tuple(p for p in (self.run_dir, Path(cfg.run_root) / stem, Path(cfg.run_root))
                                      if p == self.run_dir or p not in existed)
         self.result.run_dir = self.run_dir
-        self._fill_sizes_from_data(cfg)
 
-    @staticmethod
-    def _check_model_name(model_cfg) -> None:
-        """An unknown ``--model.name`` fails here with the registry's close matches, not deep in instantiation."""
-        name = _init_args(model_cfg).get('name')
-        if isinstance(name, str) and not name.startswith('timm/'):
-            import zoo
-            zoo.model_info(name)  # KeyError naming close matches
+    def after_instantiate_classes(self) -> None:
+        """A size given on the command line that the data contradicts is an error, not silently replaced."""
+        for k, v in self._user_sizes.items():
+            data = getattr(self.datamodule, k, None)
+            if data is not None and data != v:
+                raise ValueError(f'--model.{k} {v} contradicts the data, which has {k}={data} (the data decides: '
+                                 f'drop --model.{k} or change --data)')
 
-    @staticmethod
-    def _fill_sizes_from_data(cfg) -> None:
-        """Default the model's ``num_classes``/``in_chans``/``vocab_size``/``img_size`` to the DataModule's, when
-        the system takes them."""
-        model_cfg, data_cfg = cfg.get('model'), cfg.get('data')
-        if model_cfg is None or data_cfg is None or not model_cfg.get('class_path') or not data_cfg.get('class_path'):
-            return
-        params = inspect.signature(_import(model_cfg.class_path)).parameters
-        wanted = [k for k in ('num_classes', 'in_chans', 'vocab_size', 'img_size')
-                  if k in params and model_cfg.init_args.get(k) is None]
-        if not wanted:
-            return
-        data = _import(data_cfg.class_path)(**_init_args(data_cfg))
-        for k in wanted:
-            if getattr(data, k, None) is not None:
-                model_cfg.init_args[k] = getattr(data, k)
+    def instantiate_trainer(self, **kwargs):
+        """The trainer with the run folder as its root, the default callbacks, a CSV logger (unless the config
+        names its own loggers or turns them off) and the results-database logger."""
+        from lightning.pytorch.callbacks import ModelSummary, ProgressBar
+        from lightning.pytorch.loggers import CSVLogger
+
+        from .recording import results_logger
+
+        trainer_cfg = self.config[self.subcommand].trainer
+        model = self.model
+        extra = [cb for cb in default_callbacks(self.run_dir, model.monitor if hasattr(model, 'monitor') else 'val/acc1',
+                                                getattr(model, 'monitor_mode', 'max'), self.trial)
+                 if not (trainer_cfg.get('enable_progress_bar') is False and isinstance(cb, ProgressBar))
+                 and not (trainer_cfg.get('enable_model_summary') is False and isinstance(cb, ModelSummary))]
+        if self.subcommand == 'predict' and hasattr(model, 'prediction_writer'):
+            extra.append(model.prediction_writer(self.run_dir))
+        self.trainer_defaults = {**self.trainer_defaults, 'callbacks': extra}
+        configured = self.config_init[self.subcommand].trainer.get('logger')
+        loggers = ([CSVLogger(save_dir=str(self.run_dir), name='', version='')] if configured in (None, True)
+                   else [] if configured is False else list(configured) if isinstance(configured, list) else [configured])
+        config = self.config[self.subcommand]
+        resolved = json.loads(self.parser.dump(self.config, format='json', skip_none=False))[self.subcommand]
+        self.results_logger = results_logger(
+            config.get('db'), self.trial, config=resolved,
+            recipe=','.join(_relative(getattr(f, 'relative', f)) for f in (config.get('config') or [])) or None)
+        if self.results_logger is not None:
+            loggers.append(self.results_logger)
+        if trainer_cfg.get('default_root_dir') is None:
+            kwargs.setdefault('default_root_dir', str(self.run_dir))
+        return super().instantiate_trainer(logger=loggers or False, **kwargs)
 
     def _run(self, command: str, fn, **kwargs):
         """Run a trainer method: refuse a checkpoint whose weights do not fit the model first (nothing started,
@@ -251,125 +253,15 @@ class ZooCLI(LightningCLI):
         self._run('test', self.trainer.test, **kwargs)
 
     def predict(self, **kwargs) -> None:
-        """``zoo predict``: the system's ``predict_step`` outputs, concatenated, saved as ``predictions.pt``;
-        for class probabilities also ``predictions.csv`` (sample id in the predict split, label, score)."""
-        import torch
-
-        outputs = self._run('predict', self.trainer.predict, **{**kwargs, 'return_predictions': True})
-        if outputs and isinstance(outputs[0], list):  # several dataloaders: keep the first
-            outputs = outputs[0]
-        writer = getattr(self.model, 'write_predictions', None)  # a system that writes its own (detection)
-        if outputs and writer is not None and self.trainer.is_global_zero:
-            writer(outputs, self.run_dir)
-            return
-        if outputs and all(isinstance(o, torch.Tensor) for o in outputs):
-            rank = f'-rank{self.trainer.global_rank}' if self.trainer.world_size > 1 else ''
-            probs = torch.cat(outputs)
-            torch.save(probs, self.run_dir / f'predictions{rank}.pt')
-            written = [self.run_dir / f'predictions{rank}.pt']
-            if probs.ndim == 2:  # (N, classes): a table a person can read
-                score, label = probs.float().max(dim=1)
-                lines = ['id,label,score'] + [f'{i},{int(c)},{float(p):.6f}' for i, (c, p) in enumerate(zip(label, score))]
-                written.append(self.run_dir / f'predictions{rank}.csv')
-                written[-1].write_text('\n'.join(lines) + '\n')
-            print(f'zoo predict: {len(probs)} predictions saved to {", ".join(map(str, written))}')
-
-    def instantiate_trainer(self, **kwargs):
-        from lightning.pytorch.callbacks import ModelSummary, ProgressBar
-        from lightning.pytorch.loggers import CSVLogger
-
-        trainer_cfg = {**self._get(self.config_init, 'trainer', default={}), **kwargs}
-        if trainer_cfg.get('logger') in (None, True):
-            trainer_cfg['logger'] = CSVLogger(save_dir=str(self.run_dir), name='', version='')
-        if trainer_cfg.get('default_root_dir') is None:
-            trainer_cfg['default_root_dir'] = str(self.run_dir)
-        model = self._get(self.config_init, 'model')
-        extra = [self._get(self.config_init, c) for c in self._parser(self.subcommand).callback_keys]
-        db = self.config[self.subcommand].get('db')
-        extra += [cb for cb in default_callbacks(self.run_dir, monitor=getattr(model, 'monitor', 'val/acc1'),
-                                                 mode=getattr(model, 'monitor_mode', 'max'), db=db, trial=self.trial)
-                  if not (trainer_cfg.get('enable_progress_bar') is False and isinstance(cb, ProgressBar))
-                  and not (trainer_cfg.get('enable_model_summary') is False and isinstance(cb, ModelSummary))]
-        return self._instantiate_trainer(trainer_cfg, extra)
+        """``zoo predict``: the system's prediction writer (``prediction_writer``) writes into the run folder."""
+        self._run('predict', self.trainer.predict, **kwargs)
 
 
-# jsonargparse's report around the reason: which Union members were tried, the value's repr, ...
-_BOILERPLATE = re.compile(r"^(- )?(Parser key |Does not validate against any of the Union subtypes|Subtypes: |Errors:"
-                          r"|Given value type: |Given value: |Expected a <class 'NoneType'>|Problem with given class_path"
-                          r"|Expected a path but )")
-
-
-def _subcommand_parser(parser, sub: str | None):
-    action = getattr(parser, '_subcommands_action', None)
-    return action._name_parser_map.get(sub, parser) if action is not None and sub else parser
-
-
-def _option_names(parser) -> list[str]:
-    return [o for a in getattr(parser, '_actions', []) for o in a.option_strings if o.startswith('--')]
-
-
-def _close(word: str, choices, n: int = 3) -> str:
-    found = difflib.get_close_matches(word, list(choices), n=n, cutoff=0.6)
-    return f"; did you mean {' or '.join(found)}?" if found else ''
-
-
-def one_line_error(message: str, parser=None) -> str:
-    """One line from a jsonargparse/LightningCLI error: the innermost reason, the option it concerns, the value
-    given and close matches (option names, a class's arguments, a module's classes)."""
-    try:
-        return _one_line_error(message.strip(), parser)
-    except Exception:  # a report shaped in a way we did not foresee: still one line, nothing lost
-        return ' '.join(message.split())
-
-
-def _one_line_error(text: str, parser) -> str:
-    prog = str(getattr(parser, 'prog', None) or 'zoo COMMAND').replace(' [options]', '')
-    unknown = re.match(r'unrecognized arguments: (\S+)', text)
-    if unknown:
-        option = unknown.group(1).split('=', 1)[0]
-        what = f'unknown option {option}' if option.startswith('-') else f'unexpected argument {option!r}'
-        return f'{what}{_close(option, _option_names(parser))} (`{prog} --help` lists the options)'
-    if text.startswith('the following arguments are required') and ('model' in text or 'data' in text):
-        return f'{text} (a recipe gives both: -c recipes/configs/<family>/<name>.yaml; `{prog} --help`)'
-    if not re.search(r'Parser key "|Does not validate against|Problem with given class_path', text):
-        return ' '.join(text.split())  # not jsonargparse's nested report: the message, on one line
-    keys = re.findall(r'Parser key "([^"]+)"', text)
-    given = re.findall(r'^\s*Given value: (.*)$', text, flags=re.M)
-    class_path = re.findall(r"Problem with given class_path '([^']+)'", text)
-    reasons = [(len(line) - len(line.lstrip()), line.strip()) for line in text.splitlines()]
-    reasons = [(depth, r[2:] if r.startswith('- ') else r) for depth, r in reasons
-               if r and not _BOILERPLATE.match(r)]
-    if not reasons:
-        return ' '.join(text.split())
-    reason = max(reasons, key=lambda dr: dr[0])[1].strip('"')  # the deepest line is the innermost cause
-    reason = re.sub(r"<class '(?:[\w]+\.)*(\w+)'>", r'\1', reason)
-    option = '--' + '.'.join(keys) if keys else ''
-    rejected = re.match(r"Option '([^']+)' is not accepted", reason)
-    if rejected and class_path:
-        try:
-            accepted = list(inspect.signature(_import(class_path[-1])).parameters)
-        except Exception:  # the class itself is the problem; say what we know
-            accepted = []
-        arg = rejected.group(1)
-        return (f'{option}.{arg}: {class_path[-1]} takes no argument {arg!r}{_close(arg, accepted)}'
-                + (f" (it takes: {', '.join(accepted)})" if accepted and not _close(arg, accepted) else ''))
-    missing = re.match(r"module '([\w.]+)' has no attribute '(\w+)'", reason)
-    if missing:
-        try:
-            names = dir(importlib.import_module(missing.group(1)))
-        except Exception:
-            names = []
-        return f'{option}: no class {missing.group(2)} in {missing.group(1)}{_close(missing.group(2), names)}'
-    typed = re.match(r'Expected an? (\w+)', reason)
-    if typed and given:
-        return f'{option} expects {typed.group(1)}, got {given[0]}'
-    return f'{option}: {reason}' if option else reason
-
-
-def _usage_errors() -> tuple[type[Exception], ...]:
-    from lightning.fabric.utilities.exceptions import MisconfigurationException
-    return (KeyError, ValueError, TypeError, FileNotFoundError, FloatingPointError, ImportError,
-            MisconfigurationException, argparse.ArgumentError)
+def _relative(path) -> str:
+    """A recipe path as the docs write it (relative to the working directory) when it lies below it."""
+    p = os.path.abspath(str(path))
+    cwd = os.getcwd()
+    return os.path.relpath(p, cwd) if p.startswith(cwd + os.sep) else str(path)
 
 
 def run_lightning_cli(argv: list[str], raise_errors: bool = False) -> int:
@@ -391,11 +283,8 @@ def run_cli(argv: list[str], raise_errors: bool = False, trial=None) -> CLIRun:
         print(f'zoo {command}: error: {e}', file=sys.stderr)
         return CLIRun(2)
     result = CLIRun(0)
-    _quiet_lightning_logs()
     try:
-        with warnings.catch_warnings():
-            for message in _NOISE:
-                warnings.filterwarnings('ignore', message=message)
+        with quiet_lightning():
             # exit_on_error=False: parse errors reach ZooCLI.parse_arguments, which makes them one line
             ZooCLI(model_class=LightningModule, datamodule_class=LightningDataModule, subclass_mode_model=True,
                    subclass_mode_data=True, args=argv, auto_configure_optimizers=False,
@@ -403,7 +292,7 @@ def run_cli(argv: list[str], raise_errors: bool = False, trial=None) -> CLIRun:
                    parser_kwargs={'prog': 'zoo', 'exit_on_error': False, 'allow_abbrev': False})
     except SystemExit as e:  # --help, --print_config
         result.code = e.code if isinstance(e.code, int) else (0 if e.code is None else 2)
-    except _usage_errors() as e:
+    except usage_errors() as e:
         runs.remove_if_empty(result.made)
         if raise_errors:
             raise
@@ -412,39 +301,3 @@ def run_cli(argv: list[str], raise_errors: bool = False, trial=None) -> CLIRun:
         print(f'zoo {command}: error: {msg}', file=sys.stderr)
         result.code = 2
     return result
-
-
-# Printed on every run and nothing a user can act on:
-_NOISE = (
-    '.*args parameter is intended',  # `python -m zoo.recipes.main fit ...` passes sys.argv on purpose
-    # A fresh fit runs in a new, empty run folder; with OnExceptionCheckpoint among the callbacks Lightning
-    # turns `ckpt_path=None` into 'last', finds no checkpoint there and warns twice. Nothing is loaded.
-    r'.*\.fit\(ckpt_path=None\)` was called without a model',
-    r'.*\.fit\(ckpt_path="last"\) is set, but there is no last checkpoint',
-    # Lightning 2.6's own call into torch.utils._pytree, deprecated in this torch; not our code.
-    r'.*isinstance\(treespec, LeafSpec\)` is deprecated',
-    # The CSV logger writes into the new run folder, which already holds the run's manifest (run.json).
-    r'Experiment logs directory .* exists and is not empty',
-    # Evaluating (or resuming from) a checkpoint of another run folder: every run writes into its own new
-    # folder by design, so the checkpoint callback's saved dirpath always differs. Nothing is lost.
-    r'The dirpath has changed from',
-)
-
-
-class _DropLightningTips(logging.Filter):
-    """Lightning's info lines that are advertisements or about our own callbacks, not about the run."""
-    patterns = ('litlogger', 'already configured with model summary callbacks',
-                'GPU available: False', 'TPU available: False',  # nothing to act on (True is still said)
-                'Seed set to',  # the seed is in the run's config.yaml and database row
-                'to estimate number of stepping batches')  # our schedule asks Lightning for the step count
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        return not any(p in str(record.msg) for p in self.patterns)
-
-
-def _quiet_lightning_logs() -> None:
-    for name in ('lightning.pytorch.utilities.rank_zero', 'lightning.fabric.utilities.rank_zero',
-                 'lightning.fabric.utilities.seed'):
-        logger = logging.getLogger(name)
-        if not any(isinstance(f, _DropLightningTips) for f in logger.filters):
-            logger.addFilter(_DropLightningTips())

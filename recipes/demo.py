@@ -78,13 +78,12 @@ def train_demo(recipe: Path = DEMO_RECIPE, extra: list[str] | None = None) -> di
     if test.code != 0:
         raise SystemExit('demo: testing failed (see the error above)')
     fit_run, test_run = fit.run_dir, test.run_dir
-    import yaml
-    args = yaml.safe_load((fit_run / 'config.yaml').read_text())['model']['init_args']
-    model = zoo.create(args['name'], num_classes=args['num_classes'], in_chans=args['in_chans'],
-                       **(args.get('model_args') or {}))
     best = sorted(fit_run.glob('checkpoints/best-*.ckpt'))[-1]
+    args = torch.load(best, map_location='cpu', weights_only=True)['hyper_parameters']  # with the data's sizes
+    sizes = {k: args.get(k) for k in ('num_classes', 'in_chans', 'img_size')}
+    model = zoo.create_with_optional(args['name'], sizes, **(args.get('model_args') or {}))
     zoo.load_checkpoint(model, best)
-    size = (args['in_chans'], 32, 32)
+    size = (args['in_chans'], args['img_size'], args['img_size'])
     lat = benchmark({args['name']: model.eval()}, input_size=size, repeats=20)[args['name']]
     return dict(run=fit_run, best=best, val_acc1=_last(fit_run, 'val/acc1'), test_acc1=_last(test_run, 'test/acc1'),
                 model=args['name'], input=size, params=count_params(model)['params'], latency_ms=lat.median_ms,

@@ -8,15 +8,15 @@ the same noisy inputs and the numbers compare.
 """
 from __future__ import annotations
 
+from typing import Optional
+
 import torch
 import torch.nn.functional as F
-from lightning.pytorch import LightningModule
+from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
 from torchmetrics.image import PeakSignalNoiseRatio, StructuralSimilarityIndexMeasure
 
-import zoo
-
 from . import optim
-from .classification import block_choices, require_task
+from .system import ZooSystem
 
 __all__ = ['Denoiser', 'add_noise']
 
@@ -27,48 +27,39 @@ def add_noise(clean: torch.Tensor, sigma: float, generator: torch.Generator | No
     return clean + noise * (sigma / 255.0)
 
 
-class Denoiser(LightningModule):
+class Denoiser(ZooSystem):
     """Gaussian denoising of ``zoo.create(name, in_chans=..., **model_args)``.
 
     Args:
         name: a registered denoising model (``dncnn``, ``dncnn_tiny``).
-        model_args: passed to ``zoo.create`` (``{'conv_layer': 'weighted', 'den': [0.7]}``).
         sigma: noise standard deviation on the 0-255 scale (25 is the usual benchmark).
-        lr, weight_decay: Adam with a per-step cosine decay to ``min_lr``.
         convbn_mode: put the model's Conv+BN pairs in this mode (``zoo.layers.convbn.set_mode``).
+        Everything else: :class:`ZooSystem` (default Adam lr 1e-3; cosine to 1e-5 per step).
     """
 
-    monitor, monitor_mode = 'val/psnr', 'max'
+    task = 'denoising'
 
-    def __init__(self, name: str = 'dncnn', model_args: dict | None = None, in_chans: int | None = None,
-                 sigma: float = 25.0, lr: float = 1e-3, weight_decay: float = 0.0, min_lr: float = 1e-5,
-                 convbn_mode: str | None = None):
-        super().__init__()
+    def __init__(self, name: str = 'dncnn', sigma: float = 25.0, convbn_mode: Optional[str] = None,
+                 optimizer: OptimizerCallable = lambda params: torch.optim.Adam(params, lr=1e-3),
+                 lr_scheduler: Optional[LRSchedulerCallable] = lambda opt: optim.WarmupCosine(opt, min_lr=1e-5),
+                 **kwargs):
         if sigma <= 0:
             raise ValueError(f'sigma must be > 0 (0-255 scale), got {sigma}')
-        require_task(name, 'denoising', 'Denoiser')
-        self.save_hyperparameters()
-        self.model = zoo.create(name, in_chans=in_chans, **(model_args or {}))
+        super().__init__(name, optimizer=optimizer, lr_scheduler=lr_scheduler, **kwargs)
         if convbn_mode is not None:
             from zoo.layers.convbn import set_mode
             set_mode(self.model, convbn_mode)
-        self.model_name = name
-        self.block_choices = block_choices(model_args) or {'conv_layer': 'standard'}
-        if model_args and 'den' in model_args:
-            self.block_choices['den'] = str(list(model_args['den']))
+        self.block_choices = self.block_choices or {'conv_layer': 'standard'}
+        if 'den' in self.model_args:
+            self.block_choices['den'] = str(list(self.model_args['den']))
         self.val_psnr, self.test_psnr = PeakSignalNoiseRatio(data_range=1.0), PeakSignalNoiseRatio(data_range=1.0)
         self.val_ssim, self.test_ssim = (StructuralSimilarityIndexMeasure(data_range=1.0),
                                          StructuralSimilarityIndexMeasure(data_range=1.0))
 
-    def forward(self, noisy: torch.Tensor) -> torch.Tensor:
-        return self.model(noisy)
-
     def training_step(self, clean, batch_idx):
         clean = clean[0] if isinstance(clean, (tuple, list)) else clean
         loss = F.mse_loss(self.model(add_noise(clean, self.hparams.sigma)), clean)
-        if not torch.isfinite(loss):
-            raise FloatingPointError(f'training loss is {loss.item()} at step {self.global_step}; lower the lr')
-        self.log('train/loss', loss, on_step=True, on_epoch=False, prog_bar=True)
+        self.log_train(loss)
         return loss
 
     def _evaluate(self, clean, batch_idx: int, split: str):
@@ -92,10 +83,3 @@ class Denoiser(LightningModule):
     def predict_step(self, clean, batch_idx):
         clean = clean[0] if isinstance(clean, (tuple, list)) else clean
         return self.model(add_noise(clean, self.hparams.sigma, torch.Generator().manual_seed(10_000 + batch_idx)))
-
-    def configure_optimizers(self):
-        hp = self.hparams
-        opt = torch.optim.Adam(optim.param_groups(self.model, hp.weight_decay), lr=hp.lr)
-        total = max(1, int(self.trainer.estimated_stepping_batches))
-        sched = optim.scheduler(opt, total, floor=hp.min_lr / hp.lr)
-        return {'optimizer': opt, 'lr_scheduler': {'scheduler': sched, 'interval': 'step'}}

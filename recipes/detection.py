@@ -1,36 +1,32 @@
-"""Object detection as a Lightning system: YOLOv8's loss and NMS around any ``task='detection'`` model.
+"""Object detection as a Lightning system: the step logic around any ``task='detection'`` model.
 
-The model comes from ``zoo.create`` (``yolo_det`` on any features_only backbone, or a family's own detector);
-the loss is :class:`zoo.detection.DetectionLoss` (task-aligned assigner, BCE, CIoU, DFL); validation runs
-NMS (``torchvision.ops.batched_nms``; conf 0.001, IoU 0.7, 300 detections, as YOLOv8 validates) and COCO
-mAP through :mod:`zoo.eval.detection` (faster-coco-eval), logged as ``val/map`` (mAP@[.5:.95]), ``val/map50``
-and ``val/map75``. Training: AdamW or SGD (no weight decay on norms and biases), linear warm-up then cosine,
-an EMA of the weights (evaluated instead of the raw weights) and the Trainer's gradient clipping.
+The model is a :class:`zoo.dense.DenseModel` whose head owns the loss and the prediction (``yolo_det`` on any
+``features_only`` backbone, ``mamba_yolo_*``): training calls ``model.head.loss(maps, targets)``; evaluation
+``model.head.predict(maps, targets)``, which decodes, runs NMS (conf 0.001, IoU 0.7, 300 detections, as
+YOLOv8 validates) and maps boxes back to each file's pixels with the letterbox metadata the data wrote.
+COCO mAP is torchmetrics' ``MeanAveragePrecision`` with faster-coco-eval (equal to pycocotools, crowd regions
+and COCO's annotation areas included; ``tests/test_detection_eval.py``), logged as ``val/map``
+(mAP@[.5:.95]), ``val/map50`` and ``val/map75``. Optimizer, schedule and EMA: :class:`ZooSystem`.
 
 After each validation a PNG grid of a few validation images is written to ``<run>/val_predictions/``:
-ground truth (green) beside the predictions (class colours, score above ``plot_conf``).
-``zoo predict`` writes ``<run>/predictions/`` with every test image file and its boxes drawn, and
-``predictions.json`` in COCO results format (boxes in the original image's pixels).
+ground truth (green) beside the predictions (class colours, score above ``plot_conf``). ``zoo predict``
+writes each test image, as its file, with its boxes (``predictions/<image_id>.png``) and ``predictions.json``
+in COCO results format (:class:`DetectionWriter`).
 """
 from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Literal
+from typing import Optional
 
 import torch
-from lightning.pytorch import LightningModule
-
-import zoo
-from zoo.datasets.detection import to_file_pixels, unletterbox
-from zoo.detection import DetectionLoss, postprocess
-from zoo.eval.detection import MeanAveragePrecision, coco_detections
+from lightning.pytorch.callbacks import BasePredictionWriter
+from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
 
 from . import optim
-from .classification import block_choices, require_task
-from .ema import WeightEMA
+from .system import ZooSystem
 
-__all__ = ['Detection', 'draw_predictions']
+__all__ = ['Detection', 'DetectionWriter', 'coco_metric', 'draw_predictions']
 
 # distinct colours for up to 20 classes, then they repeat
 _PALETTE = ['#FF3838', '#2C99A8', '#FF9D97', '#FF701F', '#FFB21D', '#CFD231', '#48F90A', '#92CC17', '#3DDB86',
@@ -54,93 +50,86 @@ def draw_predictions(image: torch.Tensor, det: dict, names: list[str] | None = N
                                width=width)
 
 
-class Detection(WeightEMA, LightningModule):
+def coco_metric(backend: str = 'faster_coco_eval'):
+    """torchmetrics' ``MeanAveragePrecision`` set up to equal COCOeval: xyxy boxes, COCO's own float64 IoU and
+    recall thresholds (``zoo.eval.detection``)."""
+    from torchmetrics.detection import MeanAveragePrecision
+
+    from zoo.eval.detection import IOU_THRESHOLDS, REC_THRESHOLDS
+
+    metric = MeanAveragePrecision(box_format='xyxy', iou_type='bbox', backend=backend, iou_thresholds=IOU_THRESHOLDS,
+                                  rec_thresholds=REC_THRESHOLDS)
+    metric.warn_on_many_detections = False  # COCOeval's 100 per image, as intended (validation NMS keeps 300)
+    return metric
+
+
+def _file_targets(targets: list[dict]) -> list[dict]:
+    """Ground truth as COCOeval on the annotation file sees it: every box in the file's pixels (float64), crowd
+    flags and COCO's annotation areas (small / medium / large are areas in the file)."""
+    out = []
+    for t in targets:
+        g = {'boxes': t['file_boxes'].double(), 'labels': t['labels'], 'iscrowd': t['iscrowd'].int()}
+        if 'area' in t:
+            g['area'] = t['area']
+        out.append(g)
+    return out
+
+
+class Detection(ZooSystem):
     """Train, validate, test and predict with any registered detector.
 
     Args:
-        name: a registered detection model (``yolo_det``, ``yolo_det_tiny``, ...).
-        model_args: extra arguments for ``zoo.create`` (``{'backbone': 'resnet18'}``).
-        num_classes, img_size: set from the DataModule by ``zoo fit`` when left out (``img_size`` goes to models
-            whose weights depend on the input size, and nowhere else).
-        checkpoint: weights to start from.
-        optimizer: ``adamw`` or ``sgd`` (Nesterov momentum); norms and biases get no weight decay.
-        lr, weight_decay, momentum, warmup_epochs, min_lr: the schedule (linear warm-up, then cosine).
-        ema_decay: EMA of the weights (with timm's warm-up of the decay); ``None`` turns it off.
-        box_gain, cls_gain, dfl_gain: loss gains (YOLOv8: 7.5, 0.5, 1.5).
-        conf, iou, max_det: NMS settings for validation and test (YOLOv8's validation: 0.001, 0.7, 300).
-        map_backend: ``faster_coco_eval`` or ``pycocotools`` (same numbers; the first is faster).
+        name: a registered detection model (``yolo_det``, ``yolo_det_tiny``, ``mamba_yolo_t``, ...);
+            ``model_args`` go to ``zoo.create`` (``{'backbone': 'resnet18', 'neck': 'xss_pafpn'}``); loss gains
+            and NMS defaults are the head's (``model_args: {head_kwargs: {box_gain: 7.5}}``).
+        conf, iou, max_det: NMS for validation and test (YOLOv8's validation: 0.001, 0.7, 300).
         plot_images: how many validation images the per-validation PNG grid shows (0: none).
         plot_conf: the score from which boxes are drawn (validation grids, ``zoo predict`` pictures).
         predict_conf: the score from which ``zoo predict`` keeps a detection in ``predictions.json`` (0.001:
             every detection, for COCOeval).
+        Everything else: :class:`ZooSystem` (default AdamW lr 2e-3, weight decay 5e-4, betas (0.937, 0.999);
+        warm-up 1 epoch, cosine to 2e-5).
     """
 
-    monitor, monitor_mode = 'val/map', 'max'
     task = 'detection'
+    ema_warmup = True
 
-    def __init__(self, name: str = 'yolo_det', model_args: dict | None = None, num_classes: int | None = None,
-                 in_chans: int | None = None, img_size: int | None = None, checkpoint: str | None = None,
-                 optimizer: Literal['adamw', 'sgd'] = 'adamw', lr: float = 2e-3, weight_decay: float = 5e-4,
-                 momentum: float = 0.937, warmup_epochs: float = 1.0, min_lr: float = 2e-5,
-                 ema_decay: float | None = 0.9999, box_gain: float = 7.5, cls_gain: float = 0.5,
-                 dfl_gain: float = 1.5, conf: float = 0.001, iou: float = 0.7, max_det: int = 300,
-                 map_backend: Literal['faster_coco_eval', 'pycocotools'] = 'faster_coco_eval', plot_images: int = 8,
-                 plot_conf: float = 0.25, predict_conf: float = 0.25):
-        super().__init__()
-        if optimizer not in ('adamw', 'sgd'):
-            raise ValueError(f"optimizer must be 'adamw' or 'sgd', got {optimizer!r}")
-        require_task(name, 'detection', 'Detection')
-        self.save_hyperparameters()
-        self.model_name = name
-        args = dict(model_args or {})
-        # the data's image size reaches models whose weights depend on it (yolo_det on Strip-MLP, ...)
-        self.model = zoo.create_with_optional(name, dict(img_size=img_size), num_classes=num_classes, in_chans=in_chans,
-                                          checkpoint=checkpoint, **args)
-        # the backbone is the block a detection comparison varies: record it (and its own block choices)
-        self.block_choices = {**block_choices(args.get('backbone_kwargs')), **block_choices(args)}
-        if getattr(self.model, 'backbone_name', None):
-            self.block_choices['backbone'] = self.model.backbone_name
+    def __init__(self, name: str = 'yolo_det', conf: float = 0.001, iou: float = 0.7, max_det: int = 300,
+                 plot_images: int = 8, plot_conf: float = 0.25, predict_conf: float = 0.25,
+                 optimizer: OptimizerCallable = lambda params: torch.optim.AdamW(params, lr=2e-3, weight_decay=5e-4,
+                                                                                 betas=(0.937, 0.999)),
+                 lr_scheduler: Optional[LRSchedulerCallable] = lambda opt: optim.WarmupCosine(opt, warmup_epochs=1.0,
+                                                                                               min_lr=2e-5),
+                 **kwargs):
+        super().__init__(name, optimizer=optimizer, lr_scheduler=lr_scheduler, **kwargs)
         self.num_classes = self.model.num_classes
-        self.criterion = DetectionLoss(self.model.head, box=box_gain, cls=cls_gain, dfl=dfl_gain)
-        self.init_ema(ema_decay, use_warmup=True)
-        self.val_map = MeanAveragePrecision(self.num_classes, map_backend)
-        self.test_map = MeanAveragePrecision(self.num_classes, map_backend)
+        for split in ('val', 'test'):  # torchmetrics gathers every process's images itself
+            setattr(self, f'{split}_map', coco_metric())
         self._plot_batch = None
 
-    def forward(self, x: torch.Tensor):
-        return self.model(x)
-
-    def _names(self) -> list[str] | None:
-        dm = getattr(self.trainer, 'datamodule', None) if self._trainer is not None else None
-        return getattr(dm, 'names', None)
-
-    # -- steps -------------------------------------------------------------------------------------
+    # -- steps -------------------------------------------------------------------------------------------
     def training_step(self, batch, batch_idx):
         x, targets = batch
-        loss, items = self.criterion(self.model(x), targets)
-        if (self.global_step + 1) % self.trainer.log_every_n_steps == 0 or self.trainer.is_last_batch:
-            self.log('train/loss', loss / len(x), on_step=True, on_epoch=False, prog_bar=True)
-            for k, v in items.items():
-                self.log(f'train/{k}_loss', v, on_step=True, on_epoch=False)
-        if not torch.isfinite(loss):
-            raise FloatingPointError(f'{self.model_name}: the training loss became {loss.item()} at step '
-                                     f'{self.global_step}; stopped (lower --model.lr or set '
-                                     f'--trainer.gradient_clip_val). Checkpoints saved before this are intact.')
+        loss, parts = self.model.head.loss(self.model.forward_raw(x), targets)
+        self.log_train(loss / len(x), **{f'{k}_loss': v for k, v in parts.items()})
         return loss
 
     def _evaluate(self, batch, split: str, batch_idx: int):
         x, targets = batch
         model = self.eval_model
         model.eval()
-        y, maps = model(x)
-        loss, _ = self.criterion(maps, targets)
+        maps = model.forward_raw(x)
+        loss, _ = model.head.loss(maps, targets)
         self.log(f'{split}/loss', loss / len(x), on_step=False, on_epoch=True, batch_size=len(x), sync_dist=True)
         hp = self.hparams
-        dets = postprocess(y, conf=hp.conf, iou=hp.iou, max_det=hp.max_det)
-        getattr(self, f'{split}_map').update(*to_file_pixels(dets, targets))  # COCO's size ranges: file pixels
+        dets = model.head.predict(maps, targets, conf=hp.conf, iou=hp.iou, max_det=hp.max_det)  # file pixels
+        # in float64, as COCOeval reads a results file: float32 widths move IoUs at a threshold now and then
+        getattr(self, f'{split}_map').update([{**d, 'boxes': d['boxes'].double()} for d in dets],
+                                             _file_targets(targets))
         if split == 'val' and batch_idx == 0 and hp.plot_images > 0:
             n = min(hp.plot_images, len(x))
-            self._plot_batch = (x[:n].cpu(), [{k: v.cpu() for k, v in d.items()} for d in dets[:n]],
+            shown = model.head.predict([m[:n] for m in maps], conf=hp.conf, iou=hp.iou, max_det=hp.max_det)
+            self._plot_batch = (x[:n].cpu(), [{k: v.cpu() for k, v in d.items()} for d in shown],  # input pixels
                                 [{'boxes': t['boxes'].as_subclass(torch.Tensor).cpu(), 'labels': t['labels'].cpu()}
                                  for t in targets[:n]])
 
@@ -150,27 +139,14 @@ class Detection(WeightEMA, LightningModule):
     def test_step(self, batch, batch_idx):
         self._evaluate(batch, 'test', batch_idx)
 
-    def _gathered(self, metric: MeanAveragePrecision) -> MeanAveragePrecision:
-        """All processes' predictions in one accumulator (COCOeval needs every image at once)."""
-        if self.trainer.world_size == 1:
-            return metric
-        import torch.distributed as dist
-        parts = [None] * self.trainer.world_size
-        dist.all_gather_object(parts, (metric.preds, metric.targets))
-        out = MeanAveragePrecision(metric.num_classes, metric.backend)
-        for preds, targets in parts:
-            out.preds += preds
-            out.targets += targets
-        return out
-
     def _log_map(self, split: str) -> None:
         metric = getattr(self, f'{split}_map')
-        if len(metric) == 0:
+        if not metric.detection_box:  # no batch this epoch
             return
-        stats = self._gathered(metric).compute()
+        stats = metric.compute()
         metric.reset()
-        for k in ('map', 'map50', 'map75'):
-            self.log(f'{split}/{k}', stats[k], prog_bar=k != 'map75', sync_dist=False)
+        for ours, theirs in (('map', 'map'), ('map50', 'map_50'), ('map75', 'map_75')):
+            self.log(f'{split}/{ours}', float(stats[theirs]), prog_bar=ours != 'map75')
 
     def on_validation_epoch_end(self) -> None:
         self._log_map('val')
@@ -181,80 +157,71 @@ class Detection(WeightEMA, LightningModule):
     def on_test_epoch_end(self) -> None:
         self._log_map('test')
 
-    def _run_dir(self) -> Path | None:
-        root = getattr(self.trainer, 'log_dir', None) or getattr(self.trainer, 'default_root_dir', None)
-        return Path(root) if root else None
-
     def _save_grid(self) -> None:
         """Ground truth beside predictions for the first validation images: <run>/val_predictions/epochN.png."""
         from torchvision.io import write_png
         from torchvision.utils import make_grid
-        root = self._run_dir()
+        root = getattr(self.trainer, 'default_root_dir', None)
         if root is None:
             return
         x, dets, targets = self._plot_batch
-        names = self._names()
+        names = getattr(self.trainer.datamodule, 'names', None)
         tiles = []
         for img, d, t in zip(x, dets, targets):
             tiles.append(draw_predictions(img, t, names, width=1))
             tiles.append(draw_predictions(img, d, names, conf=self.hparams.plot_conf, width=1))
         grid = make_grid(tiles, nrow=4, padding=4, pad_value=255)  # pairs side by side: truth, prediction
-        out = root / 'val_predictions'
+        out = Path(root) / 'val_predictions'
         out.mkdir(parents=True, exist_ok=True)
         write_png(grid, str(out / f'epoch{self.current_epoch:03d}-step{self.global_step}.png'))
 
-    # -- prediction --------------------------------------------------------------------------------
+    # -- prediction --------------------------------------------------------------------------------------
     def predict_step(self, batch, batch_idx):
         x, targets = batch if isinstance(batch, (tuple, list)) else (batch, None)
         model = self.eval_model
         model.eval()
-        y, _ = model(x)
-        dets = postprocess(y, conf=self.hparams.predict_conf, iou=self.hparams.iou, max_det=self.hparams.max_det)
-        return {'images': x.cpu(), 'detections': [{k: v.cpu() for k, v in d.items()} for d in dets],
-                'targets': targets}
+        dets = model(x, targets)  # eval mode: the head's predictions, in each file's pixels
+        return {'detections': [{k: v.cpu() for k, v in d.items()} for d in dets],
+                'targets': targets or [{} for _ in dets]}
 
-    def write_predictions(self, outputs: list[dict], run_dir: Path) -> Path:
-        """``zoo predict``: every test image, as its file, with its boxes drawn (``predictions/<image_id>.png``,
-        scores >= ``plot_conf``), and ``predictions.json`` in COCO results format (boxes in the file's pixels,
-        the dataset's category ids; scores >= ``predict_conf``: ``--model.predict_conf 0.001`` keeps every
-        detection, up to ``max_det`` per image, as COCOeval wants)."""
+    def prediction_writer(self, run_dir: Path) -> BasePredictionWriter:
+        return DetectionWriter(run_dir, self.hparams.predict_conf, self.hparams.plot_conf)
+
+
+class DetectionWriter(BasePredictionWriter):
+    """``zoo predict`` for detection: every test image, as its file, with its boxes drawn (scores >= ``plot_conf``;
+    ``predictions/<image_id>.png``) and ``predictions.json``, COCO results format (boxes in the file's pixels, the
+    dataset's category ids, scores >= ``predict_conf``: 0.001 keeps every detection, up to ``max_det`` per image,
+    as COCOeval wants)."""
+
+    def __init__(self, run_dir: str | Path, predict_conf: float = 0.25, plot_conf: float = 0.25):
+        super().__init__(write_interval='epoch')
+        self.run_dir, self.predict_conf, self.plot_conf = Path(run_dir), predict_conf, plot_conf
+
+    def write_on_epoch_end(self, trainer, pl_module, predictions, batch_indices) -> None:
         from torchvision.io import write_png
 
-        out = Path(run_dir) / 'predictions'
+        from zoo.eval.detection import coco_detections
+
+        if not trainer.is_global_zero:
+            return
+        out = self.run_dir / 'predictions'
         out.mkdir(parents=True, exist_ok=True)
-        dm = getattr(self.trainer, 'datamodule', None)
+        dm = trainer.datamodule
         names, categories = getattr(dm, 'names', None), getattr(dm, 'categories', None)
         dataset = getattr(dm, 'test_set', None)
         results, n = [], 0
-        for batch in outputs:
-            targets = batch['targets'] or [{} for _ in batch['detections']]
-            for img, det, t in zip(batch['images'], batch['detections'], targets):
+        for batch in predictions:
+            for det, t in zip(batch['detections'], batch['targets']):
                 image_id = int(t.get('image_id', n))
-                orig = {**det, 'boxes': unletterbox(det['boxes'].float(), t)}
                 if dataset is not None and 'index' in t:  # drawn on the file itself, not the letterboxed input
-                    picture = draw_predictions(dataset.original(t['index']).float() / 255, orig, names,
-                                               conf=self.hparams.plot_conf)
-                else:
-                    picture = draw_predictions(img, det, names, conf=self.hparams.plot_conf)
-                write_png(picture, str(out / f'{image_id:06d}.png'))
-                results += coco_detections([orig], categories, image_ids=[image_id])
+                    picture = draw_predictions(dataset.original(t['index']).float() / 255, det, names,
+                                               conf=self.plot_conf)
+                    write_png(picture, str(out / f'{image_id:06d}.png'))
+                keep = det['scores'] >= self.predict_conf
+                results += coco_detections([{k: v[keep] for k, v in det.items()}], categories, image_ids=[image_id])
                 n += 1
-        path = Path(run_dir) / 'predictions.json'
+        path = self.run_dir / 'predictions.json'
         path.write_text(json.dumps(results))
         print(f'zoo predict: {n} images with their boxes in {out}, {len(results)} detections (score >= '
-              f'{self.hparams.predict_conf}) in {path}')
-        return path
-
-    # -- optimisation ------------------------------------------------------------------------------
-    def param_groups(self) -> list[dict]:
-        return optim.param_groups(self.model, self.hparams.weight_decay)
-
-    def configure_optimizers(self):
-        hp = self.hparams
-        groups = self.param_groups()
-        if hp.optimizer == 'sgd':
-            opt = torch.optim.SGD(groups, lr=hp.lr, momentum=hp.momentum, nesterov=True)
-        else:
-            opt = torch.optim.AdamW(groups, lr=hp.lr, betas=(hp.momentum, 0.999))
-        return {'optimizer': opt, 'lr_scheduler': optim.epoch_schedule(opt, self.trainer, hp.warmup_epochs, hp.lr,
-                                                                        hp.min_lr)}
+              f'{self.predict_conf}) in {path}')

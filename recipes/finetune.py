@@ -6,6 +6,8 @@ remapped by the family) or a Lightning ``.ckpt`` written by ``zoo fit`` (the ``m
 """
 from __future__ import annotations
 
+from typing import Optional
+
 from torch import nn
 
 import zoo
@@ -23,23 +25,15 @@ class FineTuner(ImageClassifier):
         layer_decay: lr multiplier per layer of depth below the head (``lr * layer_decay ** depth_from_head``);
             ``None`` for one lr everywhere.
         convbn_mode: put every ConvBN of the model in this mode (``zoo.layers.convbn.set_mode``), e.g. ``tune``.
-        Everything else as :class:`ImageClassifier`.
+        Everything else as :class:`ImageClassifier` (label smoothing 0.1 by default here).
     """
 
-    def __init__(self, name: str, checkpoint: str, model_args: dict | None = None, num_classes: int | None = None,
-                 in_chans: int | None = None, freeze_backbone: bool = False, layer_decay: float | None = None,
-                 convbn_mode: str | None = None, optimizer: str = 'adamw', lr: float = 1e-4,
-                 weight_decay: float = 0.05, momentum: float = 0.9, warmup_epochs: float = 0.0, min_lr: float = 0.0,
-                 label_smoothing: float = 0.1, mixup_alpha: float = 0.0, cutmix_alpha: float = 0.0,
-                 mixup_prob: float = 1.0, ema_decay: float | None = None):
+    def __init__(self, name: str, checkpoint: str, freeze_backbone: bool = False, layer_decay: Optional[float] = None,
+                 convbn_mode: Optional[str] = None, label_smoothing: float = 0.1, **kwargs):
         if layer_decay is not None and not 0 < layer_decay <= 1:
             raise ValueError(f'layer_decay must be in (0, 1], got {layer_decay}')
-        super().__init__(name, model_args=model_args, num_classes=num_classes, in_chans=in_chans,
-                         checkpoint=checkpoint, optimizer=optimizer, lr=lr, weight_decay=weight_decay,
-                         momentum=momentum, warmup_epochs=warmup_epochs, min_lr=min_lr,
-                         label_smoothing=label_smoothing, mixup_alpha=mixup_alpha, cutmix_alpha=cutmix_alpha,
-                         mixup_prob=mixup_prob, ema_decay=ema_decay)
-        self.save_hyperparameters()
+        self._finetune = dict(checkpoint=checkpoint, convbn_mode=convbn_mode)  # build_model runs in super()
+        super().__init__(name, checkpoint=checkpoint, label_smoothing=label_smoothing, **kwargs)
         if convbn_mode is not None:
             self.block_choices['convbn_mode'] = convbn_mode
         self.heads = [self.model.get_submodule(h) for h in zoo.classifier_prefix(self.model)]
@@ -49,14 +43,13 @@ class FineTuner(ImageClassifier):
                 p.requires_grad_(id(p) in head_params)
 
     def build_model(self) -> nn.Module:
-        hp = self.hparams
-        model = zoo.create(hp.name, num_classes=hp.num_classes, in_chans=hp.in_chans, **(hp.model_args or {}))
-        zoo.load_checkpoint(model, hp.checkpoint, new_head='always')
+        model = zoo.create_with_optional(self.model_name, self.sizes, **self.model_args)
+        zoo.load_checkpoint(model, self._finetune['checkpoint'], new_head='always')
         heads = tuple(h + '.' for h in zoo.classifier_prefix(model))
         self.new_head_keys = [k for k in model.state_dict() if k.startswith(heads)]
-        if hp.convbn_mode is not None:
+        if self._finetune['convbn_mode'] is not None:
             from zoo.layers.convbn import set_mode  # written with the ConvBN issue; imported only when asked for
-            set_mode(model, hp.convbn_mode)
+            set_mode(model, self._finetune['convbn_mode'])
         return model
 
     def on_train_epoch_start(self) -> None:
@@ -66,5 +59,4 @@ class FineTuner(ImageClassifier):
                 head.train()
 
     def param_groups(self) -> list[dict]:
-        hp = self.hparams
-        return optim.param_groups(self.model, hp.weight_decay, lr=hp.lr, layer_decay=hp.layer_decay)
+        return optim.param_groups(self.model, layer_decay=self.hparams.layer_decay)

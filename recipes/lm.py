@@ -3,18 +3,21 @@ arXiv 2512.17351): AdamW (betas 0.9 / 0.98, eps 1e-6), linear warm-up then cosin
 on answer tokens, exact-answer accuracy at the hardest size.
 
 ``zoo fit -c recipes/configs/lm/llama_tiny_copy.yaml`` with ``zoo.datasets.SyntheticLMDataModule``. The system
-builds its network with ``zoo.create(name, vocab_size=..., **model_args)``; the vocabulary comes from the
-data module when ``vocab_size`` is not given. It never defines architecture.
+builds its network with ``zoo.create(name, vocab_size=..., **model_args)``; ``zoo fit`` links the vocabulary
+from the data module. It never defines architecture.
 """
 from __future__ import annotations
 
-import lightning as L
+from typing import Optional
+
 import torch
 import torch.nn.functional as F
+from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
 
 import zoo
 
 from . import optim
+from .system import ZooSystem
 
 __all__ = ['CausalLM', 'answer_accuracy']
 
@@ -36,52 +39,32 @@ def answer_accuracy(logits: torch.Tensor, batch: dict) -> tuple[torch.Tensor, to
     return ok.bool(), tag, tok_ok
 
 
-class CausalLM(L.LightningModule):
+class CausalLM(ZooSystem):
     """Next-token training of a ``language_modeling`` model on answer tokens.
 
     Args:
         name: registered model (``llama_tiny``, ``gla_8l512d``, ...). model_args: ``zoo.create`` overrides
-            (``canon: ABCD``, ``rope_dim: 0``, ``depth: 2``, ...). vocab_size: default: the data module's.
-        lr, weight_decay, betas, eps: AdamW (weight decay on matrices and Canon kernels, not on norms/biases).
-        warmup_steps, min_lr_ratio: the schedule; total steps = ``trainer.max_steps`` (or the estimate).
+            (``canon: ABCD``, ``rope_dim: 0``, ``depth: 2``, ...). vocab_size: linked from the data module.
         generate_samples: Brevo only: instances generated per validation for the exact-answer metric.
+        Everything else: :class:`ZooSystem` (the paper's optimizer: AdamW, betas 0.9 / 0.98, eps 1e-6, weight
+        decay 0.03 on matrices and Canon kernels; warm-up 1000 steps, cosine to 10 %).
     """
 
-    def __init__(self, name: str = 'llama_tiny', model_args: dict | None = None, vocab_size: int | None = None,
-                 lr: float = 1e-3, weight_decay: float = 0.03, betas: tuple[float, float] = (0.9, 0.98),
-                 eps: float = 1e-6, warmup_steps: int = 1000, min_lr_ratio: float = 0.1, generate_samples: int = 32):
-        super().__init__()
-        self.save_hyperparameters()
-        self.model_name = name
-        self.model_args = dict(model_args or {})
-        info = zoo.model_info(name)
-        if info.task != 'language_modeling':
-            raise ValueError(f'{name} is a {info.task} model; CausalLM needs a language_modeling model '
-                             f'({", ".join(zoo.list_models(task="language_modeling"))})')
-        pos = {None: 'rope', 0: 'nope'}.get(self.model_args.get('rope_dim'), 'partial_rope')
-        if self.model_args.get('rope_heads', 1) != 1 and pos != 'nope':
-            pos = f"rope_heads{self.model_args['rope_heads']}_{pos}"       # e.g. rope_heads0.5_partial_rope
-        self.block_choices = {'canon': self.model_args.get('canon', ''),
-                              'pos': pos if info.family == 'llama' else info.family}
-        self.monitor, self.monitor_mode = 'val/acc', 'max'    # the checkpoint callback's metric
-        self.model = None
-        if vocab_size is not None:
-            self._build(vocab_size)
+    task = 'language_modeling'
+
+    def __init__(self, name: str = 'llama_tiny', generate_samples: int = 32,
+                 optimizer: OptimizerCallable = lambda params: torch.optim.AdamW(params, lr=1e-3, weight_decay=0.03,
+                                                                                 betas=(0.9, 0.98), eps=1e-6),
+                 lr_scheduler: Optional[LRSchedulerCallable] = lambda opt: optim.WarmupCosine(
+                     opt, warmup_steps=1000, min_lr_ratio=0.1), **kwargs):
+        super().__init__(name, optimizer=optimizer, lr_scheduler=lr_scheduler, **kwargs)
+        args = self.model_args
+        pos = {None: 'rope', 0: 'nope'}.get(args.get('rope_dim'), 'partial_rope')
+        if args.get('rope_heads', 1) != 1 and pos != 'nope':
+            pos = f"rope_heads{args['rope_heads']}_{pos}"       # e.g. rope_heads0.5_partial_rope
+        self.block_choices = {'canon': args.get('canon', ''),
+                              'pos': pos if zoo.model_info(name).family == 'llama' else zoo.model_info(name).family}
         self._acc = {}
-
-    def _build(self, vocab_size: int) -> None:
-        self.hparams.vocab_size = vocab_size
-        self.model = zoo.create(self.model_name, vocab_size=vocab_size, **self.model_args)
-
-    def setup(self, stage: str) -> None:
-        if self.model is None:
-            dm = getattr(self.trainer, 'datamodule', None)
-            if dm is None or not hasattr(dm, 'vocab_size'):
-                raise ValueError('CausalLM needs vocab_size, or a data module with a vocab_size attribute')
-            self._build(dm.vocab_size)
-
-    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
-        return self.model(tokens)
 
     def _loss(self, logits, batch):
         sel = batch['answer'] >= 0
@@ -89,7 +72,7 @@ class CausalLM(L.LightningModule):
 
     def training_step(self, batch, batch_idx):
         loss = self._loss(self(batch['input']), batch)
-        self.log('train/loss', loss, prog_bar=True)
+        self.log_train(loss)
         return loss
 
     def _eval_step(self, batch, split: str):
@@ -164,11 +147,3 @@ class CausalLM(L.LightningModule):
 
     def on_test_epoch_end(self):
         self._eval_end('test')
-
-    def configure_optimizers(self):
-        opt = torch.optim.AdamW(optim.param_groups(self.model, self.hparams.weight_decay),
-                                lr=self.hparams.lr, betas=tuple(self.hparams.betas), eps=self.hparams.eps)
-        total = self.trainer.max_steps if self.trainer.max_steps > 0 else int(self.trainer.estimated_stepping_batches)
-        warmup = max(1, min(self.hparams.warmup_steps, total))
-        sched = optim.scheduler(opt, total, warmup, self.hparams.min_lr_ratio)
-        return {'optimizer': opt, 'lr_scheduler': {'scheduler': sched, 'interval': 'step'}}

@@ -4,7 +4,9 @@
   biases, scales) plus the model's own ``no_weight_decay()`` names (position embeddings, class tokens, ...;
   ``zoo.ClassifierBase`` declares it, timm models have it too). With ``layer_decay``, the same split per layer
   of depth (BEiT-style layer-wise lr decay; our layer ids, because zoo models have no timm ``group_matcher``).
-- ``warmup_cosine``: linear warm-up, then cosine decay to a floor, as an lr multiplier per optimizer step.
+- ``warmup_cosine``: linear warm-up, then cosine decay to a floor, as an lr multiplier per optimizer step;
+  :class:`WarmupCosine` is it as a scheduler a config injects (``lr_scheduler: {class_path:
+  zoo.recipes.optim.WarmupCosine, init_args: {warmup_epochs: 1, min_lr: 2.0e-5}}``), sized from the run.
 """
 from __future__ import annotations
 
@@ -39,19 +41,24 @@ def layer_ids(model: nn.Module) -> dict[str, int]:
     return {k: last if v is None else v for k, v in ids.items()}
 
 
-def param_groups(model: nn.Module, weight_decay: float, lr: float | None = None,
+def param_groups(model: nn.Module, weight_decay: float | None = None, lr: float | None = None,
                  layer_decay: float | None = None) -> list[dict]:
     """Trainable parameters of ``model`` in optimizer groups: no weight decay on 1-d parameters, biases and
-    ``model.no_weight_decay()``; with ``layer_decay``, one group per (layer, decay) with
-    ``lr = lr * layer_decay ** (depth below the head)`` (and its ``lr_scale`` and ``layer``)."""
+    ``model.no_weight_decay()``; the other group gets ``weight_decay`` (``None``: no key, so the optimizer's own
+    setting applies, as for an injected optimizer). With ``layer_decay``, one group per (layer, decay) with
+    ``lr_scale = layer_decay ** (depth below the head)`` (and ``lr = lr * lr_scale`` when ``lr`` is given; else
+    :func:`apply_lr_scale` once the optimizer exists) and its ``layer``."""
     from timm.optim import param_groups_weight_decay  # lazily: timm's import is heavy
 
-    groups = param_groups_weight_decay(model, weight_decay, no_weight_decay_list=no_weight_decay_names(model))
+    groups = param_groups_weight_decay(model, 1.0 if weight_decay is None else weight_decay,
+                                       no_weight_decay_list=no_weight_decay_names(model))
+    if weight_decay is None:  # the optimizer's own weight decay on the decayed group
+        for g in groups:
+            if g['weight_decay'] != 0:
+                del g['weight_decay']
     if layer_decay is None:  # decayed group first, as the recipes had it (gradient clipping sums in this order)
-        return sorted((g for g in groups if g['params']), key=lambda g: g['weight_decay'] == 0)
-    if lr is None:
-        raise ValueError('param_groups: layer_decay needs the base lr')
-    decays = {id(p): g['weight_decay'] for g in groups for p in g['params']}
+        return sorted((g for g in groups if g['params']), key=lambda g: g.get('weight_decay') == 0)
+    decays = {id(p): g.get('weight_decay') for g in groups for p in g['params']}
     ids = layer_ids(model)
     last = max(ids.values())
     by_layer: dict[tuple[int, float], dict] = {}
@@ -60,10 +67,18 @@ def param_groups(model: nn.Module, weight_decay: float, lr: float | None = None,
             continue
         layer, wd = ids[name], decays[id(p)]
         scale = layer_decay ** (last - layer)
-        g = by_layer.setdefault((layer, wd), {'params': [], 'weight_decay': wd, 'lr_scale': scale, 'layer': layer,
-                                              'lr': lr * scale})
+        g = by_layer.setdefault((layer, wd), {'params': [], 'lr_scale': scale, 'layer': layer,
+                                              **({} if wd is None else {'weight_decay': wd}),
+                                              **({} if lr is None else {'lr': lr * scale})})
         g['params'].append(p)
-    return sorted(by_layer.values(), key=lambda g: (g['layer'], g['weight_decay']))
+    return sorted(by_layer.values(), key=lambda g: (g['layer'], g.get('weight_decay', 1.0) == 0))
+
+
+def apply_lr_scale(optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
+    """Scale each group's learning rate by its ``lr_scale`` (layer-wise decay) once the optimizer has set it."""
+    for g in optimizer.param_groups:
+        g['lr'] = g['lr'] * g.get('lr_scale', 1.0)
+    return optimizer
 
 
 def warmup_cosine(step: int, total: int, warmup: int = 0, floor: float = 0.0) -> float:
@@ -79,6 +94,48 @@ def scheduler(optimizer: torch.optim.Optimizer, total: int, warmup: int = 0, flo
     """``warmup_cosine`` as a per-step ``LambdaLR`` (Lightning: ``{'scheduler': ..., 'interval': 'step'}``)."""
     fn: Callable[[int], float] = lambda step: warmup_cosine(step, total, warmup, floor)  # noqa: E731
     return torch.optim.lr_scheduler.LambdaLR(optimizer, fn)
+
+
+class WarmupCosine(torch.optim.lr_scheduler.LambdaLR):
+    """:func:`warmup_cosine` per optimizer step, as the scheduler a config injects into a system.
+
+    Args:
+        warmup_epochs: linear warm-up length in epochs (fractions allowed), converted with the run's steps.
+        warmup_steps: the warm-up in optimizer steps instead (at least one step).
+        min_lr: the floor as an absolute learning rate (divided by the optimizer's lr), or
+        min_lr_ratio: the floor as a fraction of the lr.
+
+    The run's length is not known when the scheduler is built: the system calls :meth:`bind` with the
+    trainer before the first step (total = ``max_steps`` when set, else Lightning's estimate).
+    """
+
+    interval = 'step'
+
+    def __init__(self, optimizer: torch.optim.Optimizer, warmup_epochs: float = 0.0, warmup_steps: int | None = None,
+                 min_lr: float = 0.0, min_lr_ratio: float | None = None):
+        if warmup_epochs < 0 or (warmup_steps is not None and warmup_steps < 0) or min_lr < 0:
+            raise ValueError(f'WarmupCosine: warm-up and min_lr must be >= 0, got warmup_epochs={warmup_epochs}, '
+                             f'warmup_steps={warmup_steps}, min_lr={min_lr}')
+        self.warmup_epochs, self.warmup_steps, self.min_lr, self.min_lr_ratio = (warmup_epochs, warmup_steps, min_lr,
+                                                                                 min_lr_ratio)
+        lr = optimizer.defaults.get('lr') or 0.0
+        self.floor = min_lr_ratio if min_lr_ratio is not None else (min_lr / lr if lr > 0 else 0.0)
+        self.total, self.warmup = 1, 0
+        super().__init__(optimizer, lambda step: warmup_cosine(step, self.total, self.warmup, self.floor))
+
+    def bind(self, trainer) -> 'WarmupCosine':
+        """Size the schedule from the run and set the learning rates of the current step."""
+        self.total = trainer.max_steps if trainer.max_steps > 0 else max(1, int(trainer.estimated_stepping_batches))
+        if self.warmup_steps is not None:
+            self.warmup = max(1, min(self.warmup_steps, self.total))
+        else:
+            epochs = trainer.max_epochs if trainer.max_epochs and trainer.max_epochs > 0 else 1
+            self.warmup = min(self.total - 1, round(self.warmup_epochs * self.total / epochs))
+        factor = warmup_cosine(self.last_epoch, self.total, self.warmup, self.floor)
+        for group, base in zip(self.optimizer.param_groups, self.base_lrs):
+            group['lr'] = base * factor
+        self._last_lr = [g['lr'] for g in self.optimizer.param_groups]
+        return self
 
 
 def epoch_schedule(optimizer: torch.optim.Optimizer, trainer, warmup_epochs: float, lr: float, min_lr: float) -> dict:

@@ -265,10 +265,12 @@ def shared_run_dir(env, make, backend: str) -> Path:
     not be new for every run: torchrun's default run id is ``none``, a requeued SLURM job keeps its id, and
     ``--seeds`` runs several fits in one launch."""
     import torch.distributed as dist
-    from lightning.fabric.utilities.distributed import _init_dist_connection
     from torch.distributed.constants import default_pg_timeout
 
-    _init_dist_connection(env, backend, timeout=default_pg_timeout)  # a no-op when the group exists
+    if not dist.is_initialized():  # as Lightning's DDP strategy would set it up (it skips this when it exists)
+        os.environ['MASTER_ADDR'], os.environ['MASTER_PORT'] = env.main_address, str(env.main_port)
+        dist.init_process_group(backend, rank=env.global_rank(), world_size=env.world_size(),
+                                timeout=default_pg_timeout)
     path = [str(make()) if env.global_rank() == 0 else None]
     # A Python object goes over gloo (CPU memory); NCCL would need each rank's CUDA device chosen first.
     dist.broadcast_object_list(path, src=0, group=None if dist.get_backend() == 'gloo' else _gloo_group())

@@ -8,7 +8,7 @@ A sweep is a Python file under ``recipes/sweeps/`` with a define-by-run search s
     N_TRIALS = 20                                          # default --n-trials
 
     def space(trial) -> dict:                              # dotted LightningCLI keys -> values
-        return {'model.init_args.lr': trial.suggest_float('lr', 1e-4, 1e-2, log=True)}
+        return {'model.init_args.optimizer.init_args.lr': trial.suggest_float('lr', 1e-4, 1e-2, log=True)}
 
 Optional: ``sampler(seed)`` and ``pruner()`` returning Optuna objects, ``ARGS`` (extra CLI arguments
 for every trial), ``SEED``.
@@ -17,10 +17,11 @@ Storage is the results database URL itself (Optuna's tables beside ``zoo_*``), s
 resumes a study after a crash or kill (``load_if_exists``), and every trial is also a run row with
 ``study_name`` and ``trial_number``. ``--n-trials N`` is the number of trials the study should hold
 when done (complete + pruned + failed, running ones included), so re-running the same command resumes
-instead of adding N more. The count is exact with ``--n-jobs`` and several processes: the storage
-creates a trial only under a lock and only while the study is short of N (``CappedRDBStorage``). A trial
-whose worker was killed (its run row ``crashed``) is failed in Optuna and does not count: the resumed
-sweep replaces it.
+instead of adding N more. The count is exact with ``--n-jobs`` and several processes: each worker runs
+Optuna's ask-and-tell loop (its public interface) and counts and asks under one lock shared by every worker
+(``work``), so together they create exactly the missing trials (``MaxTrialsCallback`` counts after a trial
+ends, so N workers finishing together would start up to N - 1 too many). A trial whose worker was killed (its
+run row ``crashed``) is failed in Optuna and does not count: the resumed sweep replaces it.
 
 Single-objective studies prune with optuna-integration's ``PyTorchLightningPruningCallback``
 (``MedianPruner`` by default). Multi-objective studies (the second objective is the trained model's
@@ -35,7 +36,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import functools
 import importlib.util
 import json
 import os
@@ -46,7 +46,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from .callbacks import TrialContext
+    from .recording import TrialContext
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -99,67 +99,33 @@ def load_sweep(path: str | os.PathLike) -> Sweep:
                  n_trials=int(getattr(mod, 'N_TRIALS', 10)), module=mod)
 
 
-class StudyFull(Exception):
-    """Raised instead of creating a trial once the study holds its ``--n-trials``: ends ``study.optimize``."""
-
-
 def counted_trials(trials, crashed_numbers) -> int:
     """How many trials count towards ``--n-trials``: every trial, running ones included, except those of a
     killed worker (their run row is ``crashed``), which a resumed sweep replaces."""
     return sum(t.number not in crashed_numbers for t in trials)
 
 
-@functools.lru_cache(maxsize=None)
-def _capped_storage_class():
-    import optuna
+def fail_crashed_trials(storage, study_id: int, name: str) -> set[int]:
+    """Trial numbers of the study whose run row is ``crashed`` (a killed worker); those still RUNNING in Optuna
+    are failed now."""
     from optuna.trial import TrialState
 
-    class CappedRDBStorage(optuna.storages.RDBStorage):
-        """Optuna's RDB storage that refuses to create a trial beyond the study's target.
+    from zoo.eval.results import open_db
 
-        ``MaxTrialsCallback`` checks the count after a trial ends, so N workers that finish together each
-        start one more (up to N - 1 too many). Here the count and the creation happen under one lock
-        shared by every worker (a file lock beside a SQLite file, an advisory lock on PostgreSQL), so the
-        total is exact. Before counting, trials whose run row is ``crashed`` (a killed worker) are failed,
-        and they do not count: the sweep replaces them."""
-
-        def __init__(self, *args, **kwargs):
-            super().__init__(*args, **kwargs)
-            self.cap: dict[str, int] = {}   # study name -> target, set by run_sweep
-
-        # Optuna's cache layer calls ``_create_new_trial`` (``create_new_trial`` goes through it too).
-        def _create_new_trial(self, study_id, template_trial=None):
-            name = self.get_study_name_from_id(study_id)
-            target = self.cap.get(name)
-            if target is None:
-                return super()._create_new_trial(study_id, template_trial)
-            with _lock(self.url, self.engine, 'trial-lock', _TRIAL_LOCK + int(study_id)):
-                crashed = self.fail_crashed_trials(study_id, name)
-                if counted_trials(self.get_all_trials(study_id, deepcopy=False), crashed) >= target:
-                    raise StudyFull(f'study {name!r} holds its {target} trials')
-                return super()._create_new_trial(study_id, template_trial)
-
-        def fail_crashed_trials(self, study_id: int, name: str) -> set[int]:
-            """Trial numbers of the study whose run row is ``crashed``; those still RUNNING in Optuna are
-            failed now (Optuna's own heartbeat would fail them only after its grace period)."""
-            from zoo.eval.results import open_db
-
-            store = open_db(self.url)
-            store.mark_crashed()
-            rows = store.runs(study_name=name, status='crashed', columns=['trial_number'])
-            crashed = {int(n) for n in rows.trial_number.dropna()}
-            for t in self.get_all_trials(study_id, deepcopy=False, states=(TrialState.RUNNING,)):
-                if t.number in crashed:
-                    self.set_trial_state_values(self.get_trial_id_from_study_id_trial_number(study_id, t.number),
-                                                TrialState.FAIL)
-            return crashed
-
-    return CappedRDBStorage
+    store = open_db(storage.url)
+    store.mark_crashed()
+    rows = store.runs(study_name=name, status='crashed', columns=['trial_number'])
+    crashed = {int(n) for n in rows.trial_number.dropna()}
+    for t in storage.get_all_trials(study_id, deepcopy=False, states=(TrialState.RUNNING,)):
+        if t.number in crashed:
+            storage.set_trial_state_values(storage.get_trial_id_from_study_id_trial_number(study_id, t.number),
+                                           TrialState.FAIL)
+    return crashed
 
 
 def storage(db: str | None = None):
-    """Optuna's RDB storage on the results database URL (a long busy timeout for SQLite, heartbeats so a
-    killed worker's trial is failed, not left running forever), capped at each study's target."""
+    """Optuna's RDB storage on the results database URL (a long busy timeout for SQLite). A killed worker's trial
+    is failed through its run row (``fail_crashed_trials``), not left running forever."""
     from zoo.eval.results import open_db, resolve_url
 
     url = resolve_url(db)
@@ -169,9 +135,9 @@ def storage(db: str | None = None):
     kw = {'connect_args': {'timeout': 120}} if url.startswith('sqlite') else {'pool_pre_ping': True}
     # Workers started together on a fresh database race to create Optuna's tables and stamp its schema
     # version: they take turns under one lock, so the later ones open what the first made.
-    with _lock(url, open_db(url).engine, 'optuna-lock', _STORAGE_LOCK), warnings.catch_warnings():
-        warnings.filterwarnings('ignore', message='.*is an experimental feature')  # heartbeats: a note per sweep
-        return _capped_storage_class()(url, engine_kwargs=kw, heartbeat_interval=30, grace_period=120)
+    with _lock(url, open_db(url).engine, 'optuna-lock', _STORAGE_LOCK):
+        import optuna
+        return optuna.storages.RDBStorage(url, engine_kwargs=kw)
 
 
 _STORAGE_LOCK = 0x7A6F6F4F50          # PostgreSQL advisory lock key of Optuna's table creation ('zooOP')
@@ -283,7 +249,7 @@ def make_objective(sweep: Sweep, study_name: str, extra_args: list[str], db_url:
     def objective(trial: optuna.Trial):
         from optuna_integration import PyTorchLightningPruningCallback
 
-        from .callbacks import TrialContext
+        from .recording import TrialContext
 
         params = sweep.module.space(trial)
         if not isinstance(params, dict):
@@ -344,27 +310,24 @@ def run_sweep(path: str | os.PathLike, n_trials: int | None = None, n_jobs: int 
               for d in sweep.directions]
     if stored != [w.value for w in wanted]:
         raise SweepError(f'study {study_name!r} exists with other directions; pick another --study-name')
-    with warnings.catch_warnings():  # Optuna marks both experimental (v3.2, v2.9): a note on every sweep, not for a user
+    with warnings.catch_warnings():  # Optuna marks it experimental (v3.2): a note on every sweep, not for a user
         warnings.simplefilter('ignore', optuna.exceptions.ExperimentalWarning)
         study.set_metric_names([sweep.metric] + (['latency_ms'] if sweep.multi_objective else []))
-        optuna.storages.fail_stale_trials(study)        # trials of a killed worker: failed, not running forever
     study.set_user_attr('base_recipe', str(sweep.base.relative_to(ROOT) if sweep.base.is_relative_to(ROOT)
                                            else sweep.base))
     study.set_user_attr('sweep_file', sweep.path.name)
     target = n_trials if n_trials is not None else sweep.n_trials
-    st.cap[study_name] = target
-    crashed = st.fail_crashed_trials(st.get_study_id_from_name(study_name), study_name)
+    study_id = st.get_study_id_from_name(study_name)
+    crashed = fail_crashed_trials(st, study_id, study_name)
     remaining = target - counted_trials(study.get_trials(deepcopy=False), crashed)
     if remaining > 0:
         # --n-jobs N: N - 1 more worker processes on the same study (not threads: Lightning, seeding and
-        # jsonargparse's directory changes are process-global). The storage refuses a trial beyond the
-        # target (StudyFull), so the workers together run exactly the missing trials.
+        # jsonargparse's directory changes are process-global). Each asks for a trial only while the study is
+        # short of the target (under the shared lock), so together they run exactly the missing trials.
         workers = [_spawn_worker(path, target, study_name, st.url, timeout, extra_args, seed, i)
                    for i in range(1, min(n_jobs, remaining))]
         try:
-            with contextlib.suppress(StudyFull):
-                study.optimize(make_objective(sweep, study_name, extra_args or [], st.url), n_trials=remaining,
-                               timeout=timeout, catch=(SweepError, RuntimeError, ValueError))
+            work(study, st, target, make_objective(sweep, study_name, extra_args or [], st.url), timeout)
         finally:
             codes = [w.wait() for w in workers]
         if any(codes):
@@ -372,6 +335,43 @@ def run_sweep(path: str | os.PathLike, n_trials: int | None = None, n_jobs: int 
                              f'{codes}); the study is stored, re-run the command to resume')
     _report(study, sweep)
     return study
+
+
+def work(study, storage, target: int, objective, timeout: float | None = None) -> None:
+    """Optuna's ask-and-tell loop until the study holds ``target`` trials (or ``timeout`` seconds pass): each trial
+    is counted and asked for under the study's lock, so workers on one database together create exactly
+    ``target``. A trial that fails (its error is in its run row) or is pruned is told so and the loop goes on."""
+    import time
+
+    import optuna
+    from optuna.trial import TrialState
+
+    start, name = time.monotonic(), study.study_name
+    study_id = storage.get_study_id_from_name(name)
+    while timeout is None or time.monotonic() - start < timeout:
+        with _lock(storage.url, storage.engine, 'trial-lock', _TRIAL_LOCK + int(study_id)):
+            crashed = fail_crashed_trials(storage, study_id, name)
+            if counted_trials(study.get_trials(deepcopy=False), crashed) >= target:
+                return
+            trial = study.ask()
+        try:
+            values = objective(trial)
+        except optuna.TrialPruned:
+            told = dict(state=TrialState.PRUNED)
+        except (SweepError, RuntimeError, ValueError) as e:
+            told = dict(state=TrialState.FAIL)
+            print(f'zoo sweep: trial {trial.number} failed: {e}', file=sys.stderr)
+        except BaseException:
+            study.tell(trial, state=TrialState.FAIL)
+            raise
+        else:
+            told = dict(values=values)
+        try:
+            study.tell(trial, **told)
+        except RuntimeError as e:  # the sampler ended the study (BruteForceSampler: space exhausted); the trial
+            if 'Study.stop' not in str(e):  # is stored before its after_trial hook runs
+                raise
+            return
 
 
 def _spawn_worker(path, n_trials: int, study_name: str, url: str, timeout, extra_args, seed, index: int):

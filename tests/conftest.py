@@ -26,8 +26,8 @@ def example_input(name: str, batch: int = 2, seed: int = 0) -> torch.Tensor:
 
 
 def model_output(model, x):
-    """Logits (or the main output) of any registered model."""
-    out = model(x)
+    """Logits (or the main output) of any registered model; a dense model's head outputs before post-processing."""
+    out = model.forward_raw(x) if hasattr(model, 'forward_raw') else model(x)
     if isinstance(out, list) and len(out) > 1 and all(isinstance(o, torch.Tensor) and o.ndim == 4 for o in out):
         return torch.cat([o.flatten(2) for o in out], 2)  # a detector's maps per level -> (B, C, sum HW)
     return out[0] if isinstance(out, (tuple, list)) else out

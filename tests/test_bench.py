@@ -53,18 +53,20 @@ def test_language_models_get_token_ids():
     assert main(['bench', 'llama_tiny', '--repeats', '2', '--warmup', '1', '--time', '0']) == 0
 
 
-def _record(db, mixer, seed, shape='1x16x16', latency=True):
+def _record(db, mixer, seed, size=(1, 16, 16), latency=True):
+    """A finished run as a zoo system records it: its network spec (name, creation arguments, input size)."""
     net = zoo.create('metaformer_tiny', token_mixer=mixer, num_classes=10, in_chans=1)
     fp = R.fingerprint(net)
+    spec = {'name': 'metaformer_tiny', 'kwargs': {'token_mixer': mixer, 'num_classes': 10, 'in_chans': 1},
+            'input_size': list(size)}
     rid = db.start_run('metaformer_tiny', task='classification', dataset='digits', seed=seed, arch_fingerprint=fp,
-                       hparams={'name': 'metaformer_tiny', 'model_args': {'token_mixer': mixer}, 'num_classes': 10,
-                                'in_chans': 1, 'lr': 0.01}, block_choices={'token_mixer': mixer},
-                       config={'data': {'class_path': 'x', 'init_args': {'img_size': 12}}})
+                       hparams={'name': 'metaformer_tiny', 'model_args': {'token_mixer': mixer}, 'network': spec},
+                       block_choices={'token_mixer': mixer})
     db.log_metrics(rid, {'val/acc1': 0.9}, final=True)
     db.finish_run(rid)
     if latency:
-        db.add_latency('metaformer_tiny', 50.0, input_shape=shape, batch_size=1, run_id=rid, arch_fingerprint=fp,
-                       source='fit', load_1m=6.0, cpus=2, threads=1)
+        db.add_latency('metaformer_tiny', 50.0, input_shape='x'.join(map(str, size)), batch_size=1, run_id=rid,
+                       arch_fingerprint=fp, source='fit', load_1m=6.0, cpus=2, threads=1)
     return rid, fp
 
 
@@ -73,17 +75,21 @@ def test_bench_db_remeasures_every_recorded_network(zoo_db, capsys):
     _, fp_pool = _record(db, 'pooling', 0)
     _record(db, 'pooling', 1)                                        # a second seed: same network, measured once
     _, fp_attn = _record(db, 'attention', 0)
-    _, fp_id = _record(db, 'identity', 0, latency=False)             # recorded with ZOO_RECORD_LATENCY=0
+    _, fp_id = _record(db, 'identity', 0, size=(1, 12, 12), latency=False)  # recorded with ZOO_RECORD_LATENCY=0
     rid = db.start_run('metaformer_tiny', task='classification', dataset='digits', arch_fingerprint='0' * 16,
-                       hparams={'model_args': {'token_mixer': 'raft'}})   # not what its arguments build
-    db.log_metrics(rid, {'val/acc1': 0.5}, final=True)
+                       hparams={'network': {'name': 'metaformer_tiny', 'kwargs': {'token_mixer': 'raft'}}})
+    db.log_metrics(rid, {'val/acc1': 0.5}, final=True)   # its spec does not build the recorded network
     db.finish_run(rid)
+    old = db.start_run('metaformer_tiny', task='classification', dataset='digits', arch_fingerprint='1' * 16)
+    db.log_metrics(old, {'val/acc1': 0.5}, final=True)  # recorded without a spec (before systems recorded one)
+    db.finish_run(old)
     assert main(['bench', '--db', str(zoo_db), '--repeats', '2', '--warmup', '1', '--time', '0', '--threads', '1']) == 0
     err = capsys.readouterr().err
     assert 'skipped metaformer_tiny (run 5)' in err and 'not the recorded network' in err and '3 latency rows' in err
+    assert 'skipped metaformer_tiny (run 6): it recorded no network spec' in err
     new = R.latency(source='bench').set_index('arch_fingerprint')
     assert sorted(new.index) == sorted([fp_pool, fp_attn, fp_id])
-    # the shape the runs trained at: their after-training record's, else the config's img_size and in_chans
+    # the shape the runs trained at: the one their spec records
     assert new.input_shape.to_dict() == {fp_pool: '1x16x16', fp_attn: '1x16x16', fp_id: '1x12x12'}
     assert (new.threads == 1).all() and new.load_1m.notna().all() and (new.repeats == 2).all()
     board = R.leaderboard('classification', 'digits', threads=1).set_index('model_args')
@@ -99,19 +105,17 @@ def test_bench_db_remeasures_every_recorded_network(zoo_db, capsys):
 
 
 def test_the_after_training_record_feeds_token_ids_to_a_language_model():
-    """The recording callback draws its example input like ``zoo bench``: a (1, context) long tensor for a
-    language model (the data module's context length), an image for the rest."""
+    """The recording logger takes one sample's shape like ``zoo bench``: (context,) token ids for a language model
+    (the data module's context length), an image for the rest, the registry's without a data module."""
     from types import SimpleNamespace
 
-    from zoo.recipes.callbacks import ResultsCallback
+    from zoo.recipes.recording import ResultsLogger
 
-    cb, net = ResultsCallback(latency=False), zoo.create('llama_tiny', vocab_size=67)
+    size = ResultsLogger._input_size
     lm = SimpleNamespace(model_name='llama_tiny', task=None)
-    x = cb._example_input(SimpleNamespace(datamodule=SimpleNamespace(context_length=130)), lm, net)
-    assert x.shape == (1, 130) and x.dtype == torch.long and int(x.max()) < 67
-    x = cb._example_input(SimpleNamespace(datamodule=None), lm, net)        # no data module: the registry's
-    assert x.shape == (1, *zoo.model_info('llama_tiny').input_size) and x.dtype == torch.long
+    assert size(SimpleNamespace(datamodule=SimpleNamespace(context_length=130)), lm) == (130,)
+    assert size(SimpleNamespace(datamodule=None), lm) == tuple(zoo.model_info('llama_tiny').input_size)
     img = SimpleNamespace(model_name='poolformer_tiny', task=None)
-    x = cb._example_input(SimpleNamespace(datamodule=SimpleNamespace(img_size=16, in_chans=1)), img,
-                          zoo.create('poolformer_tiny', in_chans=1))
-    assert x.shape == (1, 1, 16, 16) and x.is_floating_point()
+    assert size(SimpleNamespace(datamodule=SimpleNamespace(img_size=16, in_chans=1)), img) == (1, 16, 16)
+
+

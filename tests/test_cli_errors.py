@@ -28,7 +28,7 @@ def _one_error_line(capfd) -> str:
     # an unknown option: the close option names
     (['--trainer.max_epohcs', '2'], 'did you mean --trainer.max_epochs'),
     # an unknown argument of the system
-    (['--model.lrr', '0.1'], 'did you mean lr?'),
+    (['--model.label_smothing', '0.1'], 'did you mean label_smoothing?'),
     # a string where an int is expected (YAML quotes make '10' a string)
     (['--model.num_classes', "'10'"], "--model.num_classes expects int, got '10'"),
     (['--trainer.max_epochs', 'two'], '--trainer.max_epochs expects int, got two'),
@@ -62,12 +62,12 @@ def test_no_recipe(runs, capfd):
 
 def test_condensing_never_fails(monkeypatch):
     """A report shaped in a way the condenser did not foresee still gives one line, with all its words."""
-    from zoo.recipes import cli
+    from zoo.recipes import errors
 
     def unforeseen(text, parser):
         raise IndexError('unforeseen')
-    monkeypatch.setattr(cli, '_one_line_error', unforeseen)
-    assert cli.one_line_error('Parser key "model":\n  something new\n') == 'Parser key "model": something new'
+    monkeypatch.setattr(errors, '_one_line_error', unforeseen)
+    assert errors.one_line_error('Parser key "model":\n  something new\n') == 'Parser key "model": something new'
 
 
 @pytest.mark.parametrize('argv, expected', [
@@ -210,14 +210,14 @@ def test_yolo_det_gets_its_size_and_strides():
 
     from zoo.recipes import Detection
 
-    system = Detection('yolo_det', {'backbone': 'stripmlp_tiny'}, num_classes=3, img_size=64)
+    system = Detection('yolo_det', model_args={'backbone': 'stripmlp_tiny'}, num_classes=3, img_size=64)
     system.model.eval()
-    y, _ = system(torch.randn(1, 3, 64, 64))
+    y = system.model.head.decode(system.model.forward_raw(torch.randn(1, 3, 64, 64)))
     assert y.shape == (1, 4 + 3, (8 * 8 + 4 * 4 + 2 * 2))
     with pytest.raises(ValueError, match="strides 2/4/8.*backbone_kwargs=\\{'stem': 'imagenet'\\}"):
-        Detection('yolo_det', {'backbone': 'resnet_tiny'}, num_classes=3, img_size=64)
-    Detection('yolo_det', {'backbone': 'resnet_tiny', 'backbone_kwargs': {'stem': 'imagenet'}}, num_classes=3,
-              img_size=64)  # ResNet takes no img_size: not passed to it
+        Detection('yolo_det', model_args={'backbone': 'resnet_tiny'}, num_classes=3, img_size=64)
+    Detection('yolo_det', model_args={'backbone': 'resnet_tiny', 'backbone_kwargs': {'stem': 'imagenet'}},
+              num_classes=3, img_size=64)  # ResNet takes no img_size: not passed to it
 
 
 def test_piip_size_error_names_the_real_argument():

@@ -291,7 +291,8 @@ def test_denoising_recipe_psnr_goes_up():
     from zoo.recipes.denoising import Denoiser
     seed_everything(0)
     data = PhotoPatchesDataModule(patch_size=24, batch_size=16, patches_per_epoch=16 * 25, max_side=96)
-    system = Denoiser('dncnn_tiny', model_args={'conv_layer': 'weighted', 'den': [0.7]}, sigma=25, lr=3e-3)
+    system = Denoiser('dncnn_tiny', model_args={'conv_layer': 'weighted', 'den': [0.7]}, sigma=25,
+                      optimizer=lambda p: torch.optim.Adam(p, lr=3e-3))
     assert system.block_choices == {'conv_layer': 'weighted', 'den': '[0.7]'} and system.model_name == 'dncnn_tiny'
     kw = dict(accelerator='cpu', logger=False, enable_checkpointing=False, enable_progress_bar=False,
               enable_model_summary=False)

@@ -12,8 +12,10 @@ from torchvision.io import write_png
 
 from zoo.datasets.detection import (CocoDetectionDataModule, DetectionDataError, DetectionDataset,
                                     DigitsDetDataModule, ShapesDetDataModule, YoloDetectionDataModule, collate,
-                                    detection_transforms, generate_shapes_det, letterbox, read_coco, read_yolo,
-                                    unletterbox)
+                                    DetectionAugment, detection_transforms, generate_shapes_det, letterbox,
+                                    read_coco, read_yolo)
+from zoo.datasets.detection.transforms import NO_AUGMENT
+from zoo.layers.detect import unletterbox
 from zoo.eval.detection import coco_detections
 
 RED = torch.tensor([255, 0, 0], dtype=torch.uint8)
@@ -41,7 +43,7 @@ def test_train_transforms_keep_boxes_on_the_filled_rectangles(seed):
                             {'boxes': tv_tensors.BoundingBoxes(torch.tensor(rects, dtype=torch.float), format='XYXY',
                                                                canvas_size=(160, 200)),
                              'labels': torch.tensor([0, 1])}, 128)
-    tf = detection_transforms(train=True, hsv=(0, 0, 0))  # colour jitter would change "red"
+    tf = detection_transforms(DetectionAugment(hsv=(0, 0, 0)))  # colour jitter would change "red"
     out, t = tf(img, target)
     mask = _red_mask(out)
     assert len(t['boxes']) == len(t['labels'])
@@ -67,7 +69,7 @@ def test_mosaic_boxes_follow_their_images():
     rects = [[(8, 8, 40, 40)], [(20, 30, 60, 50)], [(0, 0, 30, 30)], [(30, 30, 64, 64)]]
     records = [(lambda r=r: (_rect_image(64, 64, r), np.asarray(r, np.float32), np.zeros(len(r), np.int64)), i, str(i))
                for i, r in enumerate(rects)]
-    no_aug = detection_transforms(train=True, flip=0.0, scale=(1.0, 1.0), translate=0.0, hsv=(0.0, 0.0, 0.0))
+    no_aug = detection_transforms(NO_AUGMENT)
     ds = DetectionDataset(records, 64, no_aug, mosaic=1.0)
     torch.manual_seed(0)
     for i in range(8):
@@ -83,7 +85,7 @@ def test_mosaic_boxes_follow_their_images():
 
 
 def test_collate_keeps_per_image_counts():
-    ds = ShapesDetDataModule(num_samples=20, img_size=64, batch_size=4, min_px=8, max_px=24, augment=False)
+    ds = ShapesDetDataModule(num_samples=20, img_size=64, batch_size=4, min_px=8, max_px=24, augment=None)
     ds.setup()
     x, targets = collate([ds.val_set[i] for i in range(3)])
     assert x.shape == (3, 3, 64, 64) and x.dtype == torch.float32 and 0 <= x.min() and x.max() <= 1
@@ -104,7 +106,7 @@ def test_shapes_det_is_deterministic_and_boxes_are_tight():
 
 
 def test_digits_det_classes_and_disjoint_source_digits():
-    dm = DigitsDetDataModule(num_samples=30, img_size=64, min_px=12, max_px=30, augment=False, batch_size=4)
+    dm = DigitsDetDataModule(num_samples=30, img_size=64, min_px=12, max_px=30, augment=None, batch_size=4)
     dm.setup()
     assert dm.num_classes == 10 and len(dm.train_set) + len(dm.val_set) + len(dm.test_set) == 30
     labels = torch.cat([dm.train_set[i][1]['labels'] for i in range(len(dm.train_set))])
@@ -137,7 +139,7 @@ def write_coco(root, split='train', bad=None):
 def test_coco_loads_and_round_trips(tmp_path):
     data = write_coco(tmp_path, 'train')
     write_coco(tmp_path, 'val')
-    dm = CocoDetectionDataModule(str(tmp_path), img_size=64, augment=False, batch_size=2)
+    dm = CocoDetectionDataModule(str(tmp_path), img_size=64, augment=None, batch_size=2)
     assert dm.num_classes == 2 and dm.categories == [3, 7] and dm.names == ['dog', 'cat']
     dm.setup()
     samples = {dm.val_set[i][1]['image_id']: dm.val_set[i] for i in range(len(dm.val_set))}
@@ -201,7 +203,7 @@ def write_yolo(root, lines=None, names=('a', 'b', 'c')):
 
 def test_yolo_loads_and_round_trips(tmp_path):
     data = write_yolo(tmp_path)
-    dm = YoloDetectionDataModule(str(data), img_size=64, augment=False, batch_size=2)
+    dm = YoloDetectionDataModule(str(data), img_size=64, augment=None, batch_size=2)
     assert dm.num_classes == 3 and dm.names == ['a', 'b', 'c']
     dm.setup()
     by_name = {rec[2].rsplit('/', 1)[-1]: rec for rec in dm.train_set.records}

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import torch
 
-from zoo.eval.detection import STATS, MeanAveragePrecision, coco_map
+from zoo.eval.detection import STATS, coco_map
 
 pytest.importorskip('pycocotools')
 pytest.importorskip('faster_coco_eval')
@@ -100,17 +100,22 @@ def test_ground_truth_as_predictions_scores_one_and_shifts_drop_it():
     assert coco_map(far, targets)['map'] == 0.0
 
 
-def test_accumulator_equals_one_shot_and_empty_predictions():
+def test_the_recipes_metric_equals_pycocotools_accumulated_and_empty():
+    """torchmetrics' MeanAveragePrecision (faster-coco-eval), which the detection recipe accumulates batch by batch,
+    equals pycocotools' COCOeval of the whole set; no prediction at all scores 0."""
+    from zoo.recipes.detection import coco_metric
+
     preds, targets = _case(3)
-    m = MeanAveragePrecision(num_classes=4)
+    m = coco_metric()
     for k in range(0, len(preds), 5):
         m.update(preds[k:k + 5], targets[k:k + 5])
-    assert len(m) == len(preds)
-    assert m.compute() == coco_map(preds, targets, num_classes=4)
+    ours, ref = m.compute(), coco_map(preds, targets, num_classes=4, backend='pycocotools')
+    for mine, theirs in (('map', 'map'), ('map_50', 'map50'), ('map_75', 'map75'), ('mar_100', 'mar_100')):
+        assert float(ours[mine]) == pytest.approx(ref[theirs], abs=1e-6), mine
     m.reset()
     empty = [{'boxes': torch.zeros(0, 4), 'scores': torch.zeros(0), 'labels': torch.zeros(0, dtype=torch.long)}] * 2
     m.update(empty, targets[:2])
-    assert m.compute()['map'] == 0.0
+    assert float(m.compute()['map']) <= 0.0
 
 
 def test_bad_inputs():
@@ -202,35 +207,37 @@ def _write_coco_with_crowds(root, seed=0):
 
 @pytest.mark.parametrize('backend', ['faster_coco_eval', 'pycocotools'])
 def test_coco_folder_with_crowds_validates_like_cocoeval_on_the_file(tmp_path, backend):
-    """The loader carries ``iscrowd`` and the annotations' ``area`` to the evaluator and keeps the tiniest boxes:
-    validation mAP on letterboxed images, mapped back to the files' pixels as the recipe does (DataModule ->
-    collate -> ``to_file_pixels`` -> MeanAveragePrecision), equals pycocotools' COCOeval of the same detections
-    on the original annotation file in all twelve numbers, the small / medium / large ones included (their
-    areas are the file's ``area`` field, 0.7 of the box here, as a segment's would be)."""
+    """The loader carries ``iscrowd``, the annotations' ``area`` and every box in the file's pixels to the
+    evaluator: validation mAP as the recipe computes it (DataModule -> collate -> predictions on the
+    letterboxed images mapped back by the head's ``unletterbox`` -> the recipe's ground truth -> torchmetrics'
+    MeanAveragePrecision) equals pycocotools' COCOeval of the same detections on the original annotation file in
+    all the numbers, the small / medium / large ones included (their areas are the file's ``area`` field, 0.7 of
+    the box here, as a segment's would be)."""
     from pycocotools.coco import COCO
     from pycocotools.cocoeval import COCOeval
 
     from zoo.datasets import CocoDetectionDataModule
-    from zoo.datasets.detection import to_file_pixels
+    from zoo.layers.detect import unletterbox
+    from zoo.recipes.detection import _file_targets, coco_metric
 
     dets = _write_coco_with_crowds(tmp_path)
     ann = json.loads((tmp_path / 'annotations' / 'instances_val.json').read_text())
     assert sum(a['iscrowd'] for a in ann['annotations']) >= 4
-    dm = CocoDetectionDataModule(str(tmp_path), train_split='val', img_size=128, augment=False, batch_size=4)
+    dm = CocoDetectionDataModule(str(tmp_path), train_split='val', img_size=128, augment=None, batch_size=4)
     dm.setup()
-    metric = MeanAveragePrecision(dm.num_classes, backend)
+    metric = coco_metric(backend)
     label_of = {c: i for i, c in enumerate(dm.categories)}
     for _, targets in dm.val_dataloader():
         preds = []
-        for t in targets:  # the file's detections, letterboxed like the image: x * scale + pad
+        for t in targets:  # the file's detections, letterboxed like the image (x * scale + pad), then mapped back
             mine = [d for d in dets if d['image_id'] == t['image_id']]
             xywh = torch.tensor([d['bbox'] for d in mine], dtype=torch.float64).reshape(-1, 4)
             xyxy = torch.cat((xywh[:, :2], xywh[:, :2] + xywh[:, 2:]), 1)
             (sx, sy), (px, py) = t['scale'], t['pad']
-            preds.append({'boxes': xyxy * torch.tensor([sx, sy, sx, sy]) + torch.tensor([px, py, px, py]),
-                          'scores': torch.tensor([d['score'] for d in mine]),
+            boxes = xyxy * torch.tensor([sx, sy, sx, sy]) + torch.tensor([px, py, px, py])
+            preds.append({'boxes': unletterbox(boxes.float(), t), 'scores': torch.tensor([d['score'] for d in mine]),
                           'labels': torch.tensor([label_of[d['category_id']] for d in mine])})
-        metric.update(*to_file_pixels(preds, targets))
+        metric.update(preds, _file_targets(targets))
     ours = metric.compute()
 
     with contextlib.redirect_stdout(io.StringIO()):
@@ -243,7 +250,8 @@ def test_coco_folder_with_crowds_validates_like_cocoeval_on_the_file(tmp_path, b
     assert 0.1 < ref['map'] < 0.9
     assert min(ref[k] for k in ('map_small', 'map_medium', 'map_large')) >= 0, 'every size range should hold objects'
     for k in STATS:
-        assert ours[k] == pytest.approx(ref[k], abs=1e-6), k
+        assert float(ours[k.replace('map50', 'map_50').replace('map75', 'map_75')]) == pytest.approx(ref[k],
+                                                                                                     abs=1e-6), k
 
 
 # --- the backbone table reads each backbone's mAP from the results database ------------------------------------

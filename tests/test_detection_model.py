@@ -10,8 +10,9 @@ import pytest
 import torch
 
 import zoo
-from zoo.detection import DetectionLoss, Detector, TaskAlignedAssigner, postprocess
-from zoo.layers.detect import C2f, DetectHead, PAFPN, SPPF, ConvBNAct, make_anchors
+from zoo.dense import DenseModel
+from zoo.layers.assign import TaskAlignedAssigner
+from zoo.layers.detect import C2f, DetectHead, PAFPN, SPPF, ConvBNAct, make_anchors, nms
 
 
 def n_params(m):
@@ -49,7 +50,7 @@ def test_neck_takes_another_fusion_block():
 
 
 def test_conv_bn_settings():
-    bn = ConvBNAct(3, 8, 3).bn
+    bn = ConvBNAct(3, 8, 3).conv.bn  # one ConvBN, so zoo.layers.convbn.set_mode switches it
     assert (bn.eps, bn.momentum) == (1e-3, 0.03)
 
 
@@ -65,14 +66,14 @@ def test_output_shapes_train_and_eval_non_square(backbone, kw):
     assert [tuple(t.shape) for t in maps] == [(2, 64 + nc, 8, 12), (2, 64 + nc, 4, 6), (2, 64 + nc, 2, 3)]
     m.eval()
     with torch.no_grad():
-        y, maps_eval = m(x)
+        y = m.head.decode(m.forward_raw(x))  # dense boxes and scores, before NMS
+        dets = m(x)                          # eval mode: detections per image, after NMS
     a = 8 * 12 + 4 * 6 + 2 * 3
     assert y.shape == (2, 4 + nc, a)
     assert ((y[:, 4:] >= 0) & (y[:, 4:] <= 1)).all()
     # boxes are xyxy: x2 >= x1, y2 >= y1
     assert (y[:, 2] >= y[:, 0]).all() and (y[:, 3] >= y[:, 1]).all()
-    dets = m.predict(x, conf=0.0)
-    assert len(dets) == 2 and dets[0]['boxes'].shape[1] == 4
+    assert len(dets) == 2 and dets[0]['boxes'].shape[1] == 4 and set(dets[0]) == {'boxes', 'scores', 'labels'}
 
 
 def test_input_size_and_backbone_errors():
@@ -90,12 +91,19 @@ def test_custom_neck_through_the_generic_detector():
     chs = [i['num_chs'] for i in bb.feature_info[-3:]]
     neck = PAFPN(chs, (16, 32, 64))
     head = DetectHead(neck.out_channels, 2, strides=[i['reduction'] for i in bb.feature_info[-3:]])
-    det = Detector(bb, neck, head).eval()
+    det = DenseModel(bb, neck, head).eval()
     with torch.no_grad():
-        y, _ = det(torch.randn(1, 3, 64, 64))
+        y = det.head.decode(det.forward_raw(torch.randn(1, 3, 64, 64)))
     assert y.shape == (1, 6, 64 + 16 + 4)
     with pytest.raises(ValueError, match='strides'):
-        Detector(bb, neck, DetectHead(neck.out_channels, 2, strides=(4, 8, 16)))
+        DenseModel(bb, neck, DetectHead(neck.out_channels, 2, strides=(4, 8, 16)))
+
+
+def test_necks_are_one_argument():
+    """Mamba-YOLO's neck on a PoolFormer backbone, by name; same strides, the same head."""
+    m = zoo.create('yolo_det', backbone='poolformer_tiny', neck='xss_pafpn', num_classes=2, sppf=False)
+    assert type(m.neck).__name__ == 'XSSPAFPN' and m.strides == (8, 16, 32)
+    assert [tuple(t.shape[1:]) for t in m.train()(torch.randn(1, 3, 64, 64))] == [(66, 8, 8), (66, 4, 4), (66, 2, 2)]
 
 
 def test_make_anchors_centres_and_strides():
@@ -191,7 +199,7 @@ def test_perfect_prediction_gives_zero_box_loss():
     head = DetectHead((16, 32, 64), 3)
     box = [12.0, 20.0, 52.0, 44.0]
     maps = _perfect_maps(head, [(8, 8), (4, 4), (2, 2)], box, 1)
-    loss = DetectionLoss(head)
+    loss = head.loss
     total, items = loss(maps, [{'boxes': torch.tensor([box]), 'labels': torch.tensor([1])}])
     assert items['box'] < 1e-5
     # a shifted prediction has a positive box loss
@@ -204,8 +212,8 @@ def test_perfect_prediction_gives_zero_box_loss():
 def test_loss_backward_with_empty_images_and_gains():
     torch.manual_seed(0)
     m = zoo.create('yolo_det_tiny').train()
-    loss = DetectionLoss(m.head)
-    assert loss.gains == (7.5, 0.5, 1.5) and loss.assigner.topk == 10
+    loss = m.head.loss
+    assert m.head.gains == (7.5, 0.5, 1.5) and m.head.assigner.topk == 10
     targets = [{'boxes': torch.tensor([[4.0, 6.0, 40.0, 30.0]]), 'labels': torch.tensor([2])},
                {'boxes': torch.zeros(0, 4), 'labels': torch.zeros(0, dtype=torch.long)}]
     total, items = loss(m(torch.randn(2, 3, 64, 64)), targets)
@@ -226,7 +234,7 @@ def test_crowd_regions_are_not_training_targets():
     and differs from the loss with them as ordinary objects."""
     torch.manual_seed(0)
     m = zoo.create('yolo_det_tiny').train()
-    loss = DetectionLoss(m.head)
+    loss = m.head.loss
     maps = m(torch.randn(2, 3, 64, 64))
     obj = {'boxes': torch.tensor([[4.0, 6.0, 40.0, 30.0]]), 'labels': torch.tensor([2])}
     crowd = {'boxes': torch.tensor([[4.0, 6.0, 40.0, 30.0], [30.0, 30.0, 62.0, 60.0]]), 'labels': torch.tensor([2, 0]),
@@ -244,8 +252,8 @@ def test_postprocess_nms_is_class_aware():
     boxes = torch.tensor([[0.0, 0, 10, 10], [1, 1, 10, 10], [0, 0, 10, 10], [50, 50, 60, 60]])
     scores = torch.tensor([[0.9, 0.0], [0.8, 0.0], [0.0, 0.7], [0.0, 0.1]])
     y = torch.cat((boxes, scores), 1).T.unsqueeze(0)  # (1, 4 + nc, A)
-    (d,) = postprocess(y, conf=0.05, iou=0.5)
+    (d,) = nms(y, conf=0.05, iou=0.5)
     # the second box is suppressed by the first (same class); the third survives (other class)
     assert d['labels'].tolist() == [0, 1, 1] and torch.allclose(d['scores'], torch.tensor([0.9, 0.7, 0.1]))
-    (d,) = postprocess(y, conf=0.05, iou=0.5, max_det=2)
+    (d,) = nms(y, conf=0.05, iou=0.5, max_det=2)
     assert len(d['scores']) == 2

@@ -156,8 +156,9 @@ def test_train_and_eval_outputs_non_square():
     assert [tuple(t.shape) for t in maps] == [(2, 69, 8, 12), (2, 69, 4, 6), (2, 69, 2, 3)]
     m.eval()
     with torch.no_grad():
-        y, maps = m(x)
-    assert y.shape == (2, 4 + 5, 8 * 12 + 4 * 6 + 2 * 3)
+        y = m.head.decode(m.forward_raw(x))  # dense boxes and scores before NMS
+        dets = m(x)                          # eval mode: detections per image
+    assert y.shape == (2, 4 + 5, 8 * 12 + 4 * 6 + 2 * 3) and len(dets) == 2
     assert ((y[:, 4:] >= 0) & (y[:, 4:] <= 1)).all()
     with pytest.raises(ValueError, match='divisible by 32'):
         m(torch.randn(1, 3, 64, 80))
@@ -195,14 +196,13 @@ def test_scan_methods_give_the_same_model_output():
     b.load_state_dict(a.state_dict())
     x = torch.randn(1, 3, 64, 64)
     with torch.no_grad():
-        assert torch.allclose(a(x)[0], b(x)[0], atol=1e-4)
+        assert torch.allclose(a.forward_raw(x)[0], b.forward_raw(x)[0], atol=1e-4)
 
 
 def test_trains_with_the_detection_loss():
-    from zoo.detection import DetectionLoss
     torch.manual_seed(0)
     m = zoo.create('mamba_yolo_tiny').train()
-    loss_fn = DetectionLoss(m.head)
+    loss_fn = m.head.loss
     x = torch.randn(2, 3, 64, 64)
     targets = [{'boxes': torch.tensor([[8., 8., 40., 40.]]), 'labels': torch.tensor([1])},
                {'boxes': torch.tensor([[20., 10., 60., 30.]]), 'labels': torch.tensor([2])}]
@@ -225,19 +225,19 @@ def test_convbn_modes_tune_and_deploy_match_eval():
     x = torch.randn(1, 3, 64, 64)
     m.eval()
     with torch.no_grad():
-        ref = m(x)[0]
+        ref = m.forward_raw(x)[0]
     counts = set_mode(m, 'tune')
     assert counts['blocks'] > 0 and counts['other_bn'] == 0 and counts['traced_pairs'] == 0
     m.train()                                      # tune mode is sticky: running statistics stay in use
     tuned = m(x)
     m.eval()
     with torch.no_grad():
-        assert torch.allclose(m(x)[0], ref, atol=1e-4)
+        assert torch.allclose(m.forward_raw(x)[0], ref, atol=1e-4)
     assert all(t.requires_grad for t in tuned)
     set_mode(m, 'deploy')
     assert not any(isinstance(mod, nn.BatchNorm2d) for mod in m.modules())
     with torch.no_grad():
-        assert torch.allclose(m(x)[0], ref, atol=1e-4)
+        assert torch.allclose(m.forward_raw(x)[0], ref, atol=1e-4)
     built = zoo.create('mamba_yolo_tiny', convbn_mode='tune')
     assert all(b.mode == 'tune' for b in built.modules() if isinstance(b, ConvBN))
 
@@ -293,7 +293,11 @@ def _outputs(model, x):
     """Eval outputs with boxes as the official head gives them (xywh), and the raw maps."""
     from torchvision.ops import box_convert
     with torch.no_grad():
-        y, maps = model(x)
+        if hasattr(model, 'sources'):  # the official re-statement: (y, maps) in eval mode
+            y, maps = model(x)
+        else:  # ours: the head's dense decode of the raw maps, boxes xyxy
+            maps = model.forward_raw(x)
+            y = model.head.decode(maps)
     if not hasattr(model, 'sources'):  # ours: xyxy
         y = torch.cat([box_convert(y[:, :4].transpose(1, 2), 'xyxy', 'cxcywh').transpose(1, 2), y[:, 4:]], 1)
     return y, maps

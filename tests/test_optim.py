@@ -2,6 +2,8 @@
 builds its optimizer through them (issue 13 item 7: a model's ``no_weight_decay()`` is honoured)."""
 from __future__ import annotations
 
+import functools
+
 import types
 
 import pytest
@@ -32,7 +34,8 @@ def test_warmup_cosine():
 
 def test_tnt_position_embeddings_and_class_token_get_no_weight_decay():
     """The optimizer ImageClassifier builds for TNT: pos embeddings and the class token at weight_decay 0."""
-    system = zoo.recipes.ImageClassifier('tnt_tiny', num_classes=3, weight_decay=0.05)
+    system = zoo.recipes.ImageClassifier('tnt_tiny', num_classes=3,
+                                         optimizer=functools.partial(torch.optim.AdamW, lr=1e-3, weight_decay=0.05))
     decay = _decay_of(_optimizer(system), system.model)
     assert {n: decay[n] for n in ('word_pos', 'sentence_pos', 'cls_token')} == dict.fromkeys(
         ('word_pos', 'sentence_pos', 'cls_token'), 0.0)
@@ -43,14 +46,15 @@ def test_tnt_position_embeddings_and_class_token_get_no_weight_decay():
 
 def test_finetune_layer_decay_keeps_the_no_decay_names(tmp_path):
     torch.save(zoo.create('tnt_tiny', num_classes=5).state_dict(), tmp_path / 'tnt.pth')
-    system = zoo.recipes.FineTuner('tnt_tiny', str(tmp_path / 'tnt.pth'), num_classes=3, layer_decay=0.7)
+    system = zoo.recipes.FineTuner('tnt_tiny', str(tmp_path / 'tnt.pth'), num_classes=3, layer_decay=0.7,
+                                   optimizer=functools.partial(torch.optim.AdamW, lr=1e-4, weight_decay=0.05))
     decay = _decay_of(_optimizer(system), system.model)
     assert decay['cls_token'] == decay['word_pos'] == 0.0 and decay['head.weight'] == 0.05
 
 
 @pytest.mark.parametrize('make', [
-    lambda: zoo.recipes.CausalLM('llama_tiny', weight_decay=0.03, vocab_size=32),
-    lambda: zoo.recipes.Denoiser('dncnn_tiny', weight_decay=0.01),
+    lambda: zoo.recipes.CausalLM('llama_tiny', vocab_size=32),  # its default AdamW: weight decay 0.03
+    lambda: zoo.recipes.Denoiser('dncnn_tiny', optimizer=functools.partial(torch.optim.Adam, lr=1e-3, weight_decay=0.01)),
 ], ids=['lm', 'denoising'])
 def test_every_recipe_builds_its_groups_through_optim(make, monkeypatch):
     """A name the model declares in ``no_weight_decay()`` gets weight decay 0 in every recipe's optimizer."""

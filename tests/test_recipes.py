@@ -90,8 +90,8 @@ def test_demo_learns_in_one_short_epoch(runs):
     assert len(losses) == 16 and sum(losses[-4:]) < sum(losses[:4])  # the loss goes down
     acc = [float(r['val/acc1']) for r in rows if r.get('val/acc1')]
     assert acc and acc[-1] > 0.5  # 10 classes: chance is 0.1
-    saved = yaml.safe_load((run / 'config.yaml').read_text())
-    assert saved['model']['init_args']['num_classes'] == 10 and saved['model']['init_args']['in_chans'] == 1
+    hp = torch.load(run / 'checkpoints' / 'last.ckpt', weights_only=False)['hyper_parameters']
+    assert hp['num_classes'] == 10 and hp['in_chans'] == 1  # linked from the data module
     assert (run / 'checkpoints' / 'last.ckpt').is_file() and list(run.glob('checkpoints/best-*.ckpt'))
     assert (runs / DEMO.stem / 'latest').resolve() == run.resolve()
 
@@ -132,11 +132,12 @@ def test_overrides_reach_model_data_and_trainer(runs):
 
 def test_print_config(runs, capsys):
     with pytest.raises(SystemExit) as e:  # jsonargparse prints and exits 0; run_lightning_cli turns it into rc
-        raise SystemExit(fit('-c', DEMO, '--model.lr', '0.01', '--print_config'))
+        raise SystemExit(fit('-c', DEMO, '--model.optimizer.lr', '0.01', '--print_config'))
     assert e.value.code == 0
     out = capsys.readouterr().out
     cfg = yaml.safe_load(out[out.index('seed_everything'):])
-    assert cfg['model']['class_path'] == 'zoo.recipes.ImageClassifier' and cfg['model']['init_args']['lr'] == 0.01
+    assert cfg['model']['class_path'] == 'zoo.recipes.ImageClassifier'
+    assert cfg['model']['init_args']['optimizer']['init_args']['lr'] == 0.01  # the injected optimizer's
     assert cfg['data']['class_path'] == 'zoo.datasets.DigitsDataModule'
 
 
@@ -187,7 +188,8 @@ def test_checkpoint_of_another_model_is_rejected(tmp_path):
 
 def test_classifier_options_mixup_ema_sgd(runs):
     rc = fit('-c', DEMO, '--model.mixup_alpha', 0.8, '--model.cutmix_alpha', 1.0, '--model.ema_decay', 0.5,
-             '--model.optimizer', 'sgd', '--model.lr', 0.05, '--trainer.max_epochs', 1,
+             '--model.optimizer', 'torch.optim.SGD', '--model.optimizer.lr', 0.05, '--model.optimizer.momentum', 0.9,
+             '--trainer.max_epochs', 1,
              '--trainer.limit_train_batches', 2, '--trainer.limit_val_batches', 1)
     assert rc == 0
     [run] = run_dirs(runs, DEMO.stem)
@@ -223,7 +225,7 @@ def test_finetune_new_head_and_loaded_backbone(pretrained):
 def test_finetune_frozen_backbone_stays_frozen(pretrained, runs):
     net, path = pretrained
     assert fit('-c', DEMO, '--model.class_path', 'zoo.recipes.FineTuner', '--model.checkpoint', path,
-               '--model.freeze_backbone', 'true', '--model.lr', 0.01, '--data.in_chans', 3,
+               '--model.freeze_backbone', 'true', '--model.optimizer.lr', 0.01, '--data.in_chans', 3,
                '--trainer.max_epochs', 1, '--trainer.limit_train_batches', 3, '--trainer.limit_val_batches', 1) == 0
     [run] = run_dirs(runs, DEMO.stem)
     sd = torch.load(run / 'checkpoints' / 'last.ckpt', weights_only=False)['state_dict']
@@ -237,9 +239,11 @@ def test_finetune_frozen_backbone_stays_frozen(pretrained, runs):
 
 
 def test_finetune_layerwise_lr_groups(pretrained):
+    """Layer-wise lr decay: the injected optimizer's lr times each group's ``lr_scale`` (the head at 1)."""
     _, path = pretrained
-    ft = zoo.recipes.FineTuner('poolformer_tiny', str(path), num_classes=3, lr=1e-3, layer_decay=0.5)
-    groups = ft.param_groups()
+    ft = zoo.recipes.FineTuner('poolformer_tiny', str(path), num_classes=3, layer_decay=0.5, lr_scheduler=None,
+                               optimizer=lambda p: torch.optim.AdamW(p, lr=1e-3, weight_decay=0.05))
+    groups = ft.configure_optimizers().param_groups
     by_layer = {g['layer']: g['lr'] for g in groups}
     layers = sorted(by_layer)
     assert layers[0] == 0 and by_layer[layers[-1]] == pytest.approx(1e-3)  # the head gets the full lr
@@ -249,6 +253,7 @@ def test_finetune_layerwise_lr_groups(pretrained):
     assert all(names[id(p)].startswith('stem.') for p in stem['params'])
     assert sum(len(g['params']) for g in groups) == len(list(ft.model.parameters()))
     assert all(g['weight_decay'] == 0 for g in groups for p in g['params'] if p.ndim == 1)
+    assert {g['weight_decay'] for g in groups if any(p.ndim > 1 for p in g['params'])} == {0.05}
 
 
 def test_finetune_from_a_lightning_checkpoint(runs, tmp_path):

@@ -630,11 +630,11 @@ def _tiny_system():
 
 def _trainer(**kw):
     import lightning.pytorch as pl
-    from zoo.recipes.callbacks import ResultsCallback
+    from zoo.recipes.recording import ResultsLogger
 
-    cb = ResultsCallback(latency_repeats=2, latency_warmup=1, **kw)
-    return pl.Trainer(max_epochs=2, accelerator='cpu', devices=1, logger=False, enable_checkpointing=False,
-                      enable_progress_bar=False, enable_model_summary=False, callbacks=[cb]), cb
+    cb = ResultsLogger(latency_repeats=2, latency_warmup=1, **kw)
+    return pl.Trainer(max_epochs=2, accelerator='cpu', devices=1, logger=[cb], enable_checkpointing=False,
+                      enable_progress_bar=False, enable_model_summary=False), cb
 
 
 def test_callback_records_run_metrics_and_latency(monkeypatch):
@@ -677,13 +677,12 @@ def test_epochs_without_validation_record_no_stale_val_metrics():
     the next epoch; the per-epoch rows must hold val/* only for the epochs that validated."""
     import lightning.pytorch as pl
 
-    from zoo.recipes.callbacks import ResultsCallback
+    from zoo.recipes.recording import ResultsLogger
 
     System, loader = _tiny_system()
-    cb = ResultsCallback(latency=False)
-    trainer = pl.Trainer(max_epochs=4, check_val_every_n_epoch=2, accelerator='cpu', devices=1, logger=False,
-                         enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
-                         callbacks=[cb])
+    cb = ResultsLogger(latency=False)
+    trainer = pl.Trainer(max_epochs=4, check_val_every_n_epoch=2, accelerator='cpu', devices=1, logger=[cb],
+                         enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False)
     trainer.fit(System(), loader, loader)
     assert R.metrics(cb.run_id, name='val/acc1', final=False).epoch.tolist() == [1, 3]
     assert R.metrics(cb.run_id, name='train/loss', final=False).epoch.tolist() == [0, 1, 2, 3]
@@ -724,7 +723,8 @@ def test_callback_marks_failed_and_pruned_runs():
     assert R.metrics(cb.run_id, name='val/acc1', final=False).epoch.tolist() == [0]   # the epoch it finished
 
     import optuna
-    trainer, cb = _trainer(latency=False, study_name='s', trial_number=4)
+    from zoo.recipes.recording import TrialContext
+    trainer, cb = _trainer(latency=False, trial=TrialContext('s', 4))
     with pytest.raises(optuna.TrialPruned):
         trainer.fit(System(prune_at_epoch=0), loader, loader)
     pruned = R.runs(id=cb.run_id).iloc[0]
@@ -763,7 +763,8 @@ def test_zoo_fit_records_run_metrics_and_latency(zoo_db, tmp_path, monkeypatch):
     assert (run.model, run.family, run.variant, run.dataset, run.task) == (
         'poolformer_tiny', 'poolformer', 'tiny', 'digits', 'classification')
     assert run.status == 'finished' and run.recipe == cfg and run.seed == 0 and run.max_epochs == 2
-    assert run.block_choices == {'token_mixer': 'pooling'} and run.config['model']['init_args']['lr'] == 0.004
+    assert run.block_choices == {'token_mixer': 'pooling'}
+    assert run.config['model']['init_args']['optimizer']['init_args']['lr'] == 0.004
     assert run.git_commit and run.params > 0 and run.macs > 0
     assert R.metrics(int(run.id), name='val/acc1', final=False).epoch.tolist() == [0, 1]
     lat = R.latency()
@@ -771,9 +772,10 @@ def test_zoo_fit_records_run_metrics_and_latency(zoo_db, tmp_path, monkeypatch):
     assert lat.arch_fingerprint.tolist() == [run.arch_fingerprint]
     # --db none: nothing recorded; --db PATH: recorded there
     other = tmp_path / 'other.db'
-    assert main(['fit', '-c', cfg, '--trainer.fast_dev_run=true', '--db', 'none']) == 0
+    one = ['--trainer.max_epochs=1', '--trainer.limit_train_batches=1', '--trainer.limit_val_batches=1']
+    assert main(['fit', '-c', cfg, *one, '--db', 'none']) == 0
     monkeypatch.setenv('ZOO_DB', str(zoo_db))
-    assert main(['fit', '-c', cfg, '--trainer.fast_dev_run=true', '--db', str(other), '--seed_everything=1']) == 0
+    assert main(['fit', '-c', cfg, *one, '--db', str(other), '--seed_everything=1']) == 0
     assert len(R.runs()) == 1 and R.runs(db=str(other)).seed.tolist() == [1]
 
 

@@ -135,7 +135,7 @@ def test_a_sweep_with_two_worker_processes_on_postgres(pg_url, tmp_path):
     sweep.write_text(f'BASE = {str(BASE)!r}\nMETRIC = "val/acc1"\n' + two_worker_gate(tmp_path / 'gate') +
                      'def space(trial):\n'
                      '    wait_for_both_workers()\n'
-                     '    return {"model.init_args.lr": trial.suggest_float("lr", 1e-3, 1e-2, log=True)}\n'
+                     '    return {"model.init_args.optimizer.init_args.lr": trial.suggest_float("lr", 1e-3, 1e-2, log=True)}\n'
                      'def pruner():\n    import optuna\n    return optuna.pruners.NopPruner()\n')
     assert main(['sweep', str(sweep), '--n-trials', '3', '--n-jobs', '2', '--db', pg_url, '--trial-args', FAST]) == 0
     study = optuna.load_study(study_name='pg_sweep', storage=pg_url)

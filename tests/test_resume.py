@@ -29,7 +29,7 @@ def load(path: Path) -> dict:
 def test_last_ckpt_is_the_end_of_the_latest_epoch_not_the_best(runs):
     """Lightning's save_last rewrites last.ckpt only with a new best; with lr 0 the best never improves
     after epoch 0, so that bug would leave last.ckpt at epoch 0."""
-    assert main(['fit', *SHORT, '--model.lr', '0']) == 0
+    assert main(['fit', *SHORT, '--model.optimizer.lr', '0']) == 0
     [run] = run_dirs(runs)
     last = load(run / 'checkpoints' / 'last.ckpt')
     assert last['epoch'] == 2 and last['global_step'] == 12

@@ -81,7 +81,7 @@ def test_pruned_and_failed_trials_are_kept(tmp_path, zoo_db):
     sweep = _write_sweep(tmp_path, '''
 def space(trial):
     lr = trial.suggest_categorical("lr", [0.002, "nan"])
-    return {"model.init_args.lr": lr}
+    return {"model.init_args.optimizer.init_args.lr": lr}
 
 def pruner():
     import optuna
@@ -105,7 +105,7 @@ def test_a_killed_sweep_resumes_and_its_trial_is_marked_crashed(tmp_path, zoo_db
     sweep = _write_sweep(tmp_path, '''
 N_TRIALS = 2
 def space(trial):
-    return {"model.init_args.lr": trial.suggest_float("lr", 1e-3, 1e-2, log=True)}
+    return {"model.init_args.optimizer.init_args.lr": trial.suggest_float("lr", 1e-3, 1e-2, log=True)}
 ''', name='killme')
     env = {**os.environ, 'ZOO_DB': str(zoo_db)}
     proc = subprocess.Popen([sys.executable, '-m', 'zoo.recipes.main', 'sweep', str(sweep), '--trial-args', FAST],
@@ -158,7 +158,7 @@ def test_two_processes_on_one_sqlite_file_lose_no_trial_and_add_none(tmp_path, z
     sweep = _write_sweep(tmp_path, two_worker_gate(tmp_path / 'gate') + '''
 def space(trial):
     wait_for_both_workers()
-    return {"model.init_args.lr": trial.suggest_float("lr", 1e-3, 1e-2, log=True)}
+    return {"model.init_args.optimizer.init_args.lr": trial.suggest_float("lr", 1e-3, 1e-2, log=True)}
 
 def pruner():
     import optuna
@@ -188,10 +188,9 @@ def test_the_trial_cap_is_exact_with_four_racing_processes(zoo_db):
     target. Without the lock each worker passes the count before the others' trials exist."""
     code = ('import optuna, sys\nfrom zoo.recipes import sweep as S\n'
             'optuna.logging.set_verbosity(optuna.logging.WARNING)\n'
-            'st = S.storage(sys.argv[1])\nst.cap["race"] = 12\n'
+            'st = S.storage(sys.argv[1])\n'
             'study = optuna.load_study(study_name="race", storage=st)\n'
-            'try:\n    study.optimize(lambda t: t.suggest_float("x", 0, 1), n_trials=100)\n'
-            'except S.StudyFull:\n    print("full")\n')
+            'S.work(study, st, 12, lambda t: t.suggest_float("x", 0, 1))\nprint("full")\n')
     import optuna
 
     from zoo.recipes.sweep import storage
@@ -213,7 +212,7 @@ def space(trial):
     which = trial.suggest_categorical("which", ["bad_name", "bad_value"])
     if which == "bad_name":
         return {"model.init_args.name": "poolformer_nope"}
-    return {"model.init_args.lr": "fast"}
+    return {"model.init_args.optimizer.init_args.lr": "fast"}
 
 def sampler(seed):
     import optuna

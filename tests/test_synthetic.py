@@ -269,10 +269,14 @@ def test_recipe_trains_and_logs(tmp_path, one_thread):
     from zoo.recipes.lm import CausalLM
     L.seed_everything(0)
     dm = SyntheticLMDataModule('copy', {'N': 8}, context_length=18, batch_size=16, train_windows=16 * 25, val_windows=16)
-    system = CausalLM('llama_tiny', {'canon': 'AC'}, lr=1e-2, warmup_steps=5)
+    from zoo.recipes.optim import WarmupCosine
+    system = CausalLM('llama_tiny', model_args={'canon': 'AC'}, vocab_size=dm.vocab_size,
+                      optimizer=lambda p: torch.optim.AdamW(p, lr=1e-2, weight_decay=0.03, betas=(0.9, 0.98)),
+                      lr_scheduler=lambda o: WarmupCosine(o, warmup_steps=5, min_lr_ratio=0.1))
     assert system.block_choices == {'canon': 'AC', 'pos': 'rope'} and system.model_name == 'llama_tiny'
-    assert CausalLM('llama_tiny', {'rope_dim': 0}).block_choices['pos'] == 'nope'
-    assert CausalLM('llama_tiny', {'rope_heads': 0.5, 'rope_dim': 4}).block_choices['pos'] == 'rope_heads0.5_partial_rope'
+    assert CausalLM('llama_tiny', model_args={'rope_dim': 0}).block_choices['pos'] == 'nope'
+    assert CausalLM('llama_tiny', model_args={'rope_heads': 0.5, 'rope_dim': 4}).block_choices['pos'] == \
+        'rope_heads0.5_partial_rope'
     trainer = L.Trainer(max_steps=25, num_sanity_val_steps=0, accelerator='cpu', logger=False, enable_checkpointing=False,
                         enable_progress_bar=False, enable_model_summary=False, default_root_dir=tmp_path)
     trainer.validate(system, dm)
@@ -296,7 +300,10 @@ def test_lm_configs_name_registered_models_and_tasks(path):
     model, data = cfg['model']['init_args'], cfg['data']['init_args']
     assert cfg['model']['class_path'] == 'zoo.recipes.lm.CausalLM'
     assert zoo.model_info(model['name']).task == 'language_modeling' and data['task'] in TASKS
-    assert tuple(model['betas']) == (0.9, 0.98) and model['eps'] == 1e-6 and model['min_lr_ratio'] == 0.1
+    opt, sched = model['optimizer'], model['lr_scheduler']
+    assert opt['class_path'] == 'torch.optim.AdamW' and sched['class_path'] == 'zoo.recipes.optim.WarmupCosine'
+    assert tuple(opt['init_args']['betas']) == (0.9, 0.98) and opt['init_args']['eps'] == 1e-6
+    assert sched['init_args']['min_lr_ratio'] == 0.1
     task = __import__('zoo.datasets.synthetic', fromlist=['make_task']).make_task(data['task'], **data['task_args'])
     hardest = task.hardest(np.random.default_rng(0))
     assert len(hardest) <= data['context_length'] + 1, 'the hardest instance must fit in one window'

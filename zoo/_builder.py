@@ -23,8 +23,9 @@ class UnknownArgumentError(TypeError):
                              f'{", ".join(accepted)}')
 
 
-def accepted_args(cls: type) -> list[str]:
-    params = inspect.signature(cls.__init__).parameters
+def accepted_args(cls) -> list[str]:
+    """The keyword arguments a model class (its ``__init__``) or builder function takes."""
+    params = inspect.signature(cls.__init__ if isinstance(cls, type) else cls).parameters
     return [n for n, p in params.items() if n != 'self' and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
 
 
@@ -57,8 +58,9 @@ def check_no_numeric_strings(cls: type, overrides: dict) -> None:
                             f'got str {value!r}')
 
 
-def build_model(cls: type, cfg: dict, overrides: dict):
-    """``cls(**{**cfg, **overrides})`` after checking that every override is a constructor argument.
+def build_model(cls, cfg: dict, overrides: dict):
+    """``cls(**{**cfg, **overrides})`` after checking that every override is an argument of ``cls`` (a model class
+    or a builder function).
 
     Every registered family is built here, so argument checks common to all of them live here too."""
     accepted = accepted_args(cls)

@@ -57,6 +57,7 @@ def create(name: str, num_classes: int | None = None, in_chans: int | None = Non
         attach_pretrained_cfg(model, name)
     if checkpoint is not None:
         load_checkpoint(model, checkpoint, new_head='num_classes' in kwargs)
+    model.zoo_args = kwargs  # what built it: zoo.create(name, **model.zoo_args) builds it again (zoo bench --db)
     return model
 
 

@@ -43,16 +43,16 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
-from zoo.layers.convbn import ConvBN, set_mode
-from zoo.layers.detect import SPPF, ConvBNAct, DetectHead
-from zoo.layers.mamba import SimpleStem, VisionClueMerge, VSSBlock, XSSBlock, conv_bn
+from zoo.layers.convbn import set_mode
+from zoo.layers.detect import SPPF, DetectHead
+from zoo.layers.mamba import SimpleStem, VisionClueMerge, VSSBlock, XSSPAFPN
 from zoo.layers.weighted_conv import conv_factory
 
 from ._builder import FeatureInfo, build_model, check_image, select_features
 from ._registry import register_model
-from .detection import Detector
+from .dense import DenseModel
 
-__all__ = ['ODMamba', 'XSSPAFPN', 'MambaYOLO', 'PUBLISHED_COCO']
+__all__ = ['ODMamba', 'MambaYOLO', 'PUBLISHED_COCO']
 
 # COCO val2017 at 640 px, trained from scratch (official README): AP, AP50, AP75, APs, APm, APl
 PUBLISHED_COCO = {
@@ -60,21 +60,6 @@ PUBLISHED_COCO = {
     'mamba_yolo_b': dict(ap=49.1, ap50=66.5, ap75=53.5, aps=30.6, apm=54.0, apl=66.4),
     'mamba_yolo_l': dict(ap=52.1, ap50=69.8, ap75=56.5, aps=34.1, apm=57.3, apl=68.1),
 }
-
-
-def _as_convbn(module: nn.Module, conv_layer=None) -> nn.Module:
-    """Turn every ``ConvBNAct`` (the detection blocks' Conv + BN + SiLU) inside ``module`` into a ConvBN pair.
-
-    The conv and BN of each become one :class:`ConvBN` (same shapes, so the same parameter count; 3x3
-    convs rebuilt with ``conv_layer``), so ``set_mode`` switches them without tracing the whole model.
-    """
-    for m in module.modules():
-        if isinstance(m, ConvBNAct) and isinstance(m.bn, nn.BatchNorm2d):
-            c = m.conv
-            m.conv = conv_bn(c.in_channels, c.out_channels, c.kernel_size[0], c.stride[0], c.groups,
-                             conv_layer=conv_layer)
-            m.bn = nn.Identity()
-    return module
 
 
 class ODMamba(nn.Module):
@@ -104,7 +89,7 @@ class ODMamba(nn.Module):
             info.append(FeatureInfo(w, 4 * 2 ** i, f'stages.{i}' if i < 3 else 'sppf'))
             prev = w
         self.stages = nn.ModuleList(stages)
-        self.sppf = _as_convbn(SPPF(widths[-1], widths[-1], 5))
+        self.sppf = SPPF(widths[-1], widths[-1], 5)
         self.out_indices, self.feature_info = select_features(info, out_indices)
         self.num_features = widths[-1]
 
@@ -131,41 +116,12 @@ class ODMamba(nn.Module):
         return feats
 
 
-class XSSPAFPN(nn.Module):
-    """Mamba-YOLO's neck: YOLOv8's path aggregation with XSSBlocks as the fusion blocks.
+class MambaYOLO(DenseModel):
+    """ODMamba -> XSS PAFPN (``neck/xss_pafpn``) -> YOLOv8 head; a :class:`zoo.dense.DenseModel` (same loss, data,
+    recipe as every detector) with the official checkpoint layout.
 
-    top-down: T4 = XSS(cat(up(C5), C4)); P3 = XSS(cat(up(T4), C3))
-    bottom-up: P4 = XSS(cat(conv_s2(P3), T4)); P5 = XSS(cat(conv_s2(P4), C5)), each XSS with ``n`` SS2D.
-    """
-
-    def __init__(self, in_channels: Sequence[int], n: int = 1, conv_layer=None, scan_method: str = 'chunked',
-                 chunk_size: int | None = None):
-        super().__init__()
-        c3, c4, c5 = in_channels
-        kw = dict(n=n, conv_layer=conv_layer, scan_method=scan_method, chunk_size=chunk_size)
-        self.in_channels = self.out_channels = (c3, c4, c5)
-        self.up = nn.Upsample(scale_factor=2, mode='nearest')
-        self.td4 = XSSBlock(c5 + c4, c4, **kw)
-        self.td3 = XSSBlock(c4 + c3, c3, **kw)
-        self.down3 = nn.Sequential(conv_bn(c3, c3, 3, 2, conv_layer=conv_layer), nn.SiLU())
-        self.bu4 = XSSBlock(c3 + c4, c4, **kw)
-        self.down4 = nn.Sequential(conv_bn(c4, c4, 3, 2, conv_layer=conv_layer), nn.SiLU())
-        self.bu5 = XSSBlock(c4 + c5, c5, **kw)
-
-    def forward(self, feats: Sequence[torch.Tensor]) -> list[torch.Tensor]:
-        x3, x4, x5 = feats
-        t4 = self.td4(torch.cat((self.up(x5), x4), 1))          # stride 16
-        p3 = self.td3(torch.cat((self.up(t4), x3), 1))          # stride 8
-        p4 = self.bu4(torch.cat((self.down3(p3), t4), 1))       # stride 16
-        p5 = self.bu5(torch.cat((self.down4(p4), x5), 1))       # stride 32
-        return [p3, p4, p5]
-
-
-class MambaYOLO(Detector):
-    """ODMamba -> XSS PAFPN -> YOLOv8 head; a :class:`zoo.detection.Detector` (same loss, data, recipe).
-
-    Train mode returns the raw maps (B, 4 * 16 + nc, H/s, W/s) for s = 8, 16, 32; eval mode ``(y, maps)``
-    with y (B, 4 + nc, A) (boxes xyxy in pixels, class probabilities). Inputs: H, W multiples of 32.
+    Train mode returns the raw maps (B, 4 * 16 + nc, H/s, W/s) for s = 8, 16, 32; eval mode one dict of
+    detections per image (boxes xyxy). Inputs: H, W multiples of 32.
     """
 
     def __init__(self, num_classes: int = 80, in_chans: int = 3, widths: Sequence[int] = (32, 64, 128, 256),
@@ -175,8 +131,8 @@ class MambaYOLO(Detector):
         conv = conv_factory(conv_layer, den, trainable_den)
         kw = dict(conv_layer=conv, scan_method=scan_method, chunk_size=chunk_size)
         backbone = ODMamba(in_chans, widths, depths, drop_path_rate, **kw)
-        neck = XSSPAFPN([i['num_chs'] for i in backbone.feature_info], neck_depth, **kw)
-        head = _as_convbn(DetectHead(neck.out_channels, num_classes, strides=(8, 16, 32), reg_max=reg_max), conv)
+        neck = XSSPAFPN([i['num_chs'] for i in backbone.feature_info], depth=neck_depth, **kw)
+        head = DetectHead(neck.out_channels, num_classes, strides=(8, 16, 32), reg_max=reg_max, conv_layer=conv)
         super().__init__(backbone, neck, head)
         self.in_chans = in_chans
         if convbn_mode != 'train':
@@ -214,7 +170,7 @@ _RULES = {
     'xss': (('in_proj.0.', 'proj.0.conv.'), ('in_proj.1.', 'proj.0.bn.'), ('ss2d.', 'ssm.'), *_COMMON_SS),
     'merge': (('pw_linear.0.', 'pw.0.conv.'), ('pw_linear.1.', 'pw.0.bn.')),
     'sppf': tuple((f'{cv}.{p}.', f'{cv}.conv.{p}.') for cv in ('cv1', 'cv2') for p in ('conv', 'bn')),
-    'conv': (('conv.', '0.conv.'), ('bn.', '0.bn.')),
+    'conv': (('conv.', 'conv.conv.'), ('bn.', 'conv.bn.')),
     'detect': (*((f'{cv}.{i}.{j}.{p}.', f'{cv}.{i}.{j}.conv.{p}.') for cv in ('cv2', 'cv3') for i in range(3)
                  for j in range(2) for p in ('conv', 'bn')),
                *((f'{cv}.{i}.2.', f'{cv}.{i}.2.') for cv in ('cv2', 'cv3') for i in range(3)), ('dfl.', 'dfl.')),

@@ -43,10 +43,6 @@ from .board import (AGGREGATE_COLUMNS, aggregate, HIGHER_IS_BETTER, LOWER_IS_BET
                     pick_latency)
 from .render import format_aggregate, format_board, pareto_front, plot_pareto
 
-# The former private name, still read by recipes/callbacks.py (under refactoring elsewhere); remove it once the
-# callback calls results.jsonable.
-_jsonable = jsonable
-
 __all__ = ['fingerprint', 'SCHEMA_VERSION', 'DEFAULT_PATH', 'STATUSES', 'DISABLED', 'HEARTBEAT_ENV',
            'DEFAULT_HEARTBEAT_S', 'STALE_BEATS', 'STALE_MIN', 'STALE_AFTER', 'ResultsDBError', 'metadata',
            'schema_table', 'runs_table', 'metrics_table', 'latency_table', 'architectures_table', 'MIGRATIONS',

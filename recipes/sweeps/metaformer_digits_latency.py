@@ -19,7 +19,7 @@ MIXERS = ['pooling', 'sepconv', 'attention', 'identity']
 def space(trial) -> dict:
     mixers = [trial.suggest_categorical(f'mixer_stage{i}', MIXERS) for i in range(4)]
     return {'model.init_args.model_args': {'token_mixer': mixers},
-            'model.init_args.lr': trial.suggest_float('lr', 1e-3, 8e-3, log=True)}
+            'model.init_args.optimizer.init_args.lr': trial.suggest_float('lr', 1e-3, 8e-3, log=True)}
 
 
 def sampler(seed):

@@ -14,8 +14,8 @@ ARGS = ['--trainer.max_epochs=5']
 
 def space(trial) -> dict:
     return {
-        'model.init_args.lr': trial.suggest_float('lr', 3e-4, 1e-2, log=True),
-        'model.init_args.weight_decay': trial.suggest_float('weight_decay', 1e-3, 0.1, log=True),
+        'model.init_args.optimizer.init_args.lr': trial.suggest_float('lr', 3e-4, 1e-2, log=True),
+        'model.init_args.optimizer.init_args.weight_decay': trial.suggest_float('weight_decay', 1e-3, 0.1, log=True),
         'model.init_args.label_smoothing': trial.suggest_float('label_smoothing', 0.0, 0.2),
         'model.init_args.model_args': {'token_mixer': trial.suggest_categorical(
             'token_mixer', ['pooling', 'sepconv', 'attention', 'identity'])},
