@@ -259,13 +259,13 @@ class _FileSeg(SegmentationDataModule):
 
 
 def _ade_names(root: Path) -> list[str] | None:
-    """Class names from ADE20K's ``objectInfo150`` table in ``root`` (.csv or .txt: Idx, Ratio, Train, Val, Name;
-    the first of a name's synonyms), or None."""
+    """Class names from ADE20K's ``objectInfo150`` table in ``root`` (.csv, or tab-separated .txt: Idx, Ratio, Train,
+    Val, Name; the first of a name's synonyms, which ``;`` or ``,`` separate), or None."""
+    import csv
     for path in (root / 'objectInfo150.csv', root / 'objectInfo150.txt'):
         if path.is_file():
-            rows = [line for line in path.read_text().splitlines()[1:] if line.strip()]
-            sep = ',' if path.suffix == '.csv' else '\t'
-            return [row.split(sep, 4)[-1].strip().strip('"').split(';')[0] for row in rows]
+            rows = list(csv.reader(path.read_text().splitlines(), delimiter=',' if path.suffix == '.csv' else '\t'))
+            return [row[-1].split(';')[0].split(',')[0].strip() for row in rows[1:] if row]
     return None
 
 
