@@ -48,7 +48,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.autograd.function import once_differentiable
 
-__all__ = ['linear', 'conv_bn_act', 'conv_add', 'onednn_enabled', 'exact_gelu', 'clear_prepared']
+__all__ = ['add_tokens', 'clear_prepared', 'conv_add', 'conv_bn_act', 'exact_gelu', 'linear', 'onednn_enabled']
 
 
 @functools.cache
@@ -209,6 +209,18 @@ def linear(x: torch.Tensor, layer: nn.Linear, gelu: bool = False) -> torch.Tenso
 def _plain_linear(x: torch.Tensor, layer: nn.Linear, gelu: bool) -> torch.Tensor:
     y = F.linear(x, layer.weight, layer.bias)
     return F.gelu(y) if gelu else y
+
+
+def add_tokens(x: torch.Tensor, y: torch.Tensor, swap_hw: bool = False) -> torch.Tensor:
+    """``x + y`` for (B, h, w, C) tokens, written in (B, h, w, C) memory order, or in (B, w, h, C) order with
+    ``swap_hw`` (logically (B, h, w, C) either way), so that the next op reads its axis without a copy
+    (RaftMLP's vertical mixing). Eager inference only; under autograd, compile, export and counters a plain
+    ``x + y`` (the compiler picks its own layouts; ``out=`` into a strided tensor breaks dynamo's graph)."""
+    if torch.compiler.is_compiling() or torch.is_grad_enabled() or _graph_captured():
+        return x + y
+    b, h, w, c = x.shape
+    out = x.new_empty(b, w, h, c).transpose(1, 2) if swap_hw else x.new_empty(b, h, w, c)
+    return torch.add(x, y, out=out)
 
 
 # ---- convolutions -------------------------------------------------------------------------------------------
