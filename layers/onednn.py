@@ -143,6 +143,8 @@ def _prepared(owner: nn.Module, tensors: tuple, shape: tuple, make: Callable[[],
     """``make()``, cached on ``owner`` until one of ``tensors`` is replaced or modified in place (its version
     counter moves), or the input shape changes. The cache sits beside the module (a weak-keyed dict), so
     state dicts, ``deepcopy`` and pickling never see it."""
+    if any(t.is_inference() for t in tensors):  # made under inference_mode: no version counter to watch
+        return make()
     state = tuple((t.data_ptr(), t._version) for t in tensors)
     hit = _PREPARED.get(owner)
     if hit is not None and hit[2] == shape and hit[1] == state and all(a is b for a, b in zip(hit[0], tensors)):
