@@ -262,16 +262,21 @@ def conv_bn_act(x: torch.Tensor, conv: nn.Conv2d, bn: nn.BatchNorm2d | None = No
 
 
 def conv_add(x: torch.Tensor, conv: nn.Conv2d, residual: torch.Tensor, scale: torch.Tensor | None = None) -> torch.Tensor:
-    """``residual + scale * conv(x)`` (``scale`` per output channel, optional). In CPU inference the scale is
-    folded into the convolution and the residual added as a oneDNN post-op, so the output takes no extra pass
-    through memory (PoolFormer's MLP residual)."""
+    """``residual + scale * conv(x)`` (``scale`` per output channel, optional). In CPU inference, for a 1x1
+    convolution and a residual laid out as the output, the scale is folded into the convolution and the
+    residual added as a oneDNN post-op, so the output takes no extra pass through memory (PoolFormer's MLP)."""
     def plain():
         y = conv(x)
         return residual + (y if scale is None else y * scale.view(1, -1, 1, 1))
 
-    if not (_conv_fusable(x, conv) and residual.shape[1:] == (conv.out_channels, *residual.shape[2:])):
+    if not _conv_fusable(x, conv):
         return plain()
     xc = x if x.is_contiguous(memory_format=torch.channels_last) else x.contiguous()
+    layout = torch.channels_last if xc.is_contiguous(memory_format=torch.channels_last) else torch.contiguous_format
+    if not (conv.kernel_size == (1, 1) and conv.stride == (1, 1) and tuple(conv.padding) == (0, 0)
+            and residual.shape == (x.shape[0], conv.out_channels, *x.shape[2:]) and residual.dtype == x.dtype
+            and residual.is_contiguous(memory_format=layout)):  # the post-op adds a tensor laid out as the output
+        return plain()
 
     def fast():
         tensors = tuple(t for t in (conv.weight, conv.bias, scale) if t is not None)

@@ -28,8 +28,9 @@ Linear (the official ``qk`` and ``v`` weights stacked), attention runs through
 word position embedding is stored as (1, 16, c) like the official code (timm: (1, c, 4, 4)), and the
 sentence stream is updated with a concatenation (not the official in-place write).
 Speed (same parameters and function): the words are kept contiguous as (B*N, m, c) (timm leaves a
-transposed view, so each block's LayerNorms read strided rows and its Linears copy their input); in eval
-mode without autograd, residuals and GELU are applied in place, and ``forward`` (logits) runs the last
+transposed view, so each block's LayerNorms read strided rows and its Linears copy their input); every
+Linear goes through ``zoo.layers.onednn.linear`` (oneDNN, GELU fused, in eager CPU inference; plain ops under
+compile and export); in eval mode without autograd ``forward`` (logits) runs the last
 block's outer queries, projection and MLP on the class token alone, the only token the head reads
 (4.90 G instead of 5.22 G MACs for tnt_s; ``forward_features`` and autograd still run every token).
 This is the current (official) TNT, not timm's ``tnt_s_legacy_patch16_224`` (whole-image conv and a
