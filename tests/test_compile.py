@@ -6,8 +6,8 @@ pack the weights itself (a private ``torch.ops.mkldnn`` call with a weight as a 
 with "weight must be a graph constant"). Families owned elsewhere (sequence models, PIIP, Mamba-YOLO,
 detectors) are tested with their exporters.
 
-Compile time dominates: tiny variants at their 32 px (16 px for DnCNN), batch 2; the deepest variants with one
-block per stage for the inductor cases (the graph-break check runs dynamo alone, on the registered variant).
+Compile time dominates: tiny variants at their 32 px (16 px for DnCNN), batch 2, the deeper ones shortened to one
+block per stage (same blocks, fewer of them).
 """
 from __future__ import annotations
 
@@ -18,10 +18,10 @@ import zoo
 
 pytestmark = pytest.mark.filterwarnings('ignore::UserWarning')  # inductor's notes about the CPU it compiles for
 
-# name -> the kwargs that shorten it for inductor (same blocks, fewer of them)
+# name -> the kwargs that shorten it (same blocks, fewer of them; tnt keeps a full block before the last)
 _MODELS = {
     'poolformer_tiny': {},
-    'metaformer_tiny': {'token_mixer': ('raft', 'strip', 'tnt', 'pooling')},  # the oneDNN mixers, one per stage
+    'metaformer_tiny': {'token_mixer': ('raft', 'strip', 'tnt', 'pooling'), 'depths': (1, 1, 1, 1)},  # oneDNN mixers
     'tnt_tiny': {'depth': 2},
     'raftmlp_tiny': {'depths': (1, 1, 1, 1)},
     'stripmlp_tiny': {'depths': (1, 1, 1, 1)},
@@ -31,9 +31,9 @@ _MODELS = {
 }
 
 
-def _build(name: str, short: bool = False) -> tuple[torch.nn.Module, torch.Tensor]:
+def _build(name: str) -> tuple[torch.nn.Module, torch.Tensor]:
     info = zoo.model_info(name)
-    kwargs = dict(_MODELS[name]) if short else {k: v for k, v in _MODELS[name].items() if k == 'token_mixer'}
+    kwargs = dict(_MODELS[name])
     if info.task == 'classification':
         kwargs['num_classes'] = 5
     torch.manual_seed(0)
@@ -41,32 +41,36 @@ def _build(name: str, short: bool = False) -> tuple[torch.nn.Module, torch.Tenso
     return model, torch.randn(2, *info.input_size)
 
 
-def _no_mkldnn(graphs) -> list[str]:
+def _mkldnn_nodes(graphs) -> list[str]:
     return [str(n.target) for g in graphs for n in g.graph.nodes if 'mkldnn' in str(n.target)]
 
 
-@pytest.mark.parametrize('grad', [False, True], ids=['no_grad', 'grad'])
 @pytest.mark.parametrize('name', list(_MODELS))
-def test_dynamo_captures_one_graph_of_plain_ops(name, grad):
-    """``torch._dynamo.explain``: no graph break, and no private oneDNN op in the graph (plain aten ops only)."""
+def test_compiled_model_has_no_graph_break_and_matches_eager(name):
+    """``torch._dynamo.explain``: one graph, no private oneDNN op in it (plain aten ops only); then inductor's
+    output equals eager's (the oneDNN fast path where it applies)."""
     torch._dynamo.reset()
     model, x = _build(name)
-    with torch.set_grad_enabled(grad):
-        explained = torch._dynamo.explain(model)(x)
-    assert explained.graph_break_count == 0, [str(r.reason)[:300] for r in explained.break_reasons]
-    assert explained.graph_count == 1
-    assert not _no_mkldnn(explained.graphs)
-    torch._dynamo.reset()
-
-
-@pytest.mark.parametrize('name', list(_MODELS))
-def test_compiled_model_matches_eager(name):
-    torch._dynamo.reset()
-    model, x = _build(name, short=True)
     with torch.no_grad():
-        eager = model(x)  # the oneDNN fast path where it applies
+        explained = torch._dynamo.explain(model)(x)
+        assert explained.graph_break_count == 0, [str(r.reason)[:300] for r in explained.break_reasons]
+        assert explained.graph_count == 1
+        assert not _mkldnn_nodes(explained.graphs)
+        torch._dynamo.reset()
+        eager = model(x)
         compiled = torch.compile(model)(x)
     torch.testing.assert_close(compiled, eager, atol=1e-4, rtol=1e-4)
+    torch._dynamo.reset()
+
+
+@pytest.mark.parametrize('name', ['poolformer_tiny', 'tnt_tiny', 'raftmlp_tiny', 'stripmlp_tiny'])
+def test_dynamo_sees_plain_ops_with_autograd_too(name):
+    """With autograd the helpers would run oneDNN's GEMM as an autograd.Function (``_Linear``): not under dynamo."""
+    torch._dynamo.reset()
+    model, x = _build(name)
+    explained = torch._dynamo.explain(model)(x)
+    assert explained.graph_break_count == 0, [str(r.reason)[:300] for r in explained.break_reasons]
+    assert not _mkldnn_nodes(explained.graphs)
     torch._dynamo.reset()
 
 
@@ -76,7 +80,7 @@ def test_freezing_compile_of_a_onednn_family_matches_eager():
     from torch._inductor import config
 
     torch._dynamo.reset()
-    model, x = _build('tnt_tiny', short=True)
+    model, x = _build('tnt_tiny')
     with torch.no_grad(), config.patch(freezing=True):
         eager = model(x)
         compiled = torch.compile(model)(x)

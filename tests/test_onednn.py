@@ -196,8 +196,9 @@ def test_jit_trace_records_the_plain_ops():
 def test_macs_do_not_depend_on_which_parameters_are_frozen(name):
     """count_macs sees the plain ops whatever requires_grad says (issue 24: a frozen PoolFormer backbone took the
     fused oneDNN MLP, which FlopCounterMode cannot count)."""
-    import zoo
     from zoo.eval.profile import count_macs
+
+    import zoo
 
     model = zoo.create(name, num_classes=5)
     unfrozen = count_macs(model, (3, 32, 32), batch_size=2)
