@@ -18,22 +18,26 @@ import zoo
 
 pytestmark = pytest.mark.filterwarnings('ignore::UserWarning')  # inductor's notes about the CPU it compiles for
 
-# name -> the kwargs that shorten it (same blocks, fewer of them; tnt keeps a full block before the last)
+# (name, kwargs that shorten it: same blocks, fewer of them; tnt keeps a full block before the last)
 _MODELS = {
-    'poolformer_tiny': {},
-    'metaformer_tiny': {'token_mixer': ('raft', 'strip', 'tnt', 'pooling'), 'depths': (1, 1, 1, 1)},  # oneDNN mixers
-    'tnt_tiny': {'depth': 2},
-    'raftmlp_tiny': {'depths': (1, 1, 1, 1)},
-    'stripmlp_tiny': {'depths': (1, 1, 1, 1)},
-    'resnet_tiny': {},
-    'vgg_tiny': {},
-    'dncnn_tiny': {},
+    'poolformer_tiny': ('poolformer_tiny', {}),
+    'metaformer_tiny-onednn_mixers': ('metaformer_tiny', {'token_mixer': ('raft', 'strip', 'tnt', 'pooling'),
+                                                          'depths': (1, 1, 1, 1)}),
+    'metaformer_tiny-other_mixers': ('metaformer_tiny', {'token_mixer': ('sepconv', 'attention', 'identity', 'pooling'),
+                                                         'depths': (1, 1, 1, 1)}),
+    'tnt_tiny': ('tnt_tiny', {'depth': 2}),
+    'raftmlp_tiny': ('raftmlp_tiny', {'depths': (1, 1, 1, 1)}),
+    'stripmlp_tiny': ('stripmlp_tiny', {'depths': (1, 1, 1, 1)}),
+    'resnet_tiny': ('resnet_tiny', {}),
+    'vgg_tiny': ('vgg_tiny', {}),
+    'dncnn_tiny': ('dncnn_tiny', {}),
 }
 
 
-def _build(name: str) -> tuple[torch.nn.Module, torch.Tensor]:
+def _build(case: str) -> tuple[torch.nn.Module, torch.Tensor]:
+    name, kwargs = _MODELS[case]
     info = zoo.model_info(name)
-    kwargs = dict(_MODELS[name])
+    kwargs = dict(kwargs)
     if info.task == 'classification':
         kwargs['num_classes'] = 5
     torch.manual_seed(0)
