@@ -48,7 +48,8 @@ import torch.nn.functional as F
 from torch import nn
 from torch.autograd.function import once_differentiable
 
-__all__ = ['add_tokens', 'clear_prepared', 'conv_add', 'conv_bn_act', 'exact_gelu', 'linear', 'onednn_enabled']
+__all__ = ['add_tokens', 'clear_prepared', 'conv_add', 'conv_bn_act', 'eager_inference', 'exact_gelu', 'linear',
+           'onednn_enabled']
 
 
 @functools.cache
@@ -85,6 +86,13 @@ def _graph_captured() -> bool:
     ``is_compiling`` comes first: dynamo folds it to a constant and never traces the rest."""
     return (torch.compiler.is_compiling() or _is_exporting() or torch.jit.is_tracing()
             or _get_current_dispatch_mode() is not None)
+
+
+def eager_inference() -> bool:
+    """No autograd and nobody capturing the graph: eager-only tricks (``out=`` into a strided tensor, Python
+    loops over the batch) may run. Under compile and export the plain form is traced instead (those tricks
+    break dynamo's graph or pin the batch size)."""
+    return not (torch.compiler.is_compiling() or torch.is_grad_enabled() or _graph_captured())
 
 
 def _use_onednn(x: torch.Tensor, weight: torch.Tensor, grad: bool = False) -> bool:
@@ -218,7 +226,7 @@ def add_tokens(x: torch.Tensor, y: torch.Tensor, swap_hw: bool = False) -> torch
     ``swap_hw`` (logically (B, h, w, C) either way), so that the next op reads its axis without a copy
     (RaftMLP's vertical mixing). Eager inference only; under autograd, compile, export and counters a plain
     ``x + y`` (the compiler picks its own layouts; ``out=`` into a strided tensor breaks dynamo's graph)."""
-    if torch.compiler.is_compiling() or torch.is_grad_enabled() or _graph_captured():
+    if not eager_inference():
         return x + y
     b, h, w, c = x.shape
     out = x.new_empty(b, w, h, c).transpose(1, 2) if swap_hw else x.new_empty(b, h, w, c)
