@@ -42,7 +42,8 @@ def count_macs(model: nn.Module, input_size=(3, 224, 224), batch_size: int = 1, 
     was_training = model.training
     model.eval()
     try:
-        # Grad mode on: inference-only fused kernels (oneDNN conv+GELU) are invisible to the counter.
+        # zoo.layers.onednn runs the plain ops under any dispatch mode, so the counter sees every MAC whatever
+        # requires_grad says (tests/test_onednn.py); grad mode on keeps TNT's full last block (not class token only).
         with FlopCounterMode(display=False) as counter, torch.enable_grad():
             model(example)
     finally:

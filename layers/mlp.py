@@ -5,7 +5,7 @@ import torch
 from torch import nn
 
 from ._registry import get, register
-from .onednn import exact_gelu
+from .onednn import conv_add, conv_bn_act, exact_gelu, linear
 
 
 @register('channel_mixer', 'mlp', example=dict(in_features=16, hidden_features=32), example_input=(2, 16, 8, 8))
@@ -27,41 +27,24 @@ class ConvMlp(nn.Module):
         self.fc2 = nn.Conv2d(hidden_features, out_features, 1, bias=bias)
         self.drop2 = nn.Dropout(drop)
 
-    def forward(self, x):
-        if fusable(x, self):
-            return self.forward_fused(x)
-        return self.drop2(self.fc2(self.drop1(self.act(self.fc1(x)))))
+    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None,
+                scale: torch.Tensor | None = None) -> torch.Tensor:
+        """``mlp(x)``, or ``residual + scale * mlp(x)`` (``scale`` per channel) when ``residual`` is given.
 
-    def forward_fused(self, x: torch.Tensor, residual: torch.Tensor | None = None,
-                      scale: torch.Tensor | None = None) -> torch.Tensor:
-        """Inference on CPU: ``residual + scale * mlp(x)`` in two oneDNN kernels.
-
-        GELU runs inside the fc1 convolution and the residual add inside fc2 (the per-channel
-        scale is folded into fc2's weight and bias), so neither the 4x-wide hidden tensor nor the
-        output takes an extra pass through memory. The same function as the plain path to float
-        rounding (tested). Call only when ``fusable(x, self)``.
-        """
-        h = torch.ops.mkldnn._convolution_pointwise(x, self.fc1.weight, self.fc1.bias, [0, 0], [1, 1], [1, 1], 1,
-                                                    'gelu', [None], 'none')
-        w, b = self.fc2.weight, self.fc2.bias
-        if scale is not None:
-            w, b = w * scale.view(-1, 1, 1, 1), (b * scale if b is not None else None)
+        Through ``zoo.layers.onednn``: in CPU inference an exact GELU runs inside fc1's convolution and the
+        residual add inside fc2's (the scale folded into its weights), so neither the 4x-wide hidden tensor
+        nor the output takes an extra pass through memory; plain convolutions under autograd, compile, export
+        and FLOP counters. The same function either way (tested)."""
+        if exact_gelu(self.act):
+            h = conv_bn_act(x, self.fc1, gelu=True)
+        else:
+            h = self.act(self.fc1(x))
+        h = self.drop1(h)
         if residual is None:
-            # fc2 as a GEMM over the channels-last view: (B, 4C, H, W) viewed as (B, H, W, 4C).
-            y = torch.nn.functional.linear(h.permute(0, 2, 3, 1), w.flatten(1), b)
-            return y.permute(0, 3, 1, 2)  # b h w c -> b c h w (channels-last strides)
-        return torch.ops.mkldnn._convolution_pointwise.binary(h, residual, w, b, [0, 0], [1, 1], [1, 1], 1, 'add',
-                                                              1.0, None, [], None)
-
-
-def fusable(x: torch.Tensor, mlp: ConvMlp) -> bool:
-    """Whether the oneDNN inference path applies: no autograd, CPU fp32 channels-last, exact GELU."""
-    return (not torch.is_grad_enabled() or not (x.requires_grad or mlp.fc1.weight.requires_grad)) \
-        and x.device.type == 'cpu' and x.dtype == torch.float32 and exact_gelu(mlp.act) \
-        and _HAS_MKLDNN_FUSION and x.is_contiguous(memory_format=torch.channels_last)
-
-
-_HAS_MKLDNN_FUSION = torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, '_convolution_pointwise')
+            return self.drop2(conv_bn_act(h, self.fc2))
+        if self.training and self.drop2.p > 0:
+            return residual + self.drop2(self.fc2(h)) * (1 if scale is None else scale.view(1, -1, 1, 1))
+        return conv_add(h, self.fc2, residual, scale)
 
 
 @register('channel_mixer', 'mlp_nlc', layout='nlc', example=dict(in_features=16, hidden_features=32),
@@ -80,5 +63,11 @@ class Mlp(nn.Module):
         self.fc2 = nn.Linear(hidden_features, out_features, bias=bias)
         self.drop2 = nn.Dropout(drop)
 
-    def forward(self, x):
-        return self.drop2(self.fc2(self.drop1(self.act(self.fc1(x)))))
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """(..., in) -> (..., out). Through ``zoo.layers.onednn.linear``: in CPU inference an exact GELU runs
+        fused into fc1 (oneDNN); elsewhere nn.Linear's function."""
+        if exact_gelu(self.act):
+            h = linear(x, self.fc1, gelu=True)
+        else:
+            h = self.act(self.fc1(x))
+        return self.drop2(linear(self.drop1(h), self.fc2))

@@ -1,30 +1,45 @@
-"""Linear layers and convolutions through oneDNN in CPU inference: ``linear``, ``conv_bn_act``.
+"""The one door to oneDNN's fused CPU-inference kernels: ``linear``, ``conv_bn_act``, ``conv_add``.
+
+Every ``torch.ops.mkldnn`` call of the zoo lives in this module; blocks call these helpers and get the plain
+modules' function (``nn.Linear``, ``nn.Conv2d``, eval ``nn.BatchNorm2d``, exact GELU) either way.
 
 PyTorch runs an fp32 ``nn.Linear`` on the CPU through MKL's GEMM. oneDNN (which PyTorch also ships, and
 uses for convolutions) has its own fp32 GEMM and can apply GELU to the output while it is still in cache
-(a "post-op"), saving a pass over the largest activation of an MLP. On the 2-core AMD EPYC development
-machine its GEMMs ran about 2x faster than MKL's for the shapes of RaftMLP's and Strip-MLP's MLPs
-(docs/mlp.md). Same function, to float rounding: the tests compare both paths.
+(a "post-op"), saving a pass over the largest activation of an MLP; a convolution can also add a residual
+as a post-op. On the 2-core AMD EPYC development machine its GEMMs ran about 2x faster than MKL's for the
+shapes of RaftMLP's and Strip-MLP's MLPs (docs/mlp.md).
 
 oneDNN wants weights in a blocked layout of its own and reorders plain weights on every call (for Strip-MLP's
 2x2/s2 merging convolution at batch 1 the reorder costs more than the convolution). A module in eval mode
-therefore keeps its prepared weight (BatchNorm folded, reordered; ``_prepared``), as inference compilers do
-when they freeze weights. It is rebuilt when a weight or BN statistic is replaced or changed in place (its
-version counter moves: ``load_state_dict``, an optimiser or EMA step, ``.to()``, ``with torch.no_grad():
-w.mul_(2)``) or when the input shape changes. A write through ``w.data`` bypasses the version counter
-(PyTorch discourages it); call ``clear_prepared()`` after one. The cache holds one extra copy of the weights
-while a model runs inference.
+therefore keeps its prepared weight (BatchNorm or a scale folded, reordered; ``_prepared``), as inference
+compilers do when they freeze weights. It is rebuilt when a weight or BN statistic is replaced or changed in
+place (its version counter moves: ``load_state_dict``, an optimiser or EMA step, ``.to()``, ``with
+torch.no_grad(): w.mul_(2)``) or when the input shape changes. A write through ``w.data`` bypasses the version
+counter (PyTorch discourages it); call ``clear_prepared()`` after one. The cache holds one extra copy of the
+weights while a model runs inference.
 
-Used only where it can be: CPU, float32, PyTorch built with oneDNN, and no dispatch mode active (so
-``FlopCounterMode`` counts the plain ops). oneDNN's fused ops have no backward: with autograd, ``linear``
-runs ``_Linear`` (oneDNN forward and input gradient) and GELU apart, ``conv_bn_act`` the plain modules.
-Everything else, and every call when the environment sets ``ZOO_ONEDNN=0`` (for A/B timing), runs
-``F.linear`` (+ ``F.gelu``) and the modules.
+When the fast path runs: CPU, float32, PyTorch built with oneDNN, ``ZOO_ONEDNN`` not ``0``, and nobody is
+looking at the graph. Under ``torch.compile``, ``torch.export`` / ONNX export (``torch.compiler.is_compiling``
+and ``is_exporting``), ``torch.jit.trace`` and any dispatch mode (``FlopCounterMode``, fake tensors) the
+helpers run the plain ops, so the compiler sees ``aten`` ops it can fuse and freeze, the exporters see ops
+ONNX knows, and the FLOP counter counts every MAC whatever ``requires_grad`` says. oneDNN's fused ops have no
+backward: with autograd, ``linear`` runs ``_Linear`` (oneDNN forward and input gradient) and GELU apart, the
+convolutions the plain modules.
+
+Self-test: the first time each kind of fused call runs in a process (linear, linear+GELU, conv, conv+GELU,
+conv+add, the autograd linear), its result is compared with the plain ops' result on the same input. On a
+mismatch or an error that kind warns once (``RuntimeWarning``) and runs the plain ops from then on, so a
+oneDNN build that computes something else cannot silently change a model's outputs.
+
+``ZOO_ONEDNN=0`` switches the fast path off (plain ops everywhere; read at each call, so it also serves A/B
+timing). Whether the eager fast path beats ``torch.compile`` of the plain modules depends on the CPU and
+the model; ``zoo bench`` measures both.
 """
 from __future__ import annotations
 
 import functools
 import os
+import warnings
 import weakref
 from collections.abc import Callable
 
@@ -33,7 +48,8 @@ import torch.nn.functional as F
 from torch import nn
 from torch.autograd.function import once_differentiable
 
-__all__ = ['linear', 'conv_bn_act', 'onednn_enabled', 'exact_gelu', 'clear_prepared']
+__all__ = ['add_tokens', 'clear_prepared', 'conv_add', 'conv_bn_act', 'eager_inference', 'exact_gelu', 'linear',
+           'onednn_enabled']
 
 
 @functools.cache
@@ -61,16 +77,71 @@ except ImportError:  # pragma: no cover
     def _get_current_dispatch_mode():
         return True
 
+_is_exporting = getattr(torch.compiler, 'is_exporting', lambda: False)
 
-def _traced() -> bool:
-    """A dispatch mode is active (FlopCounterMode, fake tensors, ...): run the plain ops it knows how to count."""
-    return _get_current_dispatch_mode() is not None
+
+def _graph_captured() -> bool:
+    """Someone is capturing or inspecting the graph: torch.compile (dynamo), torch.export / ONNX export,
+    torch.jit.trace, or a dispatch mode (FlopCounterMode, fake tensors). They get the plain ops they know.
+    ``is_compiling`` comes first: dynamo folds it to a constant and never traces the rest."""
+    return (torch.compiler.is_compiling() or _is_exporting() or torch.jit.is_tracing()
+            or _get_current_dispatch_mode() is not None)
+
+
+def eager_inference() -> bool:
+    """No autograd and nobody capturing the graph: eager-only tricks (``out=`` into a strided tensor, Python
+    loops over the batch) may run. Under compile and export the plain form is traced instead (those tricks
+    break dynamo's graph or pin the batch size)."""
+    return not (torch.compiler.is_compiling() or torch.is_grad_enabled() or _graph_captured())
 
 
 def _use_onednn(x: torch.Tensor, weight: torch.Tensor, grad: bool = False) -> bool:
+    if torch.compiler.is_compiling():
+        return False
     return (x.device.type == 'cpu' and x.dtype == torch.float32 and weight.dtype == torch.float32
-            and torch.is_grad_enabled() == grad and onednn_enabled() and not _traced())
+            and torch.is_grad_enabled() == grad and onednn_enabled() and not _graph_captured())
 
+
+# ---- first-use self-test ------------------------------------------------------------------------------------
+
+# kind of fused call -> True (checked, equal) or False (failed: plain ops from then on); absent: not yet run.
+_CHECKED: dict[str, bool] = {}
+
+
+def _close(fast: torch.Tensor, plain: torch.Tensor) -> bool:
+    """Equal to float rounding: max |fast - plain| <= 1e-4 * max |plain| (+ 1e-5), shapes equal."""
+    if fast.shape != plain.shape:
+        return False
+    return plain.numel() == 0 or bool((fast - plain).abs().max() <= 1e-4 * plain.abs().max() + 1e-5)
+
+
+def _checked(kind: str, fast: Callable[[], torch.Tensor], plain: Callable[[], torch.Tensor]) -> torch.Tensor:
+    """``fast()``, compared once per process and ``kind`` with ``plain()``; after a mismatch or an error, a
+    warning and ``plain()`` for good."""
+    state = _CHECKED.get(kind)
+    if state:
+        return fast()
+    if state is False:
+        return plain()
+    reference = plain()
+    try:
+        y = fast()
+        why = None if _close(y.detach(), reference.detach()) else (
+            f'max |difference| {(y.detach() - reference.detach()).abs().max().item():.3g} against a maximum '
+            f'|value| of {reference.detach().abs().max().item():.3g}' if y.shape == reference.shape
+            else f'shape {tuple(y.shape)} instead of {tuple(reference.shape)}')
+    except Exception as error:  # noqa: BLE001 - any failure of a private kernel means: do not use it
+        why = f'{type(error).__name__}: {error}'
+    _CHECKED[kind] = why is None
+    if why is None:
+        return y
+    warnings.warn(f'zoo.layers.onednn: the oneDNN {kind} kernel does not compute the plain ops\' result ({why}); '
+                  'running the plain PyTorch ops instead (set ZOO_ONEDNN=0 to skip oneDNN altogether)',
+                  RuntimeWarning, stacklevel=3)
+    return reference
+
+
+# ---- prepared (reordered, folded) weights -------------------------------------------------------------------
 
 # module -> (its tensors, their (address, version), input shape, prepared weights); one entry per module.
 _PREPARED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
@@ -80,6 +151,8 @@ def _prepared(owner: nn.Module, tensors: tuple, shape: tuple, make: Callable[[],
     """``make()``, cached on ``owner`` until one of ``tensors`` is replaced or modified in place (its version
     counter moves), or the input shape changes. The cache sits beside the module (a weak-keyed dict), so
     state dicts, ``deepcopy`` and pickling never see it."""
+    if any(t.is_inference() for t in tensors):  # made under inference_mode: no version counter to watch
+        return make()
     state = tuple((t.data_ptr(), t._version) for t in tensors)
     hit = _PREPARED.get(owner)
     if hit is not None and hit[2] == shape and hit[1] == state and all(a is b for a, b in zip(hit[0], tensors)):
@@ -93,6 +166,8 @@ def clear_prepared() -> None:
     """Forget every prepared weight (needed only after writing weights through ``.data``)."""
     _PREPARED.clear()
 
+
+# ---- linear -------------------------------------------------------------------------------------------------
 
 class _Linear(torch.autograd.Function):
     """``x @ weight.T + bias`` for training: oneDNN's GEMM for the output and the input gradient, MKL's
@@ -123,41 +198,101 @@ def linear(x: torch.Tensor, layer: nn.Linear, gelu: bool = False) -> torch.Tenso
     """``layer(x)``, or ``F.gelu(layer(x))`` (exact, erf GELU) with ``gelu=True``; (..., in) -> (..., out).
 
     Inference: one oneDNN call, GELU fused. Autograd: oneDNN's GEMM forward and for the input gradient
-    (``_Linear``), GELU separate. Plain ``F.linear`` elsewhere."""
+    (``_Linear``), GELU separate. Plain ``F.linear`` elsewhere (compile, export, counters, ``ZOO_ONEDNN=0``)."""
     if _use_onednn(x, layer.weight):
         attr, algorithm = ('gelu', 'none') if gelu else ('none', '')
-        weight = layer.weight
-        if not layer.training:  # reordered once for oneDNN (the layout does not depend on the token count)
-            weight, = _prepared(layer, (weight,), (), lambda: (torch.ops.mkldnn._reorder_linear_weight(
-                layer.weight, x.numel() // x.shape[-1]),))
-        return torch.ops.mkldnn._linear_pointwise(x.contiguous(), weight, layer.bias, attr, [], algorithm)
+
+        def fast():
+            weight = layer.weight
+            if not layer.training:  # reordered once for oneDNN (the layout does not depend on the token count)
+                weight, = _prepared(layer, (weight,), (), lambda: (torch.ops.mkldnn._reorder_linear_weight(
+                    layer.weight, x.numel() // x.shape[-1]),))
+            return torch.ops.mkldnn._linear_pointwise(x.contiguous(), weight, layer.bias, attr, [], algorithm)
+        return _checked('linear+gelu' if gelu else 'linear', fast, lambda: _plain_linear(x, layer, gelu))
     if _use_onednn(x, layer.weight, grad=True):
-        y = _Linear.apply(x.contiguous(), layer.weight, layer.bias)
-    else:
-        y = F.linear(x, layer.weight, layer.bias)
+        y = _checked('linear (autograd)', lambda: _Linear.apply(x.contiguous(), layer.weight, layer.bias),
+                     lambda: F.linear(x, layer.weight, layer.bias))
+        return F.gelu(y) if gelu else y
+    return _plain_linear(x, layer, gelu)
+
+
+def _plain_linear(x: torch.Tensor, layer: nn.Linear, gelu: bool) -> torch.Tensor:
+    y = F.linear(x, layer.weight, layer.bias)
     return F.gelu(y) if gelu else y
+
+
+def add_tokens(x: torch.Tensor, y: torch.Tensor, swap_hw: bool = False) -> torch.Tensor:
+    """``x + y`` for (B, h, w, C) tokens, written in (B, h, w, C) memory order, or in (B, w, h, C) order with
+    ``swap_hw`` (logically (B, h, w, C) either way), so that the next op reads its axis without a copy
+    (RaftMLP's vertical mixing). Eager inference only; under autograd, compile, export and counters a plain
+    ``x + y`` (the compiler picks its own layouts; ``out=`` into a strided tensor breaks dynamo's graph)."""
+    if not eager_inference():
+        return x + y
+    b, h, w, c = x.shape
+    out = x.new_empty(b, w, h, c).transpose(1, 2) if swap_hw else x.new_empty(b, h, w, c)
+    return torch.add(x, y, out=out)
+
+
+# ---- convolutions -------------------------------------------------------------------------------------------
+
+def _conv_fusable(x: torch.Tensor, conv: nn.Conv2d, bn: nn.BatchNorm2d | None = None) -> bool:
+    return (_use_onednn(x, conv.weight) and conv.padding_mode == 'zeros' and not isinstance(conv.padding, str)
+            and (bn is None or (not bn.training and bn.running_var is not None and bn.affine)))
+
+
+def _conv_args(conv: nn.Conv2d) -> tuple:
+    return list(conv.padding), list(conv.stride), list(conv.dilation), conv.groups
 
 
 def conv_bn_act(x: torch.Tensor, conv: nn.Conv2d, bn: nn.BatchNorm2d | None = None, gelu: bool = False) -> torch.Tensor:
     """``gelu(bn(conv(x)))`` (each part optional). In CPU inference (eval BN, no autograd) the BN is folded
     into the convolution's weights and the GELU runs as a oneDNN post-op: one pass instead of three."""
-    if not (_use_onednn(x, conv.weight) and conv.padding_mode == 'zeros' and not isinstance(conv.padding, str)
-            and (bn is None or (not bn.training and bn.running_var is not None and bn.affine))):
+    def plain():
         y = conv(x) if bn is None else bn(conv(x))
         return F.gelu(y) if gelu else y
-    if not x.is_contiguous(memory_format=torch.channels_last):  # NCHW, or channels-last kept as it is
-        x = x.contiguous()
-    if conv.training:  # weights change every step: fold and let oneDNN reorder per call
-        weight, bias = _fold(conv, bn)
-    else:
-        tensors = (conv.weight, conv.bias)
-        if bn is not None:
-            tensors += (bn.weight, bn.bias, bn.running_mean, bn.running_var)
-        weight, bias = _prepared(conv, tuple(t for t in tensors if t is not None), tuple(x.shape),
-                                 lambda: _pack_conv(conv, bn, list(x.shape)))
-    attr, algorithm = ('gelu', 'none') if gelu else ('none', '')
-    return torch.ops.mkldnn._convolution_pointwise(x, weight, bias, list(conv.padding), list(conv.stride),
-                                                   list(conv.dilation), conv.groups, attr, [], algorithm)
+
+    if not _conv_fusable(x, conv, bn):
+        return plain()
+    xc = x if x.is_contiguous(memory_format=torch.channels_last) else x.contiguous()  # NCHW, or channels-last
+
+    def fast():
+        if conv.training:  # weights change every step: fold and let oneDNN reorder per call
+            weight, bias = _fold(conv, bn)
+        else:
+            tensors = (conv.weight, conv.bias)
+            if bn is not None:
+                tensors += (bn.weight, bn.bias, bn.running_mean, bn.running_var)
+            weight, bias = _prepared(conv, tuple(t for t in tensors if t is not None), tuple(xc.shape),
+                                     lambda: _pack_conv(conv, *_fold(conv, bn), list(xc.shape)))
+        attr, algorithm = ('gelu', 'none') if gelu else ('none', '')
+        return torch.ops.mkldnn._convolution_pointwise(xc, weight, bias, *_conv_args(conv), attr, [], algorithm)
+    return _checked('conv+gelu' if gelu else 'conv', fast, plain)
+
+
+def conv_add(x: torch.Tensor, conv: nn.Conv2d, residual: torch.Tensor, scale: torch.Tensor | None = None) -> torch.Tensor:
+    """``residual + scale * conv(x)`` (``scale`` per output channel, optional). In CPU inference, for a 1x1
+    convolution and a residual laid out as the output, the scale is folded into the convolution and the
+    residual added as a oneDNN post-op, so the output takes no extra pass through memory (PoolFormer's MLP)."""
+    def plain():
+        y = conv(x)
+        return residual + (y if scale is None else y * scale.view(1, -1, 1, 1))
+
+    if not _conv_fusable(x, conv):
+        return plain()
+    xc = x if x.is_contiguous(memory_format=torch.channels_last) else x.contiguous()
+    layout = torch.channels_last if xc.is_contiguous(memory_format=torch.channels_last) else torch.contiguous_format
+    if not (conv.kernel_size == (1, 1) and conv.stride == (1, 1) and tuple(conv.padding) == (0, 0)
+            and residual.shape == (x.shape[0], conv.out_channels, *x.shape[2:]) and residual.dtype == x.dtype
+            and residual.is_contiguous(memory_format=layout)):  # the post-op adds a tensor laid out as the output
+        return plain()
+
+    def fast():
+        tensors = tuple(t for t in (conv.weight, conv.bias, scale) if t is not None)
+        make = functools.partial(_fold_scale, conv, scale)
+        weight, bias = make() if conv.training else _prepared(conv, tensors, tuple(xc.shape), make)
+        return torch.ops.mkldnn._convolution_pointwise.binary(xc, residual, weight, bias, *_conv_args(conv), 'add',
+                                                              1.0, None, [], None)
+    return _checked('conv+add', fast, plain)
 
 
 def _fold(conv: nn.Conv2d, bn: nn.BatchNorm2d | None) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -170,8 +305,17 @@ def _fold(conv: nn.Conv2d, bn: nn.BatchNorm2d | None) -> tuple[torch.Tensor, tor
     return weight, bias
 
 
-def _pack_conv(conv: nn.Conv2d, bn: nn.BatchNorm2d | None, input_size: list[int]) -> tuple:
-    weight, bias = _fold(conv, bn)
+def _fold_scale(conv: nn.Conv2d, scale: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The weight and bias of ``scale * conv(x)`` as one convolution (plain layout: the binary post-op kernel
+    is given oneDNN's own reorder, not a pre-packed weight)."""
+    weight, bias = conv.weight, conv.bias
+    if scale is not None:
+        weight = weight * scale.view(-1, *([1] * (weight.ndim - 1)))
+        bias = None if bias is None else bias * scale
+    return weight.contiguous(), bias
+
+
+def _pack_conv(conv: nn.Conv2d, weight: torch.Tensor, bias: torch.Tensor | None, input_size: list[int]) -> tuple:
     weight = torch.ops.mkldnn._reorder_convolution_weight(weight.contiguous(), list(conv.padding), list(conv.stride),
                                                           list(conv.dilation), conv.groups, input_size)
     return weight, bias

@@ -114,3 +114,113 @@ def test_prepared_weights_follow_every_change_of_the_weights():
     with torch.inference_mode():
         conv_bn_act(x, conv, bn)
     assert conv not in _PREPARED
+
+
+@needs_onednn
+@pytest.mark.parametrize('channels_last', [False, True])
+def test_conv_mlp_with_its_residual_fused_equals_the_plain_block(channels_last):
+    """ConvMlp (PoolFormer's MLP) through the door: GELU fused into fc1, ``residual + scale * fc2(h)`` as fc2's
+    binary post-op, in inference; the same function as the plain modules (and with autograd, the plain ones)."""
+    from zoo.layers.mlp import ConvMlp
+
+    torch.manual_seed(0)
+    mlp = ConvMlp(8, 32).eval()
+    x, res, scale = torch.randn(2, 8, 5, 6), torch.randn(2, 8, 5, 6), torch.randn(8)
+    if channels_last:
+        x, res = x.contiguous(memory_format=torch.channels_last), res.contiguous(memory_format=torch.channels_last)
+    plain = mlp.fc2(F.gelu(mlp.fc1(x)))
+    with torch.inference_mode():
+        _close(mlp(x), plain)
+        _close(mlp(x, residual=res, scale=scale), res + scale.view(1, -1, 1, 1) * plain)
+        _close(mlp(x, residual=res), res + plain)
+    _close(mlp(x, residual=res, scale=scale).detach(), (res + scale.view(1, -1, 1, 1) * plain).detach())
+
+
+@needs_onednn
+@pytest.mark.parametrize('failure', ['wrong', 'error'])
+def test_a_kernel_that_fails_its_first_use_self_test_warns_once_and_falls_back(failure, monkeypatch):
+    """The first oneDNN call of each kind is checked against the plain ops; a wrong result or an error warns once
+    and that kind runs the plain ops from then on (the other kinds are unaffected)."""
+    import warnings
+
+    from zoo.layers import onednn
+
+    monkeypatch.setattr(onednn, '_CHECKED', {})
+    real = torch.ops.mkldnn._linear_pointwise
+
+    def broken(*args):
+        if failure == 'error':
+            raise RuntimeError('unsupported')
+        return real(*args) + 1
+
+    monkeypatch.setattr(torch.ops.mkldnn, '_linear_pointwise', broken)
+    torch.manual_seed(0)
+    layer, x = nn.Linear(8, 4).eval(), torch.randn(3, 8)
+    with torch.inference_mode():
+        with pytest.warns(RuntimeWarning, match='oneDNN linear kernel does not compute'):
+            y = linear(x, layer)
+        assert torch.equal(y, F.linear(x, layer.weight, layer.bias))
+        with warnings.catch_warnings():
+            warnings.simplefilter('error')  # no second warning
+            assert torch.equal(linear(x, layer), F.linear(x, layer.weight, layer.bias))
+        assert onednn._CHECKED == {'linear': False}
+        conv = nn.Conv2d(4, 4, 1).eval()
+        conv_bn_act(torch.randn(1, 4, 3, 3), conv, gelu=True)  # another kind: still checked and used
+    assert onednn._CHECKED == {'linear': False, 'conv+gelu': True}
+
+
+@needs_onednn
+def test_a_kernel_that_passes_is_checked_once(monkeypatch):
+    from zoo.layers import onednn
+
+    monkeypatch.setattr(onednn, '_CHECKED', {})
+    layer, x = nn.Linear(8, 4).eval(), torch.randn(3, 8)
+    with torch.inference_mode():
+        linear(x, layer, gelu=True)
+    assert onednn._CHECKED['linear+gelu'] is True
+
+
+def test_jit_trace_records_the_plain_ops():
+    from zoo.layers.mlp import ConvMlp
+
+    mlp = ConvMlp(8, 16).eval()
+    x = torch.randn(1, 8, 4, 4).contiguous(memory_format=torch.channels_last)
+    with torch.no_grad():
+        traced = torch.jit.trace(mlp, x)
+    assert 'mkldnn' not in str(traced.inlined_graph)
+    with torch.no_grad():
+        _close(traced(x), mlp(x))
+
+
+@pytest.mark.parametrize('name', ['poolformer_tiny', 'tnt_tiny', 'raftmlp_tiny', 'stripmlp_tiny'])
+def test_macs_do_not_depend_on_which_parameters_are_frozen(name):
+    """count_macs sees the plain ops whatever requires_grad says (issue 24: a frozen PoolFormer backbone took the
+    fused oneDNN MLP, which FlopCounterMode cannot count)."""
+    from zoo.eval.profile import count_macs
+
+    import zoo
+
+    model = zoo.create(name, num_classes=5)
+    unfrozen = count_macs(model, (3, 32, 32), batch_size=2)
+    for p in model.parameters():
+        p.requires_grad_(False)
+    assert count_macs(model, (3, 32, 32), batch_size=2) == unfrozen
+    for n, p in model.named_parameters():
+        p.requires_grad_(n.startswith('head'))  # FineTuner(freeze_backbone=True): only the head trains
+    assert count_macs(model, (3, 32, 32), batch_size=2) == unfrozen
+    assert unfrozen > 0
+
+
+def test_flop_counter_sees_the_plain_ops_in_inference_mode():
+    """FlopCounterMode (a dispatch mode) gets the plain ops even without autograd, where oneDNN would run."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    import zoo
+
+    model = zoo.create('poolformer_tiny', num_classes=5).eval()
+    x = torch.randn(2, 3, 32, 32)
+    with FlopCounterMode(display=False) as grad_counter:
+        model(x)
+    with torch.inference_mode(), FlopCounterMode(display=False) as counter:
+        model(x)
+    assert counter.get_total_flops() == grad_counter.get_total_flops() > 0

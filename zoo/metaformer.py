@@ -72,6 +72,8 @@ class MetaFormerBlock(nn.Module):
         self.mlp = layers.get('channel_mixer', mlp_layer)(dim, int(mlp_ratio * dim), act_layer=act_layer, drop=drop)
         self.drop_path2 = DropPath(drop_path) if drop_path > 0 else nn.Identity()
         self.layer_scale2 = LayerScale(dim, layer_scale_init_value) if layer_scale_init_value else nn.Identity()
+        # ConvMlp adds the (layer-scaled) residual itself, fused into its second convolution on CPU inference
+        self.mlp_takes_residual = isinstance(self.mlp, layers.mlp.ConvMlp) and isinstance(self.layer_scale2, LayerScale)
 
     def mix(self, x: torch.Tensor) -> torch.Tensor:
         if not self.mixer_tokens:
@@ -81,18 +83,18 @@ class MetaFormerBlock(nn.Module):
         return rearrange(t, 'b (h w) c -> b c h w', h=h, w=w)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if not self.training and self._fast_inference(x):
-            # Same function, fewer passes over memory: x + ls * y as one addcmul, and the MLP
-            # residual fused into its second convolution (see ConvMlp.forward_fused).
-            x = torch.addcmul(x, self.layer_scale1.scale.view(1, -1, 1, 1), self.mix(self.norm1(x)))
-            return self.mlp.forward_fused(self.norm2(x), residual=x, scale=self.layer_scale2.scale)
-        x = x + self.drop_path1(self.layer_scale1(self.mix(self.norm1(x))))
-        x = x + self.drop_path2(self.layer_scale2(self.mlp(self.norm2(x))))
-        return x
+        x = self._residual(x, self.mix(self.norm1(x)), self.layer_scale1, self.drop_path1)
+        if self.mlp_takes_residual and not (self.training and isinstance(self.drop_path2, DropPath)):
+            # residual + ls * mlp(norm(x)) inside the MLP: on CPU inference the add runs as a post-op of its
+            # second convolution (zoo.layers.onednn.conv_add); plain convolutions elsewhere
+            return self.mlp(self.norm2(x), residual=x, scale=self.layer_scale2.scale)
+        return self._residual(x, self.mlp(self.norm2(x)), self.layer_scale2, self.drop_path2)
 
-    def _fast_inference(self, x: torch.Tensor) -> bool:
-        return (isinstance(self.mlp, layers.mlp.ConvMlp) and isinstance(self.layer_scale1, LayerScale)
-                and isinstance(self.layer_scale2, LayerScale) and layers.mlp.fusable(x, self.mlp))
+    def _residual(self, x: torch.Tensor, y: torch.Tensor, ls: nn.Module, drop_path: nn.Module) -> torch.Tensor:
+        """``x + drop_path(ls(y))``; x + ls * y as one addcmul where drop path is the identity."""
+        if isinstance(ls, LayerScale) and not (self.training and isinstance(drop_path, DropPath)):
+            return torch.addcmul(x, ls.scale.view(1, -1, 1, 1), y)
+        return x + drop_path(ls(y))
 
 
 class MetaFormerStage(nn.Module):

@@ -33,7 +33,7 @@ from einops import rearrange
 from torch import nn
 
 from zoo.layers import DropPath
-from zoo.layers.onednn import linear
+from zoo.layers.onednn import add_tokens, linear
 from zoo.layers.raft import RaftMixing, resize_grid
 
 from ._builder import ClassifierBase, FeatureInfo, build_model, check_image, select_features
@@ -102,28 +102,15 @@ class RaftBlock(nn.Module):
         size = tuple(x.shape[1:3])
         if size != self.grid:  # RaftShrink: (B, h, w, C) -> trained grid
             x = rearrange(resize_grid(rearrange(x, 'b h w c -> b c h w'), self.grid), 'b c h w -> b h w c')
-        if self.training or torch.is_grad_enabled():
-            x = x + self.drop_path(self.vertical(_token_norm(self.norm1, x)))
-            x = x + self.drop_path(self.horizontal(self.norm2(x)))
-        else:
-            x = self._raft_inference(x)
+        # the vertical residual is stored (B, h, w, C) for the horizontal mixing, the block's output (B, w, h, C)
+        # for the next block's norm and vertical mixing (in eager inference; see ``add_tokens``)
+        x = add_tokens(x, self.drop_path(self.vertical(_token_norm(self.norm1, x))))
+        x = x + self.drop_path(self.horizontal(self.norm2(x)))
         if size != self.grid:  # RaftExpansion: back to the input grid before channel mixing
             x = rearrange(resize_grid(rearrange(x, 'b h w c -> b c h w'), size), 'b c h w -> b h w c')
-        if self.training or torch.is_grad_enabled():  # ``linear``: self.mlp's function, oneDNN GEMMs
-            return x + self.drop_path(self.mlp[4](linear(self.mlp[2](linear(self.norm3(x), self.mlp[0], gelu=True)),
-                                                         self.mlp[3])))
-        # Inference: the residual writes the tokens stored as (B, w, h, C), where the next block's norm and
-        # vertical mixing read them without a copy (logically still (B, h, w, C)).
-        out = x.new_empty(x.shape[0], x.shape[2], x.shape[1], x.shape[3]).transpose(1, 2)
-        return torch.add(x, linear(linear(self.norm3(x), self.mlp[0], gelu=True), self.mlp[3]), out=out)
-
-    def _raft_inference(self, x: torch.Tensor) -> torch.Tensor:
-        """The two raft sub-blocks without autograd: the vertical residual is written in (B, h, w, C) memory
-        for the horizontal mixing, whose residual is then added in place (a tensor made here)."""
-        v = self.vertical(_token_norm(self.norm1, x))                     # stored (B, w, h, C)
-        x = torch.add(x, v, out=torch.empty(x.shape, dtype=x.dtype, device=x.device))  # stored (B, h, w, C)
-        x += self.horizontal(self.norm2(x))
-        return x
+        # ``linear``: self.mlp's function (oneDNN GEMMs, GELU fused in CPU inference; plain under compile)
+        y = self.mlp[4](linear(self.mlp[2](linear(self.norm3(x), self.mlp[0], gelu=True)), self.mlp[3]))
+        return add_tokens(x, self.drop_path(y), swap_hw=True)
 
 
 def _token_norm(norm: nn.Module, x: torch.Tensor) -> torch.Tensor:

@@ -38,7 +38,7 @@ from einops import rearrange
 from torch import nn
 
 from zoo.layers import DropPath
-from zoo.layers.onednn import conv_bn_act, exact_gelu, linear
+from zoo.layers.onednn import conv_bn_act, eager_inference, exact_gelu, linear
 from zoo.layers.strip import StripTokenMixer
 
 from ._builder import ClassifierBase, FeatureInfo, build_model, check_image, select_features
@@ -57,9 +57,9 @@ class GRN(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if torch.is_grad_enabled():
+        if not eager_inference():  # autograd, compile, export: one op (a loop over the batch would pin its size)
             gx = torch.linalg.vector_norm(x, dim=(1, 2), keepdim=True)  # (B, 1, 1, C): L2 over the grid
-        else:  # the same norm; vector_norm over leading dims is 3-10x slower than squares summed per sample
+        else:  # the same norm; in eager vector_norm over leading dims is 3-10x slower than squares summed per sample
             gx = torch.stack([t.square().sum((0, 1), keepdim=True) for t in x]).sqrt()  # (B, 1, 1, C)
         nx = gx / (gx.mean(dim=-1, keepdim=True) + self.eps)  # relative to the channel mean
         return torch.addcmul(self.beta, x, self.gamma * nx + 1)  # gamma * (x * nx) + beta + x, in one pass

@@ -28,8 +28,9 @@ Linear (the official ``qk`` and ``v`` weights stacked), attention runs through
 word position embedding is stored as (1, 16, c) like the official code (timm: (1, c, 4, 4)), and the
 sentence stream is updated with a concatenation (not the official in-place write).
 Speed (same parameters and function): the words are kept contiguous as (B*N, m, c) (timm leaves a
-transposed view, so each block's LayerNorms read strided rows and its Linears copy their input); in eval
-mode without autograd, residuals and GELU are applied in place, and ``forward`` (logits) runs the last
+transposed view, so each block's LayerNorms read strided rows and its Linears copy their input); every
+Linear goes through ``zoo.layers.onednn.linear`` (oneDNN, GELU fused, in eager CPU inference; plain ops under
+compile and export); in eval mode without autograd ``forward`` (logits) runs the last
 block's outer queries, projection and MLP on the class token alone, the only token the head reads
 (4.90 G instead of 5.22 G MACs for tnt_s; ``forward_features`` and autograd still run every token).
 This is the current (official) TNT, not timm's ``tnt_s_legacy_patch16_224`` (whole-image conv and a
@@ -46,7 +47,6 @@ from torch import nn
 
 from zoo.layers import DropPath, linear_drop_path_rates
 from zoo.layers.mlp import Mlp
-from zoo.layers.onednn import exact_gelu, linear
 from zoo.layers.tnt import TokenAttention, WordToSentence
 
 from ._builder import ClassifierBase, FeatureInfo, build_model, check_image
@@ -107,11 +107,6 @@ class TNTBlock(nn.Module):
 
     def forward(self, words: torch.Tensor, sentences: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         words, sentences = self._words_and_fuse(words, sentences)
-        if _inference(self):
-            # eval without autograd: `sentences` is the new tensor made by the fuse, so add in place
-            sentences += self.outer_attn(self.outer_norm1(sentences))
-            sentences += _mlp_inplace(self.outer_mlp, self.outer_norm2(sentences))
-            return words, sentences
         sentences = sentences + self.drop_path(self.outer_attn(self.outer_norm1(sentences)))
         sentences = sentences + self.drop_path(self.outer_mlp(self.outer_norm2(sentences)))
         return words, sentences
@@ -125,24 +120,12 @@ class TNTBlock(nn.Module):
         """
         _, sentences = self._words_and_fuse(words, sentences)
         cls = sentences[:, :1] + self.drop_path(self.outer_attn(self.outer_norm1(sentences), num_queries=1))
-        if _inference(self):
-            cls += _mlp_inplace(self.outer_mlp, self.outer_norm2(cls))
-            return cls
         return cls + self.drop_path(self.outer_mlp(self.outer_norm2(cls)))
 
     def _words_and_fuse(self, words: torch.Tensor, sentences: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Inner transformer on the words, then the words folded into the sentence tokens (not the class token).
-
-        In eval mode without autograd (``_inference``) the second word residual is added in place into the
-        tensor the first one created (never into the caller's inputs) and the MLP applies GELU in place;
-        drop path is the identity there. Same ops in the same order: equal outputs.
-        """
-        if _inference(self):
-            words = words + self.inner_attn(self.inner_norm1(words))            # a new tensor, ours to update
-            words += _mlp_inplace(self.inner_mlp, self.inner_norm2(words))
-        else:
-            words = words + self.drop_path(self.inner_attn(self.inner_norm1(words)))
-            words = words + self.drop_path(self.inner_mlp(self.inner_norm2(words)))
+        """Inner transformer on the words, then the words folded into the sentence tokens (not the class token)."""
+        words = words + self.drop_path(self.inner_attn(self.inner_norm1(words)))
+        words = words + self.drop_path(self.inner_mlp(self.inner_norm2(words)))
         b = sentences.shape[0]
         fused = self.word_to_sentence(rearrange(words, '(b n) m c -> b n (m c)', b=b))  # (B, N, d)
         # the class token (index 0) receives nothing from the words; a no-drop-path term (official)
@@ -151,22 +134,8 @@ class TNTBlock(nn.Module):
 
 
 def _inference(module: nn.Module) -> bool:
-    """Eval mode without autograd (inference_mode / no_grad): in-place updates of our own temporaries are safe."""
+    """Eval mode without autograd (inference_mode / no_grad): only the class token's output is read."""
     return not (module.training or torch.is_grad_enabled())
-
-
-def _mlp_inplace(mlp: Mlp, x: torch.Tensor) -> torch.Tensor:
-    """``mlp(x)`` in eval mode without autograd: exact GELU runs fused into fc1 (oneDNN, ``zoo.layers.onednn``;
-    without oneDNN, F.linear + F.gelu), another GELU in place on fc1's output (one (tokens, 4 dim) temporary
-    instead of two). Other activations run as in ``Mlp``."""
-    if exact_gelu(mlp.act):
-        return linear(linear(x, mlp.fc1, gelu=True), mlp.fc2)  # oneDNN, GELU fused into fc1 (layers/onednn.py)
-    h = mlp.fc1(x)
-    if type(mlp.act) is nn.GELU:
-        h = torch.ops.aten.gelu_(h, approximate=mlp.act.approximate)
-    else:
-        h = mlp.act(h)
-    return mlp.fc2(h)
 
 
 class TNT(ClassifierBase):
