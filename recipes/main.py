@@ -164,7 +164,7 @@ def _cmd_results(args) -> int:
         return 0
     # one leaderboard per task (or the one --task), each by its task's primary metric unless --metric says
     boards = results.leaderboards(args.task, args.dataset, args.metric, db=store, model=args.model,
-                                  threads=args.threads)
+                                  threads=args.threads, runtime=args.runtime, cpu=args.cpu)
     if not boards:
         print('(no finished runs)' + (' matching the filters' if args.model or args.dataset else ''))
         return 0
@@ -362,6 +362,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument('--plot', metavar='PNG', help='also draw metric vs latency with the Pareto front to this file')
     p.add_argument('--threads', type=int,
                    help='use latency records taken at this many threads (default: the count most models have)')
+    p.add_argument('--runtime', default='eager', choices=['eager', 'compile', 'onnxruntime', 'openvino'],
+                   help='use latency records of this runtime (default eager)')
+    p.add_argument('--cpu', metavar='SUBSTRING',
+                   help='use latency records of the CPU whose model name contains this (default: the CPU most '
+                        'records were taken on; one board never mixes CPUs)')
     p.add_argument('--runs', action='store_true', help='list the runs instead of the leaderboard')
     p.add_argument('--aggregate', action='store_true',
                    help='compare models over all their tasks/datasets and seeds: IQM and mean with stratified '
