@@ -272,6 +272,7 @@ class ResultsLogger(Logger):
         if x is None:
             return
         net = copy.deepcopy(net).cpu().eval()
+        net._compiled_call_impl = None      # the eager network (zoo fit --compile): `zoo bench --runtime compile`
         name = getattr(system, 'model_name', None) or type(system).__name__
         try:
             macs = count_macs(net, example=x)
