@@ -75,3 +75,49 @@ def test_profile_does_not_count_warm_up_calls():
     res = breakdown.profile_kinds(model, x, repeats=2, warmup=3)
     assert res['calls'] and set(res['calls'].values()) == {2}
     assert res['calls']['stem'] == 2 and not any(h for m in model.modules() for h in m._forward_hooks.values())
+
+
+# ------------------------------------------------------------------------------------------------- zoo bench
+STRIP = f'official:{ROOT / "tests" / "reference_stripmlp.py"}:StripMLPNet'
+
+
+def test_bench_times_every_runtime_of_the_model_and_its_reference_interleaved():
+    from zoo.eval import bench
+
+    rows = bench.run(['stripmlp_tiny'], vs=STRIP, runtimes='onnxruntime', batch_sizes=(1, 2), repeats=2, warmup=1,
+                     budget_s=0)
+    got = {(r['model'], r['runtime'], r['batch_size']): r for r in rows}
+    assert set(got) == {(m, rt, bs) for m in ('stripmlp_tiny', STRIP) for rt in ('eager', 'onnxruntime')
+                        for bs in (1, 2)}                                  # eager always, as the baseline
+    for bs in (1, 2):
+        ours, ort = got['stripmlp_tiny', 'eager', bs], got['stripmlp_tiny', 'onnxruntime', bs]
+        assert ours['max_abs_diff'] < 1e-5 and ours['speedup'] > 0 and ort['speedup'] > 0   # vs official, per runtime
+        assert ort['max_abs_diff_eager'] < 1e-4 and ort['vs_eager'] > 0 and ort['compile_s'] > 0
+        assert got[STRIP, 'onnxruntime', bs]['max_abs_diff_eager'] < 1e-4  # the official code exports too
+        assert ours['max_abs_diff_eager'] == 0.0 and ort['runtime'] == 'onnxruntime' and ort['dtype'] == 'float32'
+        assert len({r['duration_s'] for k, r in got.items() if k[2] == bs}) == 1    # one interleaved timing
+
+
+def test_bench_runtime_rows_are_recorded_with_runtime_cpu_and_versions(tmp_path, capsys):
+    from zoo.eval import results as R
+    from zoo.eval.profile import machine
+
+    db = tmp_path / 'bench.db'
+    assert main(['bench', 'resnet_tiny', '--runtime', 'eager,onnxruntime', '--db', str(db), '--json', *FAST]) == 0
+    out = capsys.readouterr().out
+    assert {r['runtime'] for r in _json_rows(out)} == {'eager', 'onnxruntime'}
+    lat = R.latency(db=str(db)).set_index('runtime')
+    assert sorted(lat.index) == ['eager', 'onnxruntime'] and (lat.cpu_model == machine()['cpu_model']).all()
+    assert lat.loc['onnxruntime'].versions['onnxruntime'] and lat.loc['eager'].isa == machine()['isa']
+    assert not lat.compiled.any() and lat.dtype.tolist() == ['float32', 'float32']
+    R.close_all()
+
+
+@pytest.mark.slow
+def test_bench_compile_and_bfloat16(capsys):
+    """torch.compile (inductor, freezing) and bfloat16 autocast; the compile time is reported."""
+    assert main(['bench', 'dncnn_tiny', '--runtime', 'compile', '--dtype', 'bfloat16', '--json', *FAST]) == 0
+    rows = _json_rows(capsys.readouterr().out)
+    comp = next(r for r in rows if r['runtime'] == 'compile')
+    assert comp['dtype'] == 'bfloat16' and comp['compile_mode'] == 'default+freezing' and comp['compile_s'] > 0
+    assert comp['max_abs_diff_eager'] < 0.5                    # bf16 against eager float32
