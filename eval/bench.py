@@ -109,6 +109,15 @@ def _max_diff(a, b) -> float | None:
     return max(diffs, default=0.0)
 
 
+def error_summary(e: BaseException, limit: int = 300) -> str:
+    """One line for an exporter's or compiler's error: the exception summary torch.export / torch.onnx put in
+    their message (``<class '...'>: what``) when there is one, else its first line."""
+    lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()]
+    summary = next((ln for ln in lines if ln.startswith("<class '")), None)
+    text = summary.split("'>: ", 1)[-1] if summary else (lines[0] if lines else '')
+    return f'{type(e).__name__}: {text}'[:limit]
+
+
 def _prepare(model, runtime: str, x, dtype, compile_mode: str | None):
     """``zoo.optimize`` of ``model`` in ``runtime`` and its first call on ``x``: the runtime's module, its
     output and the seconds the two took (compile or export time; for eager, one call)."""
@@ -171,8 +180,7 @@ def run(names: list[str], vs: str | None = None, batch_sizes=(1,), img_size: int
                     try:
                         net, out, secs = _prepare(m, rt, inputs[n], d, compile_mode)
                     except Exception as e:  # a runtime failing on one model is a result, not a crash
-                        first = (str(e).strip().splitlines() or [''])[0]
-                        warn(f'zoo bench: {n} in {rt} failed: {type(e).__name__}: {first}'[:300])
+                        warn(f'zoo bench: {n} in {rt} failed: {error_summary(e)}')
                         continue
                     if rt == 'eager':       # the reference of every runtime: eager float32
                         with torch.inference_mode():
