@@ -501,6 +501,12 @@ def main(argv: list[str] | None = None) -> int:
         if ns.compile:                          # zoo fit --compile: the system compiles its network
             rest.append('--model.compile=true')
         if ns.runtime:                          # zoo test --runtime onnxruntime: the system evaluates it there
+            from zoo._runtime import RUNTIMES
+            if argv[0] != 'test' or ns.runtime not in RUNTIMES:
+                print(f'zoo {argv[0]}: error: ' + (f'--runtime {ns.runtime!r} is not one of {", ".join(RUNTIMES)}'
+                      if argv[0] == 'test' else '--runtime is for zoo test (the network evaluated in that runtime);'
+                      ' zoo fit trains eagerly or with --compile'), file=sys.stderr)
+                return 2
             rest.append(f'--model.runtime={ns.runtime}')
         if ns.seeds is None:
             return run_lightning_cli([argv[0], *rest])

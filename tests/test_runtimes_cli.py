@@ -121,3 +121,55 @@ def test_bench_compile_and_bfloat16(capsys):
     comp = next(r for r in rows if r['runtime'] == 'compile')
     assert comp['dtype'] == 'bfloat16' and comp['compile_mode'] == 'default+freezing' and comp['compile_s'] > 0
     assert comp['max_abs_diff_eager'] < 0.5                    # bf16 against eager float32
+
+
+# --------------------------------------------------------------------------------- zoo test --runtime, zoo export
+TRAIN = ['--model.name', 'resnet_tiny', '--model.model_args', '{}', '--trainer.max_epochs=1',
+         '--trainer.limit_train_batches=2', '--trainer.limit_val_batches=1', '--trainer.limit_test_batches=2', *QUIET]
+
+
+def test_test_in_onnxruntime_is_recorded_beside_eager_and_export_writes_graph_and_card(runs, tmp_path, capsys,
+                                                                                        monkeypatch):
+    import onnxruntime as ort
+
+    from zoo.eval import results as R
+
+    db = tmp_path / 'results.db'
+    monkeypatch.setenv('ZOO_DB', str(db))
+    assert main(['fit', '-c', str(DEMO), *TRAIN]) == 0
+    for runtime in ([], ['--runtime', 'onnxruntime']):
+        assert main(['test', '-c', str(DEMO), '--ckpt_path', 'best', *TRAIN, *runtime]) == 0
+    tests = R.runs(db=str(db), stage='test').set_index('runtime')
+    assert sorted(tests.index) == ['eager', 'onnxruntime']
+    assert tests.loc['onnxruntime', 'test/acc1'] == pytest.approx(tests.loc['eager', 'test/acc1'], abs=0.02)
+    assert tests.loc['onnxruntime', 'config_key'] != tests.loc['eager', 'config_key']   # never pooled as seeds
+    assert R.runs(db=str(db), stage='fit').runtime.tolist() == ['eager']
+    R.close_all()
+
+    [ckpt] = runs.glob('*/*/checkpoints/best-*.ckpt')
+    out = tmp_path / 'export' / 'net.onnx'
+    assert main(['export', 'resnet_tiny', '--ckpt_path', str(ckpt), '--out', str(out)]) == 0
+    card = json.loads(out.with_name('net.onnx.json').read_text())
+    assert card['input']['shape'] == ['batch', 1, 32, 32] and card['num_classes'] == 10 and card['opset'] >= 18
+    assert card['model']['name'] == 'resnet_tiny' and card['model']['kwargs']['num_classes'] == 10
+    assert card['format'] == 'onnx' and card['zoo_version'] == zoo.__version__ and card['checkpoint'] == str(ckpt)
+    from zoo.recipes.export import _from_lightning
+    net, _ = _from_lightning(ckpt, 'resnet_tiny', None)
+    x = torch.randn(3, 1, 32, 32)                                         # another batch size than traced
+    got = ort.InferenceSession(str(out)).run(None, {'input': x.numpy()})[0]
+    with torch.no_grad():
+        assert torch.allclose(torch.from_numpy(got), net.eval()(x), atol=1e-4, rtol=1e-4)
+
+    before = out.read_bytes()
+    assert main(['export', 'resnet_tiny', '--ckpt_path', str(ckpt), '--out', str(out)]) == 2   # never overwritten
+    assert 'exists' in capsys.readouterr().err and out.read_bytes() == before
+    assert main(['export', 'resnet_tiny', '--ckpt_path', str(ckpt), '--out', str(out), '--overwrite']) == 0
+    pt2 = tmp_path / 'net.pt2'
+    assert main(['export', 'resnet_tiny', '--ckpt_path', str(ckpt), '--format', 'pt2', '--out', str(pt2)]) == 0
+    program = torch.export.load(str(pt2))
+    with torch.no_grad():
+        assert torch.allclose(program.module()(x), net(x), atol=1e-5)
+    # -c CONFIG takes the newest run's checkpoint as zoo test does, and refuses one of another model
+    capsys.readouterr()
+    assert main(['export', '-c', str(DEMO), '--ckpt_path', 'best', '--out', str(tmp_path / 'c.onnx')]) == 2
+    assert 'holds a resnet_tiny model but the config builds poolformer_tiny' in capsys.readouterr().err
