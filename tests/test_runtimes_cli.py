@@ -146,7 +146,7 @@ def test_test_in_onnxruntime_is_recorded_beside_eager_and_export_writes_graph_an
     assert R.runs(db=str(db), stage='fit').runtime.tolist() == ['eager']
     R.close_all()
 
-    [ckpt] = runs.glob('*/*/checkpoints/best-*.ckpt')
+    [ckpt] = {p.resolve() for p in runs.glob('*/*/checkpoints/best-*.ckpt')}
     out = tmp_path / 'export' / 'net.onnx'
     assert main(['export', 'resnet_tiny', '--ckpt_path', str(ckpt), '--out', str(out)]) == 0
     card = json.loads(out.with_name('net.onnx.json').read_text())
