@@ -376,7 +376,8 @@ def build_parser() -> argparse.ArgumentParser:
                    'official:FILE.py[:CALLABLE] (your copy of the official code, given our weights; RaftMLP, Strip-MLP)')
     p.add_argument('--runtime', default='eager', metavar='eager,compile,onnxruntime[,openvino]',
                    help='runtimes to time, comma-separated (zoo.optimize); each runtime of each model runs interleaved '
-                        'with the others, with its max |Δ| against eager and its compile or export time (default eager)')
+                        'with the others, with its max |Δ| against eager and its compile or export time '
+                        '(default eager)')
     p.add_argument('--batch-size', type=int, nargs='+', default=[1], help='batch sizes to time (default 1)')
     p.add_argument('--img-size', type=int, help='image height and width (default: the model\'s input size)')
     p.add_argument('--repeats', type=int, default=20, help='at least this many timed calls per model (default 20)')

@@ -172,7 +172,8 @@ class ResultsLogger(Logger):
         network = getattr(system, 'network', None)
         if isinstance(network, dict):  # what zoo bench --db rebuilds the network from
             hparams['network'] = _results.jsonable({**network, 'input_size': self._input_size(trainer, system)})
-        fields = dict(model=name, variant=variant, family=family, task=task, dataset=dataset, stage=stage, runtime=runtime,
+        fields = dict(model=name, variant=variant, family=family, task=task, dataset=dataset, stage=stage,
+                      runtime=runtime,
                       recipe=self.recipe, config=config, hparams=hparams,
                       block_choices=dict(getattr(system, 'block_choices', {}) or {}),
                       seed=int(seed) if seed not in (None, True, False) else None,

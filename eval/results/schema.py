@@ -127,7 +127,7 @@ latency_table = sa.Table(
     # v5: what ran the network and on which machine (rows before v5: runtime 'eager' ('compile' when
     # ``compiled``), dtype 'float32' when unset, cpu_model 'unknown')
     sa.Column('runtime', sa.String(20), index=True),          # eager | compile | onnxruntime | openvino (RUNTIMES)
-    sa.Column('compile_mode', sa.String(40)),                 # torch.compile mode / options ('default', 'freezing', ...)
+    sa.Column('compile_mode', sa.String(40)),                 # torch.compile mode and options ('default+freezing')
     sa.Column('cpu_model', sa.String(200), index=True),       # /proc/cpuinfo 'model name' (profile.machine())
     sa.Column('isa', sa.JSON),                                # ISA flags of that CPU: ['avx2', 'avx512f', ...]
     sa.Column('versions', sa.JSON),                           # {'torch': ..., 'onnxruntime': ..., 'zoo': ...}
@@ -198,7 +198,8 @@ def _v4(op) -> None:
 
 def _v5(op) -> None:
     """Version 5: latency keyed by runtime and machine (runtime, compile mode, CPU model, ISA flags, library
-    versions), and the runtime of a run (a test in ONNX Runtime beside the eager one). Older rows were all measured in eager PyTorch (or ``torch.compile`` where ``compiled`` says so),
+    versions), and the runtime of a run (a test in ONNX Runtime beside the eager one). Older rows were all
+    measured in eager PyTorch (or ``torch.compile`` where ``compiled`` says so),
     in float32 unless they said otherwise, on a CPU nobody recorded."""
     for name in LATENCY_V5:
         op.add_column('zoo_latency', _col(latency_table, name))
