@@ -90,8 +90,8 @@ def parse_runtimes(spec) -> tuple[str, ...]:
     items = [r.strip() for r in (spec.split(',') if isinstance(spec, str) else spec) if r.strip()]
     bad = [r for r in items if r not in RUNTIMES]
     if bad or not items:
-        raise ValueError(f'unknown runtime {bad[0]!r}' if bad else 'no runtime given'
-                         + f'; expected a comma-separated list of {", ".join(RUNTIMES)}')
+        what = f'unknown runtime {bad[0]!r}' if bad else 'no runtime given'
+        raise ValueError(f'{what}; expected a comma-separated list of {", ".join(RUNTIMES)}')
     return tuple(dict.fromkeys(['eager', *items]))
 
 

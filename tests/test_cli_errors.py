@@ -253,7 +253,8 @@ def test_detection_predict_draws_on_the_file(runs, tmp_path, monkeypatch):
 
 # ------------------------------------------------------------------------------------- runtimes (issue 26)
 @pytest.mark.parametrize('argv, expected', [
-    (['bench', 'resnet_tiny', '--runtime', 'eager,tensorrt'], "unknown runtime 'tensorrt'"),
+    (['bench', 'resnet_tiny', '--runtime', 'eager,tensorrt'], "unknown runtime 'tensorrt'; expected a comma-separated "
+                                                              'list of eager, compile, onnxruntime, openvino'),
     (['bench', 'resnet_tiny', '--runtime', 'onnxruntime', '--mode', 'train'], 'only the eager runtime runs'),
     (['export'], 'give a model NAME or -c CONFIG'),
     (['export', 'resnet_tiny', '-c', CONFIG], 'not both'),
