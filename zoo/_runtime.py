@@ -166,12 +166,20 @@ def export(model: nn.Module, path, example: torch.Tensor, *, format: str = 'onnx
     program (``format='pt2'``, ``torch.export.save``), traced on ``example`` with a dynamic batch.
 
     A dense model is saved as its network (``forward_raw``: one output per level); ``nms=True`` saves a detector
-    with decode and NMS in the graph instead (one (B, max_det, 6) output; see :class:`_Deploy`). Returns the path.
+    with decode and NMS in the graph instead (one (B, max_det, 6) output; see :class:`_Deploy`). ``model`` may
+    also be a ``torch.export.ExportedProgram`` (e.g. a loaded pt2 file), converted to ONNX without tracing again.
+    Returns the path.
     """
     if format not in FORMATS:
         raise ValueError(f"unknown export format {format!r}; expected one of {', '.join(FORMATS)}")
     path = pathlib.Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
+    if isinstance(model, torch.export.ExportedProgram):
+        if format == 'pt2':
+            torch.export.save(model, path)
+        else:
+            _onnx_program(model, example, dynamic_batch).save(str(path))
+        return path
     example = _batch2(example) if dynamic_batch else example
     with _frozen(model):
         net = _graph_module(model, nms)
@@ -197,7 +205,9 @@ def _onnx_program(net: nn.Module, example: torch.Tensor, dynamic_batch: bool = T
     from onnxscript.optimizer import fold_constants_ir
     with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):
         warnings.simplefilter('ignore')
-        program = torch.onnx.export(net, (example,), dynamo=True, dynamic_shapes=_dynamic(dynamic_batch),
+        program = torch.onnx.export(net, (example,), dynamo=True,
+                                    dynamic_shapes=None if isinstance(net, torch.export.ExportedProgram)
+                                    else _dynamic(dynamic_batch),
                                     input_names=['input'], verbose=False, report=False, optimize=False)
     model = program.model
     common.InlinePass()(model)
