@@ -127,9 +127,16 @@ def take_indices(num_stages: int, indices) -> tuple[list[int], int]:
 
 
 def run_blocks(blocks, x, checkpointing: bool = False):
-    """Run ``blocks`` in order; a tuple state is passed unpacked (blocks that take and return several tensors).
-    With ``checkpointing`` (training with autograd), each block runs under ``torch.utils.checkpoint``: its
-    activations are recomputed in the backward pass instead of stored."""
+    """Run ``blocks`` (a module, or modules in order); a tuple state is passed unpacked (blocks that take and return
+    several tensors). With ``checkpointing`` (training with autograd), each block (each child of a Sequential) runs
+    under ``torch.utils.checkpoint``: its activations are recomputed in the backward pass instead of stored."""
+    if not checkpointing and isinstance(blocks, nn.Module):  # the stage module itself (its hooks fire)
+        return blocks(*x) if isinstance(x, tuple) else blocks(x)
+    if checkpointing:  # an in-place module (VGG's ReLU) is checkpointed with the module before it, as one unit
+        units = []
+        for blk in blocks:
+            units.append(nn.Sequential(units.pop(), blk) if units and getattr(blk, 'inplace', False) else blk)
+        blocks = units
     for blk in blocks:
         args = x if isinstance(x, tuple) else (x,)
         x = torch.utils.checkpoint.checkpoint(blk, *args, use_reentrant=False) if checkpointing else blk(*args)
@@ -197,7 +204,11 @@ class ClassifierBase(nn.Module):
         return list(stage) if isinstance(stage, nn.Sequential) else [stage]
 
     def forward_stage(self, i: int, state):
-        return run_blocks(self.stage_blocks(i), state, self._checkpointing())
+        """Stage ``i``'s module (so hooks on the ``feature_info`` modules fire), or its blocks one by one under
+        gradient checkpointing."""
+        if self._checkpointing():
+            return run_blocks(self.stage_blocks(i), state, True)
+        return run_blocks(getattr(self, self.stages_attr)[i], state)
 
     def stage_output(self, i: int, state, norm: bool = False) -> torch.Tensor:
         """The (B, C, H, W) map of stage ``i``; ``norm``: through the final norm where the family has one
@@ -277,6 +288,8 @@ class ClassifierBase(nn.Module):
 
     def get_classifier(self) -> nn.Module | None:
         """The final linear layer (``None`` for a ``features_only`` model)."""
+        if self.features_only:
+            return None
         prefixes = self.classifier_prefix
         heads = [_find(self, p) for p in ((prefixes,) if isinstance(prefixes, str) else prefixes)]
         return heads[0] if len(heads) == 1 else nn.ModuleList(heads) if all(heads) else None

@@ -103,7 +103,7 @@ class ResNet(ClassifierBase):
                 blocks.append(blk(chs, w, stride if j == 0 else 1, conv, convbn_mode))
                 chs = w * blk.expansion
             stages.append(nn.Sequential(*blocks))
-            info.append(FeatureInfo(chs, reduction, f'layer{i + 1}'))
+            info.append(FeatureInfo(chs, reduction, f'layers.{i}'))
         self.layers = nn.ModuleList(stages)
         self.num_features = chs
         self.features_only = features_only

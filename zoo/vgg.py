@@ -108,6 +108,9 @@ class VGG(ClassifierBase):
         pools = self._pools()
         return list(self.features[(pools[i - 1] + 1 if i else 0):pools[i] + 1])
 
+    def forward_stage(self, i: int, x: torch.Tensor) -> torch.Tensor:
+        return run_blocks(self.stage_blocks(i), x, self._checkpointing())
+
     def forward_features(self, x: torch.Tensor) -> torch.Tensor:
         return run_blocks(self.features, self.forward_stem(x), self._checkpointing())  # with layers after a pool
 
