@@ -181,6 +181,8 @@ def test_grad_checkpointing_gives_the_same_gradients(name, kw, monkeypatch):
     ckpt = copy.deepcopy(plain)
     ckpt.set_grad_checkpointing()
     x = example_input(name)
+    if zoo.model_info(name).task == 'detection':
+        x = x[..., :32, :32]  # a detector takes any multiple of 32: the smallest keeps the test fast
 
     def grads(model):
         torch.manual_seed(1)  # the same dropout / drop-path draws in both runs
