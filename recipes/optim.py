@@ -16,6 +16,7 @@ from typing import Callable
 import torch
 from torch import nn
 
+
 def no_weight_decay_names(model: nn.Module) -> set[str]:
     """Parameter names (or glob patterns) the model keeps out of weight decay, beyond timm's 1-d rule."""
     fn = getattr(model, 'no_weight_decay', None)  # timm models and nn.Modules outside zoo may lack it

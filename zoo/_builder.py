@@ -4,6 +4,7 @@ from __future__ import annotations
 import inspect
 import numbers
 import re
+
 import torch
 import torch.utils.checkpoint
 from einops import rearrange
@@ -126,6 +127,12 @@ def take_indices(num_stages: int, indices) -> tuple[list[int], int]:
     return feature_take_indices(num_stages, indices)
 
 
+def checkpointed(enabled: bool, fn, *args):
+    """``fn(*args)``, under ``torch.utils.checkpoint`` (activations recomputed in the backward pass) if ``enabled``.
+    A recomputed block's BatchNorm updates its running statistics a second time, as in timm."""
+    return torch.utils.checkpoint.checkpoint(fn, *args, use_reentrant=False) if enabled else fn(*args)
+
+
 def run_blocks(blocks, x, checkpointing: bool = False):
     """Run ``blocks`` (a module, or modules in order); a tuple state is passed unpacked (blocks that take and return
     several tensors). With ``checkpointing`` (training with autograd), each block (each child of a Sequential) runs
@@ -139,7 +146,7 @@ def run_blocks(blocks, x, checkpointing: bool = False):
         blocks = units
     for blk in blocks:
         args = x if isinstance(x, tuple) else (x,)
-        x = torch.utils.checkpoint.checkpoint(blk, *args, use_reentrant=False) if checkpointing else blk(*args)
+        x = checkpointed(checkpointing, blk, *args)
     return x
 
 
@@ -275,7 +282,7 @@ class ClassifierBase(nn.Module):
         (``coarse``) or blocks; parameters matching neither (final norm, head) come last."""
         stem = ('^(?:' + '|'.join(re.escape(n) for n in self.stem_names) + r')(?:\.|$)') if self.stem_names else None
         s = re.escape(self.stages_attr)
-        return dict(stem=stem, blocks=rf'^{s}\.(\d+)' if coarse else self.block_patterns())
+        return {'stem': stem, 'blocks': rf'^{s}\.(\d+)' if coarse else self.block_patterns()}
 
     def block_patterns(self):
         """Block-level ``blocks`` matcher (default: the blocks of Sequential stages, ``<stages>.<i>.<j>``)."""

@@ -72,14 +72,14 @@ from collections.abc import Sequence
 
 import torch
 import torch.nn.functional as F
-import torch.utils.checkpoint
 from einops import rearrange
 from torch import nn
 
 from zoo.layers.drop import DropPath
 from zoo.layers.piip import InteractionBlock
 
-from ._builder import ClassifierBase, FeatureInfo, build_model, check_image, select_features, take_indices, to_format
+from ._builder import (ClassifierBase, FeatureInfo, build_model, check_image, checkpointed, select_features, take_indices,
+                       to_format)
 from ._registry import register_model
 
 __all__ = ['PIIP', 'default_interaction_indexes', 'load_branch_weights', 'windowed_attention']
@@ -341,11 +341,11 @@ class PIIP(ClassifierBase):
             for i, branch in enumerate(self.branches):
                 start, end = self.interaction_indexes[i][stage]
                 seq = xs[i] if clss[i] is None else torch.cat([clss[i], xs[i]], 1)  # (B, [1+]N, D)
-                for blk in branch.blocks[start:end + 1]:
-                    seq = self._maybe_checkpoint(_run_block, blk, seq, grids[i], self.window_sizes[i])
+                for blk in branch.blocks[start:end + 1]:  # set_grad_checkpointing: the official configs' with_cp
+                    seq = checkpointed(self._checkpointing(), _run_block, blk, seq, grids[i], self.window_sizes[i])
                 xs[i], clss[i] = (seq, None) if clss[i] is None else (seq[:, 1:], seq[:, :1])
             if n > 1:
-                xs = self._maybe_checkpoint(self.interactions[stage], xs, grids)
+                xs = checkpointed(self._checkpointing(), self.interactions[stage], xs, grids)
         return xs, clss, grids
 
     def forward_features(self, x: torch.Tensor) -> list[torch.Tensor]:
@@ -384,10 +384,8 @@ class PIIP(ClassifierBase):
 
     def forward_intermediates(self, x: torch.Tensor, indices: int | list[int] | None = None, norm: bool = False,
                               stop_early: bool = False, output_fmt: str = 'NCHW', intermediates_only: bool = False):
-        """timm's signature over the pyramid levels [(B, D1, S/4, S/4), (B, D1, S/8, .), (B, D1, S/16, .),
-        (B, D1, S/32, .)]: every level is made from the branches' merged stride-16 map (the final features
-        returned without ``intermediates_only``), so ``stop_early`` saves nothing and ``norm`` has no norm to use.
-        """
+        """timm's signature over the pyramid levels (B, D1, S/s, S/s), s = 4, 8, 16, 32, all made from the branches'
+        merged stride-16 map (the final features): ``stop_early`` saves nothing, ``norm`` has no norm to apply."""
         if output_fmt not in ('NCHW', 'NHWC', 'NLC'):
             raise ValueError(f'output_fmt must be one of NCHW, NHWC, NLC, got {output_fmt!r}')
         take, _ = take_indices(self.num_stages, indices)
@@ -414,13 +412,6 @@ class PIIP(ClassifierBase):
                   for k, ix in enumerate(self.interaction_indexes) for s, (a, b) in enumerate(ix)]
         return {'stem': r'^branch\d+\.(?:cls_token|pos_embed|patch_embed)(?:\.|$)',
                 'blocks': blocks + [(r'^interactions\.(\d+)\.', (99998,))]}
-
-    def _maybe_checkpoint(self, fn, *args):
-        """``fn(*args)``, under ``torch.utils.checkpoint`` when gradient checkpointing is on in training (the
-        official detection configs checkpoint every block and interaction unit, ``with_cp=True``)."""
-        if self._checkpointing():
-            return torch.utils.checkpoint.checkpoint(fn, *args, use_reentrant=False)
-        return fn(*args)
 
     # -- checkpoints ----------------------------------------------------------------------------------------
     # zoo.create(name, checkpoint=...) builds what an official file holds: classification heads, or (an official

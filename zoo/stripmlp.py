@@ -161,7 +161,9 @@ class StripMLP(ClassifierBase):
         """Stage ``i`` with the merging before it and the cross-scale shortcuts into it (official dataflow: the
         stage-2 input goes to stages 3 and 4, the stage-3 input to stage 4). The state is (the stage's output,
         the merged inputs of stages 2 and 3 (B, 2C, s/8, s/8) / (B, 4C, s/16, s/16), the shortcut into stage 3)."""
-        run = lambda x: run_blocks(self.stages[i], x, self._checkpointing())  # noqa: E731
+        def run(x: torch.Tensor) -> torch.Tensor:
+            return run_blocks(self.stages[i], x, self._checkpointing())
+
         if i == 0:
             return (run(state),)
         x = state[0]

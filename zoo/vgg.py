@@ -118,7 +118,7 @@ class VGG(ClassifierBase):
         self.features = self.features[:self._pools()[n - 1] + 1]
 
     def group_matcher(self, coarse: bool = False) -> dict:
-        return dict(stem=r'^features\.0\.', blocks=r'^features\.(\d+)\.')  # timm's VGG: one group per layer
+        return {'stem': r'^features\.0\.', 'blocks': r'^features\.(\d+)\.'}  # timm's VGG: one group per layer
 
     def forward_head(self, x: torch.Tensor, pre_logits: bool = False) -> torch.Tensor:
         x = self.pre_logits(self.pool(x).flatten(1))  # (B, C, h, w) -> (B, C * h * w) -> (B, num_features)
