@@ -72,6 +72,9 @@ class ZooSystem(LightningModule):
         lr_scheduler: called with the optimizer (default ``optim.WarmupCosine``: cosine to 0 over the run, per
             step, sized from the run; ``None``: a constant learning rate).
         ema_decay: keep an EMA of the weights with this decay (e.g. 0.9999) and evaluate it.
+        grad_checkpointing: timm's ``set_grad_checkpointing()`` on the model: each block's activations are
+            recomputed in the backward pass instead of stored (less memory, more compute; PIIP's official detection
+            configs train this way).
     """
 
     task = ''           # the registry task this system trains
@@ -82,7 +85,7 @@ class ZooSystem(LightningModule):
                  vocab_size: Optional[int] = None,
                  optimizer: OptimizerCallable = lambda params: torch.optim.AdamW(params, lr=1e-3, weight_decay=0.05),
                  lr_scheduler: Optional[LRSchedulerCallable] = lambda opt: optim.WarmupCosine(opt),
-                 ema_decay: Optional[float] = None):
+                 ema_decay: Optional[float] = None, grad_checkpointing: bool = False):
         super().__init__()
         require_task(name, self.task, type(self).__name__)
         self.save_hyperparameters(ignore=['optimizer', 'lr_scheduler'])
@@ -92,6 +95,10 @@ class ZooSystem(LightningModule):
         self.sizes = {k: v for k, v in dict(num_classes=num_classes, in_chans=in_chans, img_size=img_size,
                                              vocab_size=vocab_size).items() if v is not None}
         self.model = self.build_model()
+        if grad_checkpointing:
+            if not hasattr(self.model, 'set_grad_checkpointing'):
+                raise ValueError(f'{name} has no set_grad_checkpointing (timm\'s switch); drop grad_checkpointing')
+            self.model.set_grad_checkpointing()
         self.block_choices = block_choices(self.model_args)
         if getattr(self.model, 'backbone_name', None):
             self.block_choices['backbone'] = self.model.backbone_name

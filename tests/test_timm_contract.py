@@ -215,3 +215,15 @@ def test_get_classifier_is_the_final_linear_layer(name):
     assert all(isinstance(h, torch.nn.Linear) and h.out_features == 5 for h in linears)
     assert [model.get_submodule(p) for p in zoo.classifier_prefix(model)] == linears
     assert _model(name, features_only=True).get_classifier() is None
+
+
+def test_recipes_switch_gradient_checkpointing_on():
+    """``--model.grad_checkpointing true``: the system turns timm's switch on (a detector passes it to its backbone);
+    a model without it is a one-line error."""
+    from zoo.recipes.detection import Detection
+    assert zoo.recipes.ImageClassifier('poolformer_tiny', num_classes=3, grad_checkpointing=True).model.grad_checkpointing
+    det = Detection('mamba_yolo_tiny', num_classes=3, grad_checkpointing=True)
+    assert det.model.backbone.grad_checkpointing
+    assert not zoo.recipes.ImageClassifier('poolformer_tiny', num_classes=3).model.grad_checkpointing
+    with pytest.raises(ValueError, match='no set_grad_checkpointing'):
+        zoo.recipes.CausalLM('llama_tiny', vocab_size=32, grad_checkpointing=True)
