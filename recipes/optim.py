@@ -2,8 +2,8 @@
 
 - ``param_groups``: timm's ``param_groups_weight_decay`` (no decay on 1-d parameters and biases, i.e. norms,
   biases, scales) plus the model's own ``no_weight_decay()`` names (position embeddings, class tokens, ...;
-  ``zoo.ClassifierBase`` declares it, timm models have it too). With ``layer_decay``, the same split per layer
-  of depth (BEiT-style layer-wise lr decay; our layer ids, because zoo models have no timm ``group_matcher``).
+  ``zoo.ClassifierBase`` declares it, timm models have it too). With ``layer_decay``, timm's
+  ``param_groups_layer_decay`` (BEiT-style layer-wise lr decay) on the model's ``group_matcher``.
 - ``warmup_cosine``: linear warm-up, then cosine decay to a floor, as an lr multiplier per optimizer step;
   :class:`WarmupCosine` is it as a scheduler a config injects (``lr_scheduler: {class_path:
   zoo.recipes.optim.WarmupCosine, init_args: {warmup_epochs: 1, min_lr: 2.0e-5}}``), sized from the run.
@@ -11,14 +11,10 @@
 from __future__ import annotations
 
 import math
-import re
 from typing import Callable
 
 import torch
 from torch import nn
-
-# A block inside a stage: ``stages.2.blocks.3`` (MetaFormer), ``layers.1.0`` (ResNet), ``blocks.5`` (TNT).
-_BLOCK = re.compile(r'^((?:.*?\.)?(?:stages|layers|levels|blocks)\.\d+(?:\.(?:blocks|layers)\.\d+)?)(?:\.|$)')
 
 
 def no_weight_decay_names(model: nn.Module) -> set[str]:
@@ -28,50 +24,48 @@ def no_weight_decay_names(model: nn.Module) -> set[str]:
 
 
 def layer_ids(model: nn.Module) -> dict[str, int]:
-    """Parameter name -> depth index: 0 for the stem, one index per block (in order), last for the head."""
-    order: dict[str, int] = {}
-    ids: dict[str, int | None] = {}
-    for name, _ in model.named_parameters():
-        m = _BLOCK.match(name)
-        if m:
-            ids[name] = order.setdefault(m.group(1), len(order) + 1)
-        else:
-            ids[name] = 0 if not order else None  # stem before any block, head after
-    last = len(order) + 1
-    return {k: last if v is None else v for k, v in ids.items()}
+    """Parameter name -> layer id as timm's ``param_groups_layer_decay`` assigns them: from the model's
+    ``group_matcher`` (zoo's and timm's models: stem 0, blocks in order, head and final norm last), else timm's
+    fallback grouping."""
+    from timm.models import group_parameters
+    from timm.optim._param_groups import auto_group_layers
+
+    if hasattr(model, 'group_matcher'):
+        return group_parameters(model, model.group_matcher(coarse=False), reverse=True)
+    return auto_group_layers(model)
 
 
 def param_groups(model: nn.Module, weight_decay: float | None = None, lr: float | None = None,
                  layer_decay: float | None = None) -> list[dict]:
-    """Trainable parameters of ``model`` in optimizer groups: no weight decay on 1-d parameters, biases and
-    ``model.no_weight_decay()``; the other group gets ``weight_decay`` (``None``: no key, so the optimizer's own
-    setting applies, as for an injected optimizer). With ``layer_decay``, one group per (layer, decay) with
-    ``lr_scale = layer_decay ** (depth below the head)`` (and ``lr = lr * lr_scale`` when ``lr`` is given; else
-    :func:`apply_lr_scale` once the optimizer exists) and its ``layer``."""
-    from timm.optim import param_groups_weight_decay  # lazily: timm's import is heavy
+    """Trainable parameters of ``model`` in optimizer groups, by timm's ``param_groups_weight_decay`` (no weight
+    decay on 1-d parameters, biases and ``model.no_weight_decay()``) or, with ``layer_decay``, timm's
+    ``param_groups_layer_decay`` (one group per layer of depth and decay, ``lr_scale = layer_decay ** (depth below
+    the head)``, layers from the model's ``group_matcher``; each group also names its ``layer``).
 
-    groups = param_groups_weight_decay(model, 1.0 if weight_decay is None else weight_decay,
-                                       no_weight_decay_list=no_weight_decay_names(model))
-    if weight_decay is None:  # the optimizer's own weight decay on the decayed group
+    ``weight_decay=None`` leaves the decayed groups without the key, so the optimizer's own setting applies (an
+    injected optimizer); ``lr`` sets ``lr * lr_scale`` per group, else :func:`apply_lr_scale` does once the
+    optimizer exists."""
+    from timm.optim import param_groups_layer_decay, param_groups_weight_decay  # lazily: timm's import is heavy
+
+    wd = 1.0 if weight_decay is None else weight_decay  # a stand-in that marks the decayed groups, removed below
+    nwd = no_weight_decay_names(model)
+    if layer_decay is None:
+        groups = param_groups_weight_decay(model, wd, no_weight_decay_list=nwd)
+    else:
+        groups = param_groups_layer_decay(model, wd, no_weight_decay_list=nwd, layer_decay=layer_decay)
+        ids = layer_ids(model)
+        last = max(ids.values(), default=0)
+        names = {id(p): n for n, p in model.named_parameters()}
+        for g in groups:
+            g['layer'] = ids.get(names[id(g['params'][0])], last)
+            if lr is not None:
+                g['lr'] = lr * g['lr_scale']
+    if weight_decay is None:  # the optimizer's own weight decay on the decayed groups
         for g in groups:
             if g['weight_decay'] != 0:
                 del g['weight_decay']
-    if layer_decay is None:  # decayed group first, as the recipes had it (gradient clipping sums in this order)
-        return sorted((g for g in groups if g['params']), key=lambda g: g.get('weight_decay') == 0)
-    decays = {id(p): g.get('weight_decay') for g in groups for p in g['params']}
-    ids = layer_ids(model)
-    last = max(ids.values())
-    by_layer: dict[tuple[int, float], dict] = {}
-    for name, p in model.named_parameters():
-        if id(p) not in decays:  # frozen
-            continue
-        layer, wd = ids[name], decays[id(p)]
-        scale = layer_decay ** (last - layer)
-        g = by_layer.setdefault((layer, wd), {'params': [], 'lr_scale': scale, 'layer': layer,
-                                              **({} if wd is None else {'weight_decay': wd}),
-                                              **({} if lr is None else {'lr': lr * scale})})
-        g['params'].append(p)
-    return sorted(by_layer.values(), key=lambda g: (g['layer'], g.get('weight_decay', 1.0) == 0))
+    # decayed group first, as the recipes had it (gradient clipping sums in this order); layers in depth order
+    return sorted((g for g in groups if g['params']), key=lambda g: (g.get('layer', 0), g.get('weight_decay') == 0))
 
 
 def apply_lr_scale(optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:

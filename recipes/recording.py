@@ -134,10 +134,12 @@ class ResultsLogger(Logger):
     def _describe(self, trainer, system, stage: str) -> dict:
         hparams = _results.jsonable(dict(getattr(system, 'hparams', {}) or {}))
         # the runtime that ran the network (zoo test --runtime onnxruntime, zoo fit --compile): its own column;
-        # at their defaults these keys stay out of the hyper-parameters, so the configuration key is the same as
+        # at their defaults these keys (and grad_checkpointing) stay out of the hyper-parameters, so the configuration key is the same as
         # runs recorded before they existed
         runtime = hparams.pop('runtime', None) or 'eager'
         compiled = hparams.pop('compile', False)
+        if not hparams.get('grad_checkpointing', True):  # the default, likewise out of the configuration key
+            hparams.pop('grad_checkpointing')
         if runtime != 'eager':
             hparams['runtime'] = runtime
         if compiled:

@@ -79,6 +79,9 @@ class ZooSystem(LightningModule):
         runtime: what runs the network in ``zoo test`` (``zoo.RUNTIMES``): ``onnxruntime`` (or ``openvino``,
             ``compile``) evaluates ``zoo.optimize(network, runtime)`` (the exported graph) through the same test
             loop, and the results database records the run's runtime beside the eager one.
+        grad_checkpointing: timm's ``set_grad_checkpointing()`` on the model: each block's activations are
+            recomputed in the backward pass instead of stored (less memory, more compute; PIIP's official detection
+            configs train this way).
     """
 
     task = ''           # the registry task this system trains
@@ -89,7 +92,8 @@ class ZooSystem(LightningModule):
                  vocab_size: Optional[int] = None,
                  optimizer: OptimizerCallable = lambda params: torch.optim.AdamW(params, lr=1e-3, weight_decay=0.05),
                  lr_scheduler: Optional[LRSchedulerCallable] = lambda opt: optim.WarmupCosine(opt),
-                 ema_decay: Optional[float] = None, compile: Union[bool, str] = False, runtime: str = 'eager'):
+                 ema_decay: Optional[float] = None, compile: Union[bool, str] = False, runtime: str = 'eager',
+                 grad_checkpointing: bool = False):
         super().__init__()
         require_task(name, self.task, type(self).__name__)
         if runtime not in zoo.RUNTIMES:
@@ -102,6 +106,10 @@ class ZooSystem(LightningModule):
         self.sizes = {k: v for k, v in dict(num_classes=num_classes, in_chans=in_chans, img_size=img_size,
                                              vocab_size=vocab_size).items() if v is not None}
         self.model = self.build_model()
+        if grad_checkpointing:
+            if not hasattr(self.model, 'set_grad_checkpointing'):
+                raise ValueError(f'{name} has no set_grad_checkpointing (timm\'s switch); drop grad_checkpointing')
+            self.model.set_grad_checkpointing()
         self.block_choices = block_choices(self.model_args)
         if getattr(self.model, 'backbone_name', None):
             self.block_choices['backbone'] = self.model.backbone_name

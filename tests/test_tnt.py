@@ -152,7 +152,10 @@ def test_features_only_single_scale_map():
     missing, unexpected = full.load_state_dict(model.state_dict(), strict=False)
     assert not unexpected and {k.split('.')[0] for k in missing} == {'norm', 'head'}
     with torch.no_grad():  # the map is the last block's sentence tokens, before the final norm
-        tokens = full._forward_blocks(x)[:, 1:]
+        state = full.forward_stem(x)
+        for blk in full.blocks:
+            state = blk(*state)
+        tokens = state[1][:, 1:]
     torch.testing.assert_close(fmap.flatten(2).transpose(1, 2), tokens)
 
 

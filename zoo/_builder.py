@@ -4,9 +4,10 @@ from __future__ import annotations
 import inspect
 import numbers
 import re
-from dataclasses import dataclass
 
 import torch
+import torch.utils.checkpoint
+from einops import rearrange
 from torch import nn
 
 
@@ -99,25 +100,17 @@ def check_image(x: torch.Tensor, in_chans: int, min_size: int, model: str,
         raise ValueError(f'{model} needs inputs of at least {min_size}x{min_size}, got {h}x{w}')
 
 
-@dataclass(frozen=True)
-class FeatureInfo:
-    """One multi-scale output: its channels, its stride from the input and the module that makes it."""
-    num_chs: int
-    reduction: int
-    module: str
+class FeatureInfo(dict):
+    """One multi-scale output: its channels (``num_chs``), its stride from the input (``reduction``) and the
+    module that makes it. A dict, as timm's ``feature_info`` entries are (``timm.models.FeatureGetterNet`` and
+    timm's ``FeatureInfo`` read and annotate it), with attribute access."""
 
-    def __getitem__(self, key):  # timm-style dict access: info['num_chs']
-        return getattr(self, key)
+    def __init__(self, num_chs: int, reduction: int, module: str):
+        super().__init__(num_chs=num_chs, reduction=reduction, module=module)
 
-
-def collect_features(x: torch.Tensor, stages, keep) -> list[torch.Tensor]:
-    """Run ``stages`` in order on ``x`` and return the outputs of the stages whose index is in ``keep``."""
-    feats = []
-    for i, stage in enumerate(stages):
-        x = stage(x)
-        if i in keep:
-            feats.append(x)
-    return feats
+    num_chs = property(lambda self: self['num_chs'])
+    reduction = property(lambda self: self['reduction'])
+    module = property(lambda self: self['module'])
 
 
 def select_features(feature_info: list[FeatureInfo], out_indices) -> tuple[tuple[int, ...], list[FeatureInfo]]:
@@ -128,16 +121,72 @@ def select_features(feature_info: list[FeatureInfo], out_indices) -> tuple[tuple
     return idx, [feature_info[i] for i in idx]
 
 
+def take_indices(num_stages: int, indices) -> tuple[list[int], int]:
+    """timm's ``feature_take_indices``: ``None`` all, an int the last n, a list those (negative from the end)."""
+    from timm.models._features import feature_take_indices  # lazily: timm's import is heavy
+    return feature_take_indices(num_stages, indices)
+
+
+def checkpointed(enabled: bool, fn, *args):
+    """``fn(*args)``, under ``torch.utils.checkpoint`` (activations recomputed in the backward pass) if ``enabled``.
+    A recomputed block's BatchNorm updates its running statistics a second time, as in timm."""
+    return torch.utils.checkpoint.checkpoint(fn, *args, use_reentrant=False) if enabled else fn(*args)
+
+
+def run_blocks(blocks, x, checkpointing: bool = False):
+    """Run ``blocks`` (a module, or modules in order); a tuple state is passed unpacked (blocks that take and return
+    several tensors). With ``checkpointing`` (training with autograd), each block (each child of a Sequential) runs
+    under ``torch.utils.checkpoint``: its activations are recomputed in the backward pass instead of stored."""
+    if not checkpointing and isinstance(blocks, nn.Module):  # the stage module itself (its hooks fire)
+        return blocks(*x) if isinstance(x, tuple) else blocks(x)
+    if checkpointing:  # an in-place module (VGG's ReLU) is checkpointed with the module before it, as one unit
+        units = []
+        for blk in blocks:
+            units.append(nn.Sequential(units.pop(), blk) if units and getattr(blk, 'inplace', False) else blk)
+        blocks = units
+    for blk in blocks:
+        args = x if isinstance(x, tuple) else (x,)
+        x = checkpointed(checkpointing, blk, *args)
+    return x
+
+
+_FORMATS = ('NCHW', 'NHWC', 'NLC')
+
+
+def to_format(x: torch.Tensor, output_fmt: str) -> torch.Tensor:
+    """A (B, C, H, W) map in timm's ``output_fmt``: NCHW, NHWC or NLC (tokens, (B, H*W, C))."""
+    if output_fmt == 'NHWC':
+        return rearrange(x, 'b c h w -> b h w c')
+    if output_fmt == 'NLC':
+        return rearrange(x, 'b c h w -> b (h w) c')
+    return x
+
+
 class ClassifierBase(nn.Module):
-    """timm's classification contract, declared once for every family: ``forward`` returns the multi-scale
-    maps when built with ``features_only`` and logits otherwise; ``reset_classifier`` swaps the linear
-    head named ``head_attr`` (on the model's device and dtype). Subclasses define ``forward_features``,
-    ``forward_intermediates``, ``forward_head``, ``num_features``, ``features_only`` and ``feature_info``;
-    they override the defaults below where they differ (embeddings and tokens out of weight decay, an
-    official checkpoint layout to map, a classifier elsewhere)."""
+    """timm's model contract, declared once for every family.
+
+    Classification: ``forward`` returns logits (``forward_head(forward_features(x))``), or the multi-scale maps
+    of ``out_indices`` when built with ``features_only``; ``reset_classifier`` swaps the linear head named
+    ``head_attr`` (on the model's device and dtype); ``get_classifier`` returns the final linear layer.
+
+    Intermediates (timm's ``forward_intermediates``, ``prune_intermediate_layers``, ``group_matcher``,
+    ``set_grad_checkpointing``) are implemented here once, over the stages a family declares: a family says
+    how to run its stem (:meth:`forward_stem`), which blocks make stage ``i`` (:meth:`stage_blocks`, default the
+    modules of ``getattr(self, stages_attr)[i]``) or how to run it (:meth:`forward_stage`, for stages joined by
+    more than a sequence), what map stage ``i`` gives (:meth:`stage_output`, default the state itself) and what
+    ``forward_features`` returns after the last stage (:meth:`forward_final`). One stage = one ``feature_info``
+    level. The state between stages may be a tensor or a tuple of tensors (TNT: words and sentences).
+
+    Subclasses define ``forward_head``, ``num_features``, ``features_only``, ``feature_info`` and
+    ``out_indices``; they override the defaults below where they differ (embeddings and tokens out of weight
+    decay, an official checkpoint layout to map, a classifier elsewhere)."""
 
     head_attr = 'head'              # the attribute reset_classifier replaces
     classifier_prefix = 'head'      # module path of the final linear layer (fine-tuning, checkpoint loading)
+    stages_attr = 'stages'          # the ModuleList / Sequential of stages, one per feature level
+    stem_names: tuple[str, ...] = ('stem',)  # modules and parameters before the first stage (group_matcher)
+    final_norm_attr: str | None = None  # the norm forward_features ends with, if any (timm's norm=, prune_norm)
+    grad_checkpointing = False
 
     def no_weight_decay(self) -> set[str]:
         """Parameter names kept out of weight decay beyond timm's rule (1-d parameters, biases): none."""
@@ -147,12 +196,114 @@ class ClassifierBase(nn.Module):
         """Map a foreign (official, timm) checkpoint layout onto this model's keys: ours already."""
         return state_dict
 
-    def forward_intermediates(self, x: torch.Tensor) -> list[torch.Tensor]:
-        raise NotImplementedError(f'{type(self).__name__} must define forward_intermediates (features_only)')
+    # -- the stages a family declares ---------------------------------------------------------------------
+    @property
+    def num_stages(self) -> int:
+        return len(getattr(self, self.stages_attr))
+
+    def forward_stem(self, x: torch.Tensor):
+        """Input check and stem: the state the first stage takes."""
+        raise NotImplementedError(f'{type(self).__name__} must define forward_stem')
+
+    def stage_blocks(self, i: int) -> list[nn.Module]:
+        """The modules stage ``i`` runs in order (the unit of gradient checkpointing)."""
+        stage = getattr(self, self.stages_attr)[i]
+        return list(stage) if isinstance(stage, nn.Sequential) else [stage]
+
+    def forward_stage(self, i: int, state):
+        """Stage ``i``'s module (so hooks on the ``feature_info`` modules fire), or its blocks one by one under
+        gradient checkpointing."""
+        if self._checkpointing():
+            return run_blocks(self.stage_blocks(i), state, True)
+        return run_blocks(getattr(self, self.stages_attr)[i], state)
+
+    def stage_output(self, i: int, state, norm: bool = False) -> torch.Tensor:
+        """The (B, C, H, W) map of stage ``i``; ``norm``: through the final norm where the family has one
+        (timm's ``norm=True``; convolutional families have none before their head and ignore it)."""
+        return state
+
+    def forward_final(self, state):
+        """What ``forward_features`` returns from the last stage's state."""
+        return state
+
+    def _checkpointing(self) -> bool:
+        return self.grad_checkpointing and self.training and torch.is_grad_enabled()
+
+    # -- timm's contract, once ----------------------------------------------------------------------------
+    def forward_features(self, x: torch.Tensor):
+        state = self.forward_stem(x)
+        for i in range(self.num_stages):
+            state = self.forward_stage(i, state)
+        return self.forward_final(state)
+
+    def forward_intermediates(self, x: torch.Tensor, indices: int | list[int] | None = None, norm: bool = False,
+                              stop_early: bool = False, output_fmt: str = 'NCHW', intermediates_only: bool = False):
+        """timm's ``forward_intermediates``: the maps of the stages in ``indices`` (``None`` all, an int the last
+        n, a list those; negative from the end) in ``output_fmt`` (NCHW, NHWC or NLC); ``norm`` through the final
+        norm where the family has one; ``stop_early`` runs no stage after the last one taken. Returns the list
+        with ``intermediates_only``, else ``(final features, list)`` (the final features as ``forward_features``
+        gives them, from the last stage run)."""
+        if output_fmt not in _FORMATS:
+            raise ValueError(f'output_fmt must be one of {", ".join(_FORMATS)}, got {output_fmt!r}')
+        take, max_index = take_indices(self.num_stages, indices)
+        state = self.forward_stem(x)
+        feats = []
+        for i in range(max_index + 1 if stop_early else self.num_stages):
+            state = self.forward_stage(i, state)
+            if i in take:
+                feats.append(to_format(self.stage_output(i, state, norm), output_fmt))
+        if intermediates_only:
+            return feats
+        return self.forward_final(state), feats
+
+    def prune_intermediate_layers(self, indices: int | list[int] = 1, prune_norm: bool = False,
+                                  prune_head: bool = True) -> list[int]:
+        """timm's: drop the stages after the last one in ``indices`` (and the final norm with ``prune_norm``, the
+        classifier with ``prune_head``); returns the absolute indices kept."""
+        take, max_index = take_indices(self.num_stages, indices)
+        prune_end = max_index < self.num_stages - 1
+        self.truncate_stages(max_index + 1)
+        if prune_norm and self.final_norm_attr and getattr(self, self.final_norm_attr) is not None:
+            setattr(self, self.final_norm_attr, nn.Identity())
+        if not self.features_only:
+            if prune_end:  # the features now end at the last stage kept
+                self.num_features = self.feature_info[max_index]['num_chs']
+            if prune_head or prune_end:
+                self.reset_classifier(0)
+        return take
+
+    def truncate_stages(self, n: int) -> None:
+        """Keep the first ``n`` stages."""
+        setattr(self, self.stages_attr, getattr(self, self.stages_attr)[:n])
+
+    def group_matcher(self, coarse: bool = False) -> dict:
+        """timm's parameter grouping (``timm.optim.param_groups_layer_decay``): ``stem`` a regex of the stem's
+        parameters, ``blocks`` a regex (or timm's list of ``(regex, suffix)``) whose groups order the stages
+        (``coarse``) or blocks; parameters matching neither (final norm, head) come last."""
+        stem = ('^(?:' + '|'.join(re.escape(n) for n in self.stem_names) + r')(?:\.|$)') if self.stem_names else None
+        s = re.escape(self.stages_attr)
+        return {'stem': stem, 'blocks': rf'^{s}\.(\d+)' if coarse else self.block_patterns()}
+
+    def block_patterns(self):
+        """Block-level ``blocks`` matcher (default: the blocks of Sequential stages, ``<stages>.<i>.<j>``)."""
+        s = re.escape(self.stages_attr)
+        return [(rf'^{s}\.(\d+)\.(\d+)\.', None), (rf'^{s}\.(\d+)\.', None)]
+
+    def set_grad_checkpointing(self, enable: bool = True) -> None:
+        """Recompute each block's activations in the backward pass (``torch.utils.checkpoint``) when training."""
+        self.grad_checkpointing = enable
+
+    def get_classifier(self) -> nn.Module | None:
+        """The final linear layer (``None`` for a ``features_only`` model)."""
+        if self.features_only:
+            return None
+        prefixes = self.classifier_prefix
+        heads = [_find(self, p) for p in ((prefixes,) if isinstance(prefixes, str) else prefixes)]
+        return heads[0] if len(heads) == 1 else nn.ModuleList(heads) if all(heads) else None
 
     def forward(self, x: torch.Tensor):
         if self.features_only:
-            return self.forward_intermediates(x)
+            return self.forward_intermediates(x, self.out_indices, stop_early=True, intermediates_only=True)
         return self.forward_head(self.forward_features(x))
 
     def reset_classifier(self, num_classes: int) -> None:
@@ -161,3 +312,11 @@ class ClassifierBase(nn.Module):
         head = (nn.Linear(self.num_features, num_classes, device=p.device, dtype=p.dtype) if num_classes > 0
                 else nn.Identity())
         setattr(self, self.head_attr, head)
+
+
+def _find(module: nn.Module, path: str) -> nn.Module | None:
+    for name in path.split('.'):
+        module = getattr(module, name, None)
+        if not isinstance(module, nn.Module):
+            return None
+    return module

@@ -74,6 +74,12 @@ class DenseModel(nn.Module):
         feats = list(self.backbone(x))[-len(self.strides):]
         return self.head(self.neck(feats))
 
+    def set_grad_checkpointing(self, enable: bool = True) -> None:
+        """timm's switch, passed to the backbone (zoo's and timm's backbones checkpoint each block in training)."""
+        if not hasattr(self.backbone, 'set_grad_checkpointing'):
+            raise TypeError(f'{type(self.backbone).__name__} has no set_grad_checkpointing')
+        self.backbone.set_grad_checkpointing(enable)
+
     def forward(self, x: torch.Tensor, metas: Sequence[dict] | None = None):
         raw = self.forward_raw(x)
         return raw if self.training else self.head.predict(raw, metas)

@@ -48,7 +48,7 @@ from zoo.layers.detect import SPPF, DetectHead
 from zoo.layers.mamba import SimpleStem, VisionClueMerge, VSSBlock, XSSPAFPN
 from zoo.layers.weighted_conv import conv_factory
 
-from ._builder import FeatureInfo, build_model, check_image, select_features
+from ._builder import FeatureInfo, build_model, check_image, run_blocks, select_features
 from ._registry import register_model
 from .dense import DenseModel
 
@@ -93,6 +93,12 @@ class ODMamba(nn.Module):
         self.out_indices, self.feature_info = select_features(info, out_indices)
         self.num_features = widths[-1]
 
+    grad_checkpointing = False
+
+    def set_grad_checkpointing(self, enable: bool = True) -> None:
+        """Recompute each block's activations in the backward pass (``torch.utils.checkpoint``) when training."""
+        self.grad_checkpointing = enable
+
     def remap_checkpoint(self, state_dict: dict) -> dict:
         """A whole detector's checkpoint, official (see :meth:`MambaYOLO.remap_checkpoint`) or zoo's
         (``backbone.*``), -> this backbone's keys; the neck and head are left out."""
@@ -107,8 +113,9 @@ class ODMamba(nn.Module):
             raise ValueError(f'ODMamba needs H and W divisible by 32, got {x.shape[-2]}x{x.shape[-1]}')
         x = self.stem(x)
         feats = []
+        checkpointing = self.grad_checkpointing and self.training and torch.is_grad_enabled()
         for i, stage in enumerate(self.stages):
-            x = stage(x)
+            x = run_blocks(stage, x, checkpointing)  # each block under torch.utils.checkpoint when enabled
             if i == 3:
                 x = self.sppf(x)
             if i in self.out_indices:

@@ -199,26 +199,23 @@ class MetaFormer(ClassifierBase):
                 if conv.bias is not None:
                     nn.init.zeros_(conv.bias)
 
-    def _stem(self, x: torch.Tensor) -> torch.Tensor:
+    # -- the stages timm's contract runs (zoo._builder.ClassifierBase) --------------------------------------
+    def forward_stem(self, x: torch.Tensor) -> torch.Tensor:
         check_image(x, self.in_chans, min_size=3, model=getattr(self, 'zoo_name', 'MetaFormer'))
         if self.channels_last:
             x = x.contiguous(memory_format=torch.channels_last)
         return self.stem(x)
 
-    def forward_features(self, x: torch.Tensor) -> torch.Tensor:
-        """(B, in_chans, H, W) -> (B, dims[-1], H/32, W/32)."""
-        return self.stages(self._stem(x))
+    def stage_blocks(self, i: int) -> list[nn.Module]:
+        return [self.stages[i].downsample, *self.stages[i].blocks]
 
-    def forward_intermediates(self, x: torch.Tensor) -> list[torch.Tensor]:
-        """The maps after each stage in ``out_indices``: (B, dims[i], H/(4*2^i), W/(4*2^i)), each through its
-        own norm when built with ``out_norm`` (the norm is applied to the output only, not to the trunk)."""
-        x = self._stem(x)
-        feats = []
-        for i, stage in enumerate(self.stages):
-            x = stage(x)
-            if i in self.out_indices:
-                feats.append(self.out_norms[str(i)](x) if self.out_norm else x)
-        return feats
+    def stage_output(self, i: int, x: torch.Tensor, norm: bool = False) -> torch.Tensor:
+        """Stage ``i``'s map (B, dims[i], H/(4*2^i), W/(4*2^i)), through its own norm when built with
+        ``out_norm`` (the official dense backbone; applied to the output only, not to the trunk)."""
+        return self.out_norms[str(i)](x) if self.out_norm and str(i) in self.out_norms else x
+
+    def block_patterns(self):
+        return [(r'^stages\.(\d+)\.blocks\.(\d+)\.', None), (r'^stages\.(\d+)\.', None)]  # downsample first
 
     def forward_head(self, x: torch.Tensor, pre_logits: bool = False) -> torch.Tensor:
         return self.head(x, pre_logits=pre_logits)

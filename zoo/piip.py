@@ -78,7 +78,8 @@ from torch import nn
 from zoo.layers.drop import DropPath
 from zoo.layers.piip import InteractionBlock
 
-from ._builder import ClassifierBase, FeatureInfo, build_model, check_image, select_features
+from ._builder import (ClassifierBase, FeatureInfo, build_model, check_image, checkpointed, select_features, take_indices,
+                       to_format)
 from ._registry import register_model
 
 __all__ = ['PIIP', 'default_interaction_indexes', 'load_branch_weights', 'windowed_attention']
@@ -269,6 +270,7 @@ class PIIP(ClassifierBase):
             self.fpn2 = nn.ConvTranspose2d(d1, d1, 2, 2)
             self.fpn3 = nn.Identity()
             self.fpn4 = nn.MaxPool2d(2, 2)
+            self._levels = 4
             for m in [getattr(self, f'merge_branch{i + 1}') for i in range(n)] + [self.fpn1, self.fpn2]:
                 m.apply(_init_dense)
 
@@ -339,11 +341,11 @@ class PIIP(ClassifierBase):
             for i, branch in enumerate(self.branches):
                 start, end = self.interaction_indexes[i][stage]
                 seq = xs[i] if clss[i] is None else torch.cat([clss[i], xs[i]], 1)  # (B, [1+]N, D)
-                for blk in branch.blocks[start:end + 1]:
-                    seq = _run_block(blk, seq, grids[i], self.window_sizes[i])
+                for blk in branch.blocks[start:end + 1]:  # set_grad_checkpointing: the official configs' with_cp
+                    seq = checkpointed(self._checkpointing(), _run_block, blk, seq, grids[i], self.window_sizes[i])
                 xs[i], clss[i] = (seq, None) if clss[i] is None else (seq[:, 1:], seq[:, :1])
             if n > 1:
-                xs = self.interactions[stage](xs, grids)
+                xs = checkpointed(self._checkpointing(), self.interactions[stage], xs, grids)
         return xs, clss, grids
 
     def forward_features(self, x: torch.Tensor) -> list[torch.Tensor]:
@@ -372,8 +374,21 @@ class PIIP(ClassifierBase):
         for b in self.branches:
             b.reset_classifier(num_classes)
 
-    def forward_intermediates(self, x: torch.Tensor) -> list[torch.Tensor]:
-        """The detection pyramid: [(B, D1, S/4, S/4), (B, D1, S/8, .), (B, D1, S/16, .), (B, D1, S/32, .)]."""
+    # -- timm's contract (zoo._builder.ClassifierBase): the stages are the detection pyramid's four levels ----
+    @property
+    def num_stages(self) -> int:
+        if not self.features_only:
+            raise ValueError("PIIP's intermediates are its detection pyramid (strides 4/8/16/32): build the model "
+                             'with features_only=True')
+        return self._levels
+
+    def forward_intermediates(self, x: torch.Tensor, indices: int | list[int] | None = None, norm: bool = False,
+                              stop_early: bool = False, output_fmt: str = 'NCHW', intermediates_only: bool = False):
+        """timm's signature over the pyramid levels (B, D1, S/s, S/s), s = 4, 8, 16, 32, all made from the branches'
+        merged stride-16 map (the final features): ``stop_early`` saves nothing, ``norm`` has no norm to apply."""
+        if output_fmt not in ('NCHW', 'NHWC', 'NLC'):
+            raise ValueError(f'output_fmt must be one of NCHW, NHWC, NLC, got {output_fmt!r}')
+        take, _ = take_indices(self.num_stages, indices)
         xs, _, grids = self.forward_branches(x)
         target = grids[-1]
         out = 0
@@ -382,13 +397,21 @@ class PIIP(ClassifierBase):
             if tuple(g) != tuple(target):
                 f = F.interpolate(f, size=target, mode='bilinear', align_corners=False)
             out = out + f * getattr(self, f'w{i + 1}')
-        feats = [self.fpn1(out), self.fpn2(out), self.fpn3(out), self.fpn4(out)]
-        return [feats[i] for i in self.out_indices]
+        feats = [to_format(getattr(self, f'fpn{i + 1}')(out), output_fmt) for i in take]
+        return feats if intermediates_only else (out, feats)
 
-    def forward(self, x: torch.Tensor):
-        if self.features_only:
-            return self.forward_intermediates(x)
-        return self.forward_head(self.forward_features(x))
+    def truncate_stages(self, n: int) -> None:
+        for i in range(n, self._levels):
+            setattr(self, f'fpn{i + 1}', None)
+        self._levels = n
+
+    def group_matcher(self, coarse: bool = False) -> dict:
+        """Layer ids by interaction stage: the blocks every branch runs in stage s, then that stage's interaction
+        units (PIIP's stages are already coarse, so ``coarse`` changes nothing)."""
+        blocks = [(rf'^branch{k + 1}\.blocks\.(?:{"|".join(str(j) for j in range(a, b + 1))})\.', (s,))
+                  for k, ix in enumerate(self.interaction_indexes) for s, (a, b) in enumerate(ix)]
+        return {'stem': r'^branch\d+\.(?:cls_token|pos_embed|patch_embed)(?:\.|$)',
+                'blocks': blocks + [(r'^interactions\.(\d+)\.', (99998,))]}
 
     # -- checkpoints ----------------------------------------------------------------------------------------
     # zoo.create(name, checkpoint=...) builds what an official file holds: classification heads, or (an official

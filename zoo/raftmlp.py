@@ -130,12 +130,19 @@ class RaftLevel(nn.Module):
         self.blocks = nn.Sequential(*[RaftBlock(out_chs, grid, **block_kwargs) for _ in range(depth)])
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.to_map(self.blocks(self.embed_input(x)))
+
+    def embed_input(self, x: torch.Tensor) -> torch.Tensor:
+        """(B, C, H, W) -> (B, H/p, W/p, D) tokens, after the official bicubic pad-up to a multiple of p."""
         p = self.embed.patch
         h, w = x.shape[-2:]
         if h % p or w % p:
             x = F.interpolate(x, size=(math.ceil(h / p) * p, math.ceil(w / p) * p), mode='bicubic',
                               align_corners=False)
-        t = self.blocks(self.embed(x))  # (B, h, w, C)
+        return self.embed(x)
+
+    @staticmethod
+    def to_map(t: torch.Tensor) -> torch.Tensor:
         return rearrange(t, 'b h w c -> b c h w')
 
 
@@ -192,20 +199,20 @@ class RaftMLP(ClassifierBase):
     def _check(self, x: torch.Tensor) -> None:
         check_image(x, self.in_chans, min_size=1, model=getattr(self, 'zoo_name', 'RaftMLP'))
 
-    def forward_features(self, x: torch.Tensor) -> torch.Tensor:
-        """(B, in_chans, H, W) -> (B, dims[-1], H/32, W/32)."""
-        self._check(x)
-        return self.levels(x)
+    # -- the stages timm's contract runs (zoo._builder.ClassifierBase): the levels ------------------------
+    stages_attr = 'levels'
+    stem_names = ()  # each level embeds its own input
 
-    def forward_intermediates(self, x: torch.Tensor) -> list[torch.Tensor]:
-        """The map after each level in ``out_indices``: (B, dims[i], H/stride_i, W/stride_i)."""
+    def forward_stem(self, x: torch.Tensor) -> torch.Tensor:
         self._check(x)
-        feats = []
-        for i, level in enumerate(self.levels):
-            x = level(x)
-            if i in self.out_indices:
-                feats.append(x)
-        return feats
+        return x
+
+    def stage_blocks(self, i: int) -> list:
+        level = self.levels[i]
+        return [level.embed_input, *level.blocks, level.to_map]
+
+    def block_patterns(self):
+        return [(r'^levels\.(\d+)\.blocks\.(\d+)\.', None), (r'^levels\.(\d+)\.', None)]  # embedding first
 
     def forward_head(self, x: torch.Tensor, pre_logits: bool = False) -> torch.Tensor:
         x = self.norm(rearrange(x, 'b c h w -> b h w c')).mean((1, 2))  # LN per token, then mean over tokens

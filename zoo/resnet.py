@@ -19,7 +19,7 @@ from torch import nn
 from zoo.layers.convbn import ConvBN
 from zoo.layers.weighted_conv import conv_factory
 
-from ._builder import ClassifierBase, FeatureInfo, build_model, check_image, collect_features, select_features
+from ._builder import ClassifierBase, FeatureInfo, build_model, check_image, select_features
 from ._registry import register_model
 
 __all__ = ['ResNet', 'BasicBlock', 'Bottleneck']
@@ -71,6 +71,7 @@ class ResNet(ClassifierBase):
 
     head_attr = 'fc'
     classifier_prefix = 'fc'
+    stages_attr = 'layers'
 
     def __init__(self, block: str = 'basic', layers=(2, 2, 2, 2), num_classes: int = 1000, in_chans: int = 3,
                  widths=(64, 128, 256, 512), stem: str = 'imagenet', conv_layer='standard', den=None,
@@ -102,7 +103,7 @@ class ResNet(ClassifierBase):
                 blocks.append(blk(chs, w, stride if j == 0 else 1, conv, convbn_mode))
                 chs = w * blk.expansion
             stages.append(nn.Sequential(*blocks))
-            info.append(FeatureInfo(chs, reduction, f'layer{i + 1}'))
+            info.append(FeatureInfo(chs, reduction, f'layers.{i}'))
         self.layers = nn.ModuleList(stages)
         self.num_features = chs
         self.features_only = features_only
@@ -120,18 +121,10 @@ class ResNet(ClassifierBase):
                 nn.init.ones_(m.weight)
                 nn.init.zeros_(m.bias)
 
-    def forward_features(self, x: torch.Tensor) -> torch.Tensor:
-        """(B, in_chans, H, W) -> (B, num_features, H/32, W/32) (H/8 with the CIFAR stem)."""
+    def forward_stem(self, x: torch.Tensor) -> torch.Tensor:
+        """The stem; the stages (``layers``) then give the ``feature_info`` maps (ClassifierBase runs them)."""
         check_image(x, self.in_chans, 1, type(self).__name__)
-        x = self.stem(x)
-        for stage in self.layers:
-            x = stage(x)
-        return x
-
-    def forward_intermediates(self, x: torch.Tensor) -> list[torch.Tensor]:
-        """The maps after each stage in ``out_indices`` (channels and strides in ``feature_info``)."""
-        check_image(x, self.in_chans, 1, type(self).__name__)
-        return collect_features(self.stem(x), self.layers, self.out_indices)
+        return self.stem(x)
 
     def forward_head(self, x: torch.Tensor, pre_logits: bool = False) -> torch.Tensor:
         x = self.drop(x.mean((2, 3)))  # (B, C, H, W) -> (B, C)

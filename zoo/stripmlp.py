@@ -41,10 +41,12 @@ from zoo.layers import DropPath
 from zoo.layers.onednn import conv_bn_act, eager_inference, exact_gelu, linear
 from zoo.layers.strip import StripTokenMixer
 
-from ._builder import ClassifierBase, FeatureInfo, build_model, check_image, select_features
+from ._builder import ClassifierBase, FeatureInfo, build_model, check_image, run_blocks, select_features
 from ._registry import register_model
 
 __all__ = ['StripMLP', 'StripBlock', 'GRN']
+
+_AFTER = 99998  # timm group_matcher suffix: after every block of the stage (99999 is timm's "previous group")
 
 
 class GRN(nn.Module):
@@ -145,30 +147,55 @@ class StripMLP(ClassifierBase):
 
     classifier_prefix = 'head'
 
-    def _stages(self, x: torch.Tensor) -> list[torch.Tensor]:
+    # -- the stages timm's contract runs (zoo._builder.ClassifierBase) --------------------------------------
+    stem_names = ('patch_embed',)
+
+    def forward_stem(self, x: torch.Tensor) -> torch.Tensor:
         check_image(x, self.in_chans, min_size=32, model=getattr(self, 'zoo_name', 'StripMLP'),
                     fixed_size=(self.img_size, self.img_size))
         # Channels-last memory (logically still NCHW): the convolutions run on oneDNN's NHWC kernels and the
         # channel MLP's (B, H, W, C) view is contiguous (no copy before its LayerNorm).
-        x = x.contiguous(memory_format=torch.channels_last)
-        x1 = self.stages[0](conv_bn_act(x, self.patch_embed))  # (B, C, s/4, s/4)
-        x = conv_bn_act(x1, self.merging[0])                   # (B, 2C, s/8, s/8)
-        s1_16 = conv_bn_act(x, self.conv_s1_28)                # (B, 4C, s/16, s/16)
-        s1_32 = conv_bn_act(s1_16, self.conv_s1_14)            # (B, 8C, s/32, s/32)
-        x2 = self.stages[1](x)
-        x = conv_bn_act(x2, self.merging[1])                   # (B, 4C, s/16, s/16)
-        s2_32 = conv_bn_act(x, self.conv_s2_14)                # (B, 8C, s/32, s/32)
-        x3 = self.stages[2](x + s1_16)
-        x4 = self.stages[3](conv_bn_act(x3, self.merging[2]) + s1_32 + s2_32)  # (B, 8C, s/32, s/32)
-        return [x1, x2, x3, x4]
+        return conv_bn_act(x.contiguous(memory_format=torch.channels_last), self.patch_embed)  # (B, C, s/4, s/4)
 
-    def forward_features(self, x: torch.Tensor) -> torch.Tensor:
-        """(B, in_chans, S, S) with S = img_size -> (B, 8C, S/32, S/32)."""
-        return self._stages(x)[-1]
+    def forward_stage(self, i: int, state):
+        """Stage ``i`` with the merging before it and the cross-scale shortcuts into it (official dataflow: the
+        stage-2 input goes to stages 3 and 4, the stage-3 input to stage 4). The state is (the stage's output,
+        the merged inputs of stages 2 and 3 (B, 2C, s/8, s/8) / (B, 4C, s/16, s/16), the shortcut into stage 3)."""
+        def run(x: torch.Tensor) -> torch.Tensor:
+            return run_blocks(self.stages[i], x, self._checkpointing())
 
-    def forward_intermediates(self, x: torch.Tensor) -> list[torch.Tensor]:
-        feats = self._stages(x)
-        return [feats[i] for i in self.out_indices]
+        if i == 0:
+            return (run(state),)
+        x = state[0]
+        if i == 1:
+            m1 = conv_bn_act(x, self.merging[0])                       # (B, 2C, s/8, s/8)
+            return run(m1), m1
+        if i == 2:
+            m2 = conv_bn_act(x, self.merging[1])                       # (B, 4C, s/16, s/16)
+            s1_16 = conv_bn_act(state[1], self.conv_s1_28)             # (B, 4C, s/16, s/16)
+            return run(m2 + s1_16), m2, s1_16
+        s1_32 = conv_bn_act(state[2], self.conv_s1_14)                 # (B, 8C, s/32, s/32)
+        s2_32 = conv_bn_act(state[1], self.conv_s2_14)                 # (B, 8C, s/32, s/32)
+        return (run(conv_bn_act(x, self.merging[2]) + s1_32 + s2_32),)
+
+    def stage_output(self, i: int, state, norm: bool = False) -> torch.Tensor:
+        return state[0]  # (B, 2^i C, s/(4 * 2^i), s/(4 * 2^i))
+
+    def forward_final(self, state) -> torch.Tensor:
+        """(B, 8C, S/32, S/32) for an input of S = img_size."""
+        return state[0]
+
+    def truncate_stages(self, n: int) -> None:
+        self.stages, self.merging = self.stages[:n], self.merging[:n - 1]
+        for i, names in ((2, ('conv_s1_28',)), (3, ('conv_s1_14', 'conv_s2_14'))):  # the shortcuts into stage i
+            if n <= i:
+                for name in names:
+                    setattr(self, name, None)
+
+    def block_patterns(self):
+        # a merging (and the shortcuts) into stage i + 1 after stage i's blocks
+        return [(r'^stages\.(\d+)\.(\d+)\.', None), (r'^merging\.(\d+)\.', (_AFTER,)),
+                (r'^conv_s1_28\.', (1, _AFTER)), (r'^conv_s(?:1|2)_14\.', (2, _AFTER))]
 
     def forward_head(self, x: torch.Tensor, pre_logits: bool = False) -> torch.Tensor:
         x = self.norm(x).mean((2, 3))  # BN, then global average pool

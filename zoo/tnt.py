@@ -49,7 +49,7 @@ from zoo.layers import DropPath, linear_drop_path_rates
 from zoo.layers.mlp import Mlp
 from zoo.layers.tnt import TokenAttention, WordToSentence
 
-from ._builder import ClassifierBase, FeatureInfo, build_model, check_image
+from ._builder import ClassifierBase, FeatureInfo, build_model, check_image, select_features
 from ._registry import register_model
 
 __all__ = ['TNT', 'TNTBlock', 'WordEmbed']
@@ -146,7 +146,8 @@ class TNT(ClassifierBase):
         patch_size: sentence (patch) size P in pixels; inner_stride: word size s (m = ceil(P/s)^2 words).
         embed_dim / inner_dim: sentence width d / word width c.
         depth, outer_heads, inner_heads, mlp_ratio (outer), inner_mlp_ratio.
-        features_only: return the last block's sentence map (B, d, H/P, W/P) as a one-element list.
+        features_only / out_indices: return the sentence maps (B, d, H/P, W/P) after the blocks in
+            ``out_indices`` (default: the last block's alone) instead of logits.
     """
 
     def __init__(self, img_size: int | Sequence[int] = 224, patch_size: int = 16, in_chans: int = 3,
@@ -154,7 +155,7 @@ class TNT(ClassifierBase):
                  outer_heads: int = 6, inner_heads: int = 4, mlp_ratio: float = 4.0, inner_mlp_ratio: float = 4.0,
                  inner_stride: int = 4, qkv_bias: bool = False, drop_rate: float = 0.0, pos_drop_rate: float = 0.0,
                  proj_drop_rate: float = 0.0, attn_drop_rate: float = 0.0, drop_path_rate: float = 0.0,
-                 act_layer=nn.GELU, features_only: bool = False):
+                 act_layer=nn.GELU, features_only: bool = False, out_indices: Sequence[int] | None = None):
         super().__init__()
         self.img_size = (img_size, img_size) if isinstance(img_size, int) else tuple(img_size)
         self.in_chans = in_chans
@@ -172,7 +173,10 @@ class TNT(ClassifierBase):
             TNTBlock(inner_dim, embed_dim, m, inner_heads, outer_heads, mlp_ratio, inner_mlp_ratio, qkv_bias,
                      proj_drop_rate, attn_drop_rate, rates[i], act_layer) for i in range(depth)])
         self.features_only = features_only
-        self.feature_info = [FeatureInfo(embed_dim, patch_size, f'blocks.{depth - 1}')]
+        info = [FeatureInfo(embed_dim, patch_size, f'blocks.{i}') for i in range(depth)]  # timm's: one per block
+        if out_indices is None and features_only:
+            out_indices = (-1,)
+        self.out_indices, self.feature_info = select_features(info, out_indices)
         if features_only:
             self.norm = self.head_drop = self.head = None
         else:
@@ -198,40 +202,43 @@ class TNT(ClassifierBase):
         return {'word_pos', 'sentence_pos', 'cls_token'}
 
     def forward(self, x: torch.Tensor):
-        """Logits (B, num_classes); with ``features_only``, the list of ``forward_intermediates``.
+        """Logits (B, num_classes); with ``features_only``, the maps of ``forward_intermediates``.
 
         Equals ``forward_head(forward_features(x))``. In eval mode without autograd (inference), the last
         block computes the class token alone (``TNTBlock.forward_class_token``), the only token the head
         reads; with autograd (training, MAC counting) every token runs through every block.
         """
-        if self.features_only:
-            return self.forward_intermediates(x)
-        return self.forward_head(self.norm(self._forward_blocks(x, class_token_only=_inference(self))))
+        if self.features_only or not _inference(self):
+            return super().forward(x)
+        state = self.forward_stem(x)
+        for i in range(self.num_stages - 1):
+            state = self.forward_stage(i, state)
+        return self.forward_head(self.norm(self.blocks[-1].forward_class_token(*state)))  # (B, 1, d) normed
 
-    def _forward_blocks(self, x: torch.Tensor, class_token_only: bool = False) -> torch.Tensor:
-        """(B, C, H, W) -> the last block's sentence tokens (B, 1+N, d), or its class token (B, 1, d)."""
+    # -- the stages timm's contract runs (zoo._builder.ClassifierBase): one per block ------------------------
+    stages_attr = 'blocks'
+    stem_names = ('word_embed', 'word_pos', 'sentence_embed', 'cls_token', 'sentence_pos')
+    final_norm_attr = 'norm'
+
+    def forward_stem(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(B, C, H, W) -> (words (B*N, m, c), sentences (B, 1+N, d)), the pair every block takes."""
         check_image(x, self.in_chans, min_size=self.word_embed.patch_size, model=getattr(self, 'zoo_name', 'TNT'),
                     fixed_size=self.img_size)
         b = x.shape[0]
         words = self.word_embed(x) + self.word_pos                                    # (B*N, m, c)
         sentences = self.sentence_embed(rearrange(words, '(b n) m c -> b n (m c)', b=b))  # (B, N, d)
         sentences = torch.cat([self.cls_token.expand(b, -1, -1), sentences], dim=1) + self.sentence_pos
-        sentences = self.pos_drop(sentences)                                           # (B, 1+N, d)
-        last = len(self.blocks) - 1
-        for i, blk in enumerate(self.blocks):
-            if class_token_only and i == last:
-                return blk.forward_class_token(words, sentences)                      # (B, 1, d)
-            words, sentences = blk(words, sentences)
-        return sentences
+        return words, self.pos_drop(sentences)                                        # (B, 1+N, d)
 
-    def forward_features(self, x: torch.Tensor) -> torch.Tensor:
-        """(B, in_chans, H, W) -> normed sentence tokens (B, 1 + N, d), class token first."""
-        return self.norm(self._forward_blocks(x))
-
-    def forward_intermediates(self, x: torch.Tensor) -> list[torch.Tensor]:
-        """The last block's sentence tokens as a map: [(B, d, H/P, W/P)] (class token dropped)."""
+    def stage_output(self, i: int, state, norm: bool = False) -> torch.Tensor:
+        """Block ``i``'s sentence tokens as a map (B, d, H/P, W/P), class token dropped (``norm``: normed first)."""
+        t = self.norm(state[1]) if norm and self.norm is not None else state[1]
         gh, gw = self.word_embed.grid_size
-        return [rearrange(self._forward_blocks(x)[:, 1:], 'b (h w) d -> b d h w', h=gh, w=gw)]
+        return rearrange(t[:, 1:], 'b (h w) d -> b d h w', h=gh, w=gw)
+
+    def forward_final(self, state) -> torch.Tensor:
+        """Normed sentence tokens (B, 1 + N, d), class token first (``forward_features``)."""
+        return state[1] if self.norm is None else self.norm(state[1])
 
     def forward_head(self, x: torch.Tensor, pre_logits: bool = False) -> torch.Tensor:
         x = self.head_drop(x[:, 0])  # the class token

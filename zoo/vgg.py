@@ -17,7 +17,7 @@ from torch import nn
 from zoo.layers.convbn import ConvBN
 from zoo.layers.weighted_conv import conv_factory
 
-from ._builder import ClassifierBase, FeatureInfo, build_model, check_image, collect_features, select_features
+from ._builder import ClassifierBase, FeatureInfo, build_model, check_image, run_blocks, select_features
 from ._registry import register_model
 
 __all__ = ['VGG', 'CFGS']
@@ -62,7 +62,6 @@ class VGG(ClassifierBase):
         self.min_size = 2 ** cfg.count('M')
         self.features_only = features_only
         self.out_indices, self.feature_info = select_features(info, out_indices)
-        self._taps = {int(f.module.split('.')[1]) for f in self.feature_info}  # Sequential indices of the pools
         if features_only:
             self.num_features = chs
             self._init_weights()
@@ -92,14 +91,34 @@ class VGG(ClassifierBase):
                 nn.init.normal_(m.weight, 0, 0.01)
                 nn.init.zeros_(m.bias)
 
-    def forward_features(self, x: torch.Tensor) -> torch.Tensor:
-        check_image(x, self.in_chans, self.min_size, type(self).__name__)
-        return self.features(x)
+    # -- the stages timm's contract runs (zoo._builder.ClassifierBase): the convs up to each max-pool -------
+    def _pools(self) -> list[int]:
+        return [j for j, m in enumerate(self.features) if isinstance(m, nn.MaxPool2d)]
 
-    def forward_intermediates(self, x: torch.Tensor) -> list[torch.Tensor]:
-        """The maps after the max-pools of ``out_indices``: (B, C_i, H/2^(i+1), W/2^(i+1))."""
+    @property
+    def num_stages(self) -> int:
+        return len(self._pools())
+
+    def forward_stem(self, x: torch.Tensor) -> torch.Tensor:
         check_image(x, self.in_chans, self.min_size, type(self).__name__)
-        return collect_features(x, self.features, self._taps)
+        return x
+
+    def stage_blocks(self, i: int) -> list[nn.Module]:
+        """The layers after max-pool ``i - 1`` up to max-pool ``i``: the map (B, C_i, H/2^(i+1), W/2^(i+1))."""
+        pools = self._pools()
+        return list(self.features[(pools[i - 1] + 1 if i else 0):pools[i] + 1])
+
+    def forward_stage(self, i: int, x: torch.Tensor) -> torch.Tensor:
+        return run_blocks(self.stage_blocks(i), x, self._checkpointing())
+
+    def forward_features(self, x: torch.Tensor) -> torch.Tensor:
+        return run_blocks(self.features, self.forward_stem(x), self._checkpointing())  # with layers after a pool
+
+    def truncate_stages(self, n: int) -> None:
+        self.features = self.features[:self._pools()[n - 1] + 1]
+
+    def group_matcher(self, coarse: bool = False) -> dict:
+        return {'stem': r'^features\.0\.', 'blocks': r'^features\.(\d+)\.'}  # timm's VGG: one group per layer
 
     def forward_head(self, x: torch.Tensor, pre_logits: bool = False) -> torch.Tensor:
         x = self.pre_logits(self.pool(x).flatten(1))  # (B, C, h, w) -> (B, C * h * w) -> (B, num_features)
