@@ -71,10 +71,11 @@ class Runner:
     """The jobs of one benchmark on one database, taken by ``workers`` threads (see the module docstring)."""
 
     def __init__(self, bench: Benchmark, db: str, workers: int = 1, retry_failed: bool = False,
-                 threads: int | None = None, say=None):
+                 threads: int | None = None, say=None, time_s: float | None = None):
         from zoo.eval.results import open_db
 
         self.bench, self.db, self.workers, self.retry, self.threads = bench, db, max(1, workers), retry_failed, threads
+        self.time_s = time_s                 # zoo bench --time: the timing budget per network (None: its default)
         self.store = open_db(db)
         self.say = say or (lambda msg: print(msg, file=sys.stderr))
         self.jobs = bench.jobs()
@@ -253,6 +254,8 @@ class Runner:
                         if not missing:
                             continue
                         kw = {'runtime': rt} if rt != 'eager' else {}
+                        if self.time_s is not None:
+                            kw['budget_s'] = self.time_s
                         rows = zbench.remeasure(self.db, run_ids=missing, batch_sizes=(bs,), threads=self.threads,
                                                 warn=self.say, **kw)
                         written += zbench.record(rows, db=self.db)
@@ -305,6 +308,8 @@ def add_parser(sub) -> None:
     p.add_argument('--dry-run', action='store_true',
                    help='check every name of the file and list what would run; train nothing')
     p.add_argument('--threads', type=int, metavar='K', help='torch threads of each job and of the timing')
+    p.add_argument('--time', type=float, metavar='SECONDS',
+                   help='timing budget per network and batch size (as zoo bench --time; default 2; 0: 20 calls)')
     p.add_argument('--out', help='report: the folder to write NAME.md into (default docs/benchmarks)')
     p.set_defaults(func=command)
 
@@ -340,7 +345,8 @@ def command(args) -> int:
         pending = Runner(bench, db).pending() if _exists(db) else bench.jobs()
         print(f'{bench.name}: {len(bench.groups)} groups, {n} jobs, {len(pending)} not yet in {db}')
         return 0
-    runner = Runner(bench, db, workers=args.workers, retry_failed=args.retry_failed, threads=args.threads)
+    runner = Runner(bench, db, workers=args.workers, retry_failed=args.retry_failed, threads=args.threads,
+                    time_s=args.time)
     todo = len(runner.pending())
     print(f'zoo benchmark: {bench.name}: {len(runner.jobs)} jobs, {todo} to run, database {db}', file=sys.stderr)
     counts = runner.run(progress=sys.stderr.isatty())
@@ -357,5 +363,7 @@ def command(args) -> int:
 
 def _exists(db: str) -> bool:
     from zoo.eval.results import resolve_url
-    url = resolve_url(db) or ''
+    url = resolve_url(db)
+    if url is None:
+        return False
     return not url.startswith('sqlite:///') or Path(url.split(':///', 1)[1]).exists()

@@ -32,6 +32,7 @@ from __future__ import annotations
 import difflib
 import hashlib
 import json
+import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -309,7 +310,8 @@ def check(bench: Benchmark, say=print) -> int:
             raise BenchmarkError(f'{bench.path}: group {job.group}, entry {job.entry}: zoo fit rejected it: '
                                  f'{err.getvalue().strip().splitlines()[-1] if err.getvalue().strip() else code}')
         _check_model(bench, job)
-        say(f'ok  {job.group}/{job.entry}: zoo {" ".join(job.argv()[:3])} {" ".join(override_args(job.overrides))}')
+        say(f'ok  {job.group}/{job.entry}: zoo fit -c {job.recipe} '
+            + ' '.join(shlex.quote(a) for a in override_args(job.overrides)))
     return len(bench.jobs())
 
 

@@ -72,7 +72,9 @@ def data(db=None, task: str | None = None, dataset: str | None = None, model: st
     store = open_db(db, create=False)
     runs = store.runs(model=model, task=task, dataset=dataset, status=status)
     epochs = store.metrics(final=False)
-    lat = _latency_records(store.latency(), cpu)
+    hosts = store.runs(columns=['host', 'env'])
+    host_cpu = {h: e.get('cpu') for h, e in zip(hosts.host, hosts.env) if isinstance(e, dict) and e.get('cpu')}
+    lat = _latency_records(store.latency(), cpu, host_cpu)
     metric_cols = sorted({c for c in runs.columns if '/' in str(c)})
     runtimes = sorted(set(lat.runtime) | {'eager'}, key=lambda r: (r != 'eager', r)) if not lat.empty else ['eager']
     kinds = _block_kinds()
@@ -146,9 +148,10 @@ def _block_kinds() -> list[str]:
     return sorted({rec.kind for rec in zoo.layers.records()})
 
 
-def _latency_records(lat, cpu: str | None):
+def _latency_records(lat, cpu: str | None, host_cpu: dict | None = None):
     """Inference records at float32, with a ``runtime`` (schema 5's column; before it, ``compile`` for a compiled
-    record and ``eager`` otherwise) and a ``cpu_name`` (schema 5's ``cpu_model``; before it unknown)."""
+    record and ``eager`` otherwise) and a ``cpu_name`` (schema 5's ``cpu_model``; before it, the CPU that runs
+    recorded in their environment on the record's host, else unknown)."""
     import fnmatch
 
     if lat.empty:
@@ -157,7 +160,8 @@ def _latency_records(lat, cpu: str | None):
     if 'runtime' not in lat.columns:
         lat['runtime'] = ['compile' if c is True or c == 1 else 'eager' for c in lat.compiled]
     lat['runtime'] = lat.runtime.fillna('eager')
-    lat['cpu_name'] = lat['cpu_model'] if 'cpu_model' in lat.columns else None
+    by_host = lat.host.map(host_cpu or {})
+    lat['cpu_name'] = lat['cpu_model'].fillna(by_host) if 'cpu_model' in lat.columns else by_host
     ok = lat['mode'].isna() | (lat['mode'] == 'inference')
     ok &= lat['dtype'].isna() | (lat['dtype'] == 'float32')
     if cpu is not None:
