@@ -18,13 +18,14 @@ process, and writes the rows (``source='bench'``): one command to refresh latenc
 from __future__ import annotations
 
 import sys
+import time
 
 import torch
 
 import zoo
 
 from .profile import (BUDGET_S, MAX_REPEATS, MIN_REPEATS, WARMUP, WARMUP_S, Latency, benchmark, count_macs,
-                      count_params, example_input, fingerprint)
+                      count_params, example_input, fingerprint, resolve_dtype)
 
 
 # ------------------------------------------------------------------------------------------ reference (--vs)
@@ -81,11 +82,72 @@ def _timing(repeats: int, warmup: int, budget_s: float | None, max_repeats: int 
                 warmup_s=WARMUP_S if budget_s else 0.0)
 
 
+def parse_runtimes(spec) -> tuple[str, ...]:
+    """``'eager,compile,onnxruntime'`` (or a list) -> the runtimes, checked against ``zoo.RUNTIMES``; eager first
+    (every other runtime is compared with it), each once."""
+    from zoo._runtime import RUNTIMES
+
+    items = [r.strip() for r in (spec.split(',') if isinstance(spec, str) else spec) if r.strip()]
+    bad = [r for r in items if r not in RUNTIMES]
+    if bad or not items:
+        raise ValueError(f'unknown runtime {bad[0]!r}' if bad else 'no runtime given'
+                         + f'; expected a comma-separated list of {", ".join(RUNTIMES)}')
+    return tuple(dict.fromkeys(['eager', *items]))
+
+
+def _max_diff(a, b) -> float | None:
+    """Largest absolute difference between two outputs (tensors, or the same nesting of tensors), in float32;
+    None when their structure or shapes differ (e.g. detections, whose count may differ)."""
+    from torch.utils._pytree import tree_flatten
+
+    la, sa = tree_flatten(a)
+    lb, sb = tree_flatten(b)
+    if sa != sb or any(not isinstance(x, torch.Tensor) or not isinstance(y, torch.Tensor) or x.shape != y.shape
+                       for x, y in zip(la, lb)):
+        return None
+    diffs = [(x.float() - y.float()).abs().max().item() for x, y in zip(la, lb) if x.numel()]
+    return max(diffs, default=0.0)
+
+
+def _prepare(model, runtime: str, x, dtype, compile_mode: str | None):
+    """``zoo.optimize`` of ``model`` in ``runtime`` and its first call on ``x``: the runtime's module, its
+    output and the seconds the two took (compile or export time; for eager, one call)."""
+    t0 = time.perf_counter()
+    if runtime == 'eager' and dtype is None:
+        net = model.eval()
+    else:
+        net = zoo.optimize(model, runtime, x, dtype=dtype if runtime in ('eager', 'compile') else None,
+                           mode=compile_mode if runtime == 'compile' else None)
+    with torch.inference_mode():
+        out = net(x)
+    return net, out, time.perf_counter() - t0
+
+
 def run(names: list[str], vs: str | None = None, batch_sizes=(1,), img_size: int | None = None,
         repeats: int = MIN_REPEATS, warmup: int = WARMUP, threads: int | None = None, dtype: str = 'float32',
         mode: str = 'inference', num_classes: int | None = None, budget_s: float | None = BUDGET_S,
-        max_repeats: int | None = None) -> list[dict]:
-    """Benchmark each model (and the reference) at each batch size; one dict per (model, batch)."""
+        max_repeats: int | None = None, runtimes=('eager',), compile_mode: str | None = None,
+        warn=None) -> list[dict]:
+    """Benchmark each model (and the ``vs`` reference) in each runtime at each batch size: one dict per
+    (model, runtime, batch). Every runtime of every model at one batch size runs interleaved in one process
+    under the one timer (``profile.benchmark``).
+
+    ``runtimes``: among ``zoo.RUNTIMES`` (eager is always measured: the others are compared with it). Each row
+    has ``runtime``, ``compile_s`` (``zoo.optimize`` plus the first call: compile or export time), ``vs_eager``
+    (this runtime's throughput over eager's, same model) and ``max_abs_diff_eager`` (largest output difference
+    from eager on the timed input); the zoo model's rows also have ``speedup`` (its throughput over the
+    reference's in the same runtime) and ``max_abs_diff`` (logits against the reference with its weights).
+    ``dtype`` bfloat16 runs eager and compile under autocast; ONNX Runtime and OpenVINO stay float32 (said once
+    to ``warn``). A runtime that fails on a model (export or compile error) is reported to ``warn`` and left out."""
+    warn = warn or (lambda msg: print(msg, file=sys.stderr))
+    runtimes = parse_runtimes(runtimes)
+    if mode != 'inference' and runtimes != ('eager',):
+        raise ValueError(f'--mode {mode} times training steps, which only the eager runtime runs; '
+                         'other runtimes are inference only')
+    tdtype = resolve_dtype(dtype)
+    low = None if tdtype == torch.float32 else tdtype
+    if low is not None and any(r in ('onnxruntime', 'openvino') for r in runtimes):
+        warn(f'zoo bench: onnxruntime and openvino run float32; only eager and compile run {dtype}')
     rows = []
     for name in names:
         models = {name: _build(name, vs, num_classes)}
@@ -97,16 +159,46 @@ def run(names: list[str], vs: str | None = None, batch_sizes=(1,), img_size: int
                       'macs': count_macs(m, example=example_input(m, size, 1, task))} for n, m in models.items()}
         for bs in batch_sizes:
             inputs = {n: example_input(m, size, bs, task) for n, m in models.items()}
-            lat: dict[str, Latency] = benchmark(models, input_size=size, batch_size=bs, threads=threads, dtype=dtype,
-                                                mode=mode, inputs=inputs,
-                                                **_timing(repeats, warmup, budget_s * len(models) if budget_s else None,
-                                                          max_repeats))
-            for n, res in lat.items():
-                row = {**static[n], **res.as_dict(), 'source': 'bench'}
+            plain = runtimes == ('eager',) and low is None    # one eager float32 module per model, as it is
+            timed = {}                                          # key -> (model, runtime, module, max |Δ|, secs)
+            for n, m in models.items():
+                if plain:
+                    timed[n] = (n, 'eager', m.eval(), None, None)
+                    continue
+                eager_out = None
+                for rt in runtimes:
+                    d = low if rt in ('eager', 'compile') else None
+                    try:
+                        net, out, secs = _prepare(m, rt, inputs[n], d, compile_mode)
+                    except Exception as e:  # a runtime failing on one model is a result, not a crash
+                        first = (str(e).strip().splitlines() or [''])[0]
+                        warn(f'zoo bench: {n} in {rt} failed: {type(e).__name__}: {first}'[:300])
+                        continue
+                    if rt == 'eager':       # the reference of every runtime: eager float32
+                        with torch.inference_mode():
+                            eager_out = m.eval()(inputs[n]) if d is not None else out
+                    timed[f'{n} [{rt}]'] = (n, rt, net, None if eager_out is None else _max_diff(out, eager_out),
+                                            secs)
+            lat: dict[str, Latency] = benchmark(
+                {k: t[2] for k, t in timed.items()}, input_size=size, batch_size=bs, threads=threads,
+                dtype=dtype if plain else 'float32', mode=mode, inputs={k: inputs[t[0]] for k, t in timed.items()},
+                **_timing(repeats, warmup, budget_s * len(timed) if budget_s else None, max_repeats))
+            for key, (n, rt, _, d_eager, secs) in timed.items():
+                res = lat[key]
+                res.model, res.runtime, res.compiled = n, rt, rt == 'compile'
+                res.dtype = dtype if rt in ('eager', 'compile') else 'float32'
+                res.compile_mode = (compile_mode or 'default') + '+freezing' if rt == 'compile' else None
+                row = {**static[n], **res.as_dict(), 'source': 'bench', 'label': key}
+                if not plain:
+                    row.update(compile_s=secs, max_abs_diff_eager=d_eager)
+                eager_key = next((k for k, t in timed.items() if t[0] == n and t[1] == 'eager'), None)
+                if eager_key is not None and rt != 'eager':
+                    row['vs_eager'] = res.throughput / lat[eager_key].throughput
                 if vs and n == name:
-                    row['vs'] = vs
-                    row['speedup'] = res.throughput / lat[vs].throughput
-                    row['max_abs_diff'] = diff
+                    row['vs'], row['max_abs_diff'] = vs, diff
+                    ref_key = next((k for k, t in timed.items() if t[0] == vs and t[1] == rt), None)
+                    if ref_key is not None:
+                        row['speedup'] = res.throughput / lat[ref_key].throughput
                 rows.append(row)
     return rows
 
@@ -159,27 +251,44 @@ def recorded_networks(db, task: str | None = None, dataset: str | None = None, m
 def remeasure(db, task: str | None = None, dataset: str | None = None, model: str | None = None,
               repeats: int = MIN_REPEATS, warmup: int = WARMUP, threads: int | None = None,
               budget_s: float | None = BUDGET_S, max_repeats: int | None = None, warn=None, run_ids=None,
-              batch_sizes=(1,)) -> list[dict]:
+              batch_sizes=(1,), runtimes=('eager',)) -> list[dict]:
     """Measure every network ``recorded_networks`` finds, interleaved in one process (each gets
-    ``budget_s`` seconds of the shared budget), at each of ``batch_sizes`` (default batch 1); one row per network
-    and batch size, ready for ``record``."""
+    ``budget_s`` seconds of the shared budget), at each of ``batch_sizes`` (default batch 1) and in each of
+    ``runtimes`` (default eager; others through ``zoo.optimize``, a runtime failing on a network is reported to
+    ``warn`` and left out); one row per network, runtime and batch size, ready for ``record``."""
+    warn = warn or (lambda msg: print(msg, file=sys.stderr))
     nets = recorded_networks(db, task, dataset, model, warn, run_ids)
     if not nets:
         raise ValueError('no finished run in the database matches'
                          + ''.join(f' {k}={v!r}' for k, v in (('task', task), ('dataset', dataset), ('model', model))
                                    if v) + '; nothing to measure')
-    models = {n['label']: n['model'] for n in nets}
+    runtimes = tuple(runtimes)
     one = {n['label']: example_input(n['model'], n['input_size'], 1, n['task']) for n in nets}
     macs = {n['label']: count_macs(n['model'], example=one[n['label']]) for n in nets}
     rows = []
     for bs in batch_sizes:
         inputs = {n['label']: example_input(n['model'], n['input_size'], bs, n['task']) for n in nets}
-        lat = benchmark(models, inputs=inputs, threads=threads, batch_size=bs,
-                        **_timing(repeats, warmup, budget_s * len(nets) if budget_s else None, max_repeats))
+        timed = {}                       # key -> (network record, runtime, module)
         for n in nets:
-            res = lat[n['label']].as_dict()
-            res['model'] = n['name']
-            rows.append({**count_params(n['model']), **res, 'label': n['label'], 'source': 'bench',
+            for rt in runtimes:
+                if rt == 'eager':
+                    timed[n['label'] if runtimes == ('eager',) else f"{n['label']} [eager]"] = (n, rt, n['model'])
+                    continue
+                try:
+                    net, _, _ = _prepare(n['model'], rt, inputs[n['label']], None, None)
+                except Exception as e:  # a runtime failing on one network is a result, not a crash
+                    first = (str(e).strip().splitlines() or [''])[0]
+                    warn(f"zoo bench: {n['label']} in {rt} failed: {type(e).__name__}: {first}"[:300])
+                    continue
+                timed[f"{n['label']} [{rt}]"] = (n, rt, net)
+        lat = benchmark({k: t[2] for k, t in timed.items()}, inputs={k: inputs[t[0]['label']] for k, t in timed.items()},
+                        threads=threads, batch_size=bs,
+                        **_timing(repeats, warmup, budget_s * len(timed) if budget_s else None, max_repeats))
+        for key, (n, rt, _) in timed.items():
+            res = lat[key]
+            res.model, res.runtime, res.compiled = n['name'], rt, rt == 'compile'
+            res.compile_mode = 'default+freezing' if rt == 'compile' else None
+            rows.append({**count_params(n['model']), **res.as_dict(), 'label': n['label'], 'source': 'bench',
                          'arch_fingerprint': fingerprint(n['model']), 'macs': macs[n['label']]})
     return rows
 
@@ -196,19 +305,39 @@ def record(rows: list[dict], db=None) -> int:
 
 
 def print_table(rows: list[dict]) -> None:
-    from zoo._console import console
     from rich.table import Table
+
+    from zoo._console import console
 
     r0 = rows[0] if rows else {}
     load = f", load {r0['load_1m']:.2f} on {r0['cpus']} CPUs before" if r0.get('load_1m') is not None else ''
-    table = Table(title=f'zoo bench (CPU, median and IQR over repeats, models interleaved{load})')
-    for col in ('model', 'input', 'params (M)', 'MACs (G)', 'batch', 'threads', 'repeats', 'median ms', 'IQR ms',
-                'samples/s', 'speedup', 'max |Δ| logits'):
-        table.add_column(col, justify='left' if col == 'model' else 'right')
+    runtimes = any('compile_s' in r for r in rows)
+    table = Table(title=f'zoo bench (CPU, median and IQR over repeats, models interleaved{load})'
+                        + (f"\n{r0.get('cpu_model') or _cpu()}" if runtimes else ''))
+    cols = ['model', 'input', 'params (M)', 'MACs (G)', 'batch', 'threads', 'repeats', 'median ms', 'IQR ms',
+            'samples/s', 'speedup', 'max |Δ| logits']
+    if runtimes:
+        cols[1:1] = ['runtime', 'dtype']
+        cols += ['vs eager', 'max |Δ| eager', 'compile/export s']
+    for col in cols:
+        table.add_column(col, justify='left' if col in ('model', 'runtime', 'dtype') else 'right')
     for r in rows:
-        table.add_row(r.get('label', r['model']), 'x'.join(map(str, r['input_size'])), f"{r['params'] / 1e6:.2f}",
-                      '' if r['macs'] is None else f"{r['macs'] / 1e9:.3f}", str(r['batch_size']), str(r['threads']),
-                      str(r['repeats']), f"{r['median_ms']:.2f}", f"{r['iqr_ms']:.2f}", f"{r['throughput']:.1f}",
-                      f"{r['speedup']:.2f}x" if 'speedup' in r else '',
-                      '' if r.get('max_abs_diff') is None else f"{r['max_abs_diff']:.1e}")
+        cells = [r.get('model') if runtimes else r.get('label', r['model']), 'x'.join(map(str, r['input_size'])),
+                 f"{r['params'] / 1e6:.2f}", '' if r['macs'] is None else f"{r['macs'] / 1e9:.3f}",
+                 str(r['batch_size']), str(r['threads']), str(r['repeats']), f"{r['median_ms']:.2f}",
+                 f"{r['iqr_ms']:.2f}", f"{r['throughput']:.1f}", f"{r['speedup']:.2f}x" if 'speedup' in r else '',
+                 '' if r.get('max_abs_diff') is None else f"{r['max_abs_diff']:.1e}"]
+        if runtimes:
+            cells[1:1] = [r['runtime'], r['dtype']]
+            cells += [f"{r['vs_eager']:.2f}x" if 'vs_eager' in r else '',
+                      '' if r.get('max_abs_diff_eager') is None else f"{r['max_abs_diff_eager']:.1e}",
+                      '' if r.get('compile_s') is None else f"{r['compile_s']:.1f}"]
+        table.add_row(*cells)
     console().print(table)
+
+
+def _cpu() -> str:
+    from .profile import machine
+
+    m = machine()
+    return f"{m['cpu_model']} ({', '.join(m['isa']) or 'no AVX2'})"

@@ -10,8 +10,10 @@ no memory and almost no time.
 """
 from __future__ import annotations
 
+import functools
 import hashlib
 import os
+import platform
 import statistics
 import time
 from dataclasses import asdict, dataclass, field
@@ -80,6 +82,8 @@ class Latency:
     channels_last: bool = False
     compiled: bool = False
     mode: str = 'inference'
+    runtime: str = 'eager'                # eager | compile | onnxruntime | openvino (zoo.RUNTIMES)
+    compile_mode: str | None = None       # torch.compile's mode for runtime 'compile'
     warmup: int = 0
     load_1m: float | None = None          # os.getloadavg()[0] just before the warm-up
     load_1m_after: float | None = None    # ... and after the timed rounds (includes this process)
@@ -127,6 +131,46 @@ class Latency:
 # MIN_REPEATS rounds whatever the budget; a fast one gets as many as fit in the budget.
 WARMUP, WARMUP_S = 5, 0.5
 MIN_REPEATS, MAX_REPEATS, BUDGET_S = 20, 500, 2.0
+
+
+# The instruction-set flags that decide which kernels a CPU runs (oneDNN's AVX-512 and AMX paths, bf16).
+ISA_FLAGS = ('avx2', 'avx512f', 'avx512_bf16', 'amx_tile', 'amx_bf16')
+
+
+@functools.lru_cache(maxsize=1)
+def machine() -> dict:
+    """The CPU a latency was measured on: ``{'cpu_model': ..., 'isa': [flags among ISA_FLAGS]}``, from
+    ``/proc/cpuinfo`` (Linux); elsewhere ``platform.processor()`` (or the machine type) and no flags."""
+    model, flags = None, set()
+    try:
+        with open('/proc/cpuinfo') as f:
+            for line in f:
+                key, _, value = line.partition(':')
+                key = key.strip()
+                if key in ('model name', 'Model', 'cpu model') and model is None:
+                    model = value.strip()
+                elif key in ('flags', 'Features') and not flags:
+                    flags = set(value.split())
+                if model and flags:
+                    break
+    except OSError:
+        pass
+    model = model or platform.processor() or platform.machine() or 'unknown'
+    return {'cpu_model': ' '.join(model.split()), 'isa': [f for f in ISA_FLAGS if f in flags]}
+
+
+def versions() -> dict:
+    """Versions of the libraries a latency depends on (those installed; nothing is imported)."""
+    from importlib import metadata
+
+    import zoo
+    out = {'zoo': zoo.__version__, 'torch': torch.__version__}
+    for dist in ('onnxruntime', 'onnx', 'openvino', 'timm'):
+        try:
+            out[dist] = metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            continue
+    return out
 
 
 def load_average() -> float | None:

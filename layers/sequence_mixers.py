@@ -162,6 +162,25 @@ def gla_recurrent(q, k, v, log_a, state=None):
 _SAFE_LOG_SPAN = 60.0  # e^60 ~ 1e26: far from fp32 overflow (3e38) after multiplying by O(1) queries and keys
 
 
+def _gla_intra_factorised(q, k, q_in, decay_in, cum):
+    """Inside a chunk, decays factorised onto q and k (total log-decay under 60). -> attn (X, C, C), k_out.
+    (The branches of :func:`gla_chunked`'s ``torch.cond``: the chunk total is sliced inside, no aliased inputs.)"""
+    total = cum[:, -1:]
+    k_back = k / decay_in                                               # k_s e^{-b_s} <= k_s e^{60}: no overflow
+    attn = torch.bmm(q_in, k_back.transpose(1, 2)).tril()               # (BHN, C, C), s <= t
+    return attn, k_back * total.exp()                                   # k_s decayed to the chunk end
+
+
+def _gla_intra_exact(q, k, q_in, decay_in, cum):
+    """Gates too strong for the factorised form: the decay from s to t per key channel, exp(b_t - b_s), s <= t."""
+    total = cum[:, -1:]
+    chunk = q.shape[1]
+    mask = torch.ones(chunk, chunk, dtype=torch.bool, device=q.device).tril()
+    rel = (cum[:, :, None, :] - cum[:, None, :, :]).masked_fill(~mask[..., None], float('-inf')).exp()
+    attn = torch.einsum('xte,xse,xtse->xts', q, k, rel)                 # (BHN, C, C)
+    return attn, k * (total - cum).exp()
+
+
 def gla_chunked(q, k, v, log_a, chunk: int = 32, state=None):
     """Chunk-parallel GLA, equal to ``gla_recurrent``.
 
@@ -171,7 +190,8 @@ def gla_chunked(q, k, v, log_a, chunk: int = 32, state=None):
     their chunks. Inside a chunk the decays are factorised onto q and k (q_t e^{b_t} . k_s e^{-b_s}) when the
     chunk's total log-decay stays under 60; for stronger gates the decay ratios exp(b_t - b_s) are formed
     explicitly, so nothing overflows however strong the gates are. ``torch.bmm`` on 3-d views (not ``@`` on 5-d
-    tensors, which copies transposed operands) and an in-place ``baddbmm_`` for intra + inter.
+    tensors, which copies transposed operands) and an in-place ``baddbmm_`` for intra + inter. Under compile and
+    export the choice is a ``torch.cond`` (an ``If`` in ONNX), so the graph keeps both forms.
     """
     b, h, t, dk = q.shape
     dv = v.shape[-1]
@@ -184,16 +204,11 @@ def gla_chunked(q, k, v, log_a, chunk: int = 32, state=None):
     total = cum[:, -1:]                                                 # log-decay over the whole chunk, (BHN, 1, dk)
     decay_in = cum.exp()
     q_in = q * decay_in                                                 # q_t decayed from the chunk start
-    if -total.min() < _SAFE_LOG_SPAN:
-        k_back = k / decay_in                                           # k_s e^{-b_s} <= k_s e^{60}: no overflow
-        attn = torch.bmm(q_in, k_back.transpose(1, 2)).tril_()          # (BHN, C, C), s <= t
-        k_out = k_back * total.exp()                                    # k_s decayed to the chunk end
+    safe = -total.min() < _SAFE_LOG_SPAN
+    if torch.compiler.is_compiling():  # a graph keeps both forms (If in ONNX); eager reads the flag
+        attn, k_out = torch.cond(safe, _gla_intra_factorised, _gla_intra_exact, (q, k, q_in, decay_in, cum))
     else:
-        # gates too strong for the factorised form: the decay from s to t per key channel, exp(b_t - b_s), s <= t
-        mask = torch.ones(chunk, chunk, dtype=torch.bool, device=q.device).tril()
-        rel = (cum[:, :, None, :] - cum[:, None, :, :]).masked_fill(~mask[..., None], float('-inf')).exp()
-        attn = torch.einsum('xte,xse,xtse->xts', q, k, rel)             # (BHN, C, C)
-        k_out = k * (total - cum).exp()
+        attn, k_out = (_gla_intra_factorised if safe else _gla_intra_exact)(q, k, q_in, decay_in, cum)
     kv = rearrange(torch.bmm(k_out.transpose(1, 2), v), '(b h n) e f -> b h n e f', b=b, h=h)  # each chunk's state
     chunk_decay = rearrange(total.exp(), '(b h n) 1 e -> b h n e 1', b=b, h=h)
     s = q.new_zeros(b, h, dk, dv) if state is None else state

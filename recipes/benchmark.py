@@ -243,17 +243,13 @@ class Runner:
                 if not ids:
                     continue
                 for rt in g.runtimes:
-                    if rt != 'eager' and not zbench_supports_runtime(zbench):
-                        self.say(f'zoo benchmark: runtime {rt} of group {g.name} needs zoo bench --runtime '
-                                 '(issue 26); measured eager only')
-                        continue
                     for bs in g.batch_sizes:
                         have = set() if lat.empty else set(lat[(lat.source == 'bench') & (lat.batch_size == bs)
                                                                & _runtime_is(lat, rt)].arch_fingerprint.dropna())
                         missing = [i for i in ids if fp.get(i) not in have]
                         if not missing:
                             continue
-                        kw = {'runtime': rt} if rt != 'eager' else {}
+                        kw = {'runtimes': (rt,)}
                         if self.time_s is not None:
                             kw['budget_s'] = self.time_s
                         rows = zbench.remeasure(self.db, run_ids=missing, batch_sizes=(bs,), threads=self.threads,
@@ -263,16 +259,8 @@ class Runner:
             return written
 
 
-def zbench_supports_runtime(zbench) -> bool:
-    import inspect
-    return 'runtime' in inspect.signature(zbench.remeasure).parameters
-
-
 def _runtime_is(lat, runtime: str):
-    if 'runtime' in lat.columns:
-        return lat.runtime.fillna('eager') == runtime
-    compiled = lat.compiled.astype('boolean').fillna(False)
-    return compiled if runtime == 'compile' else ~compiled if runtime == 'eager' else compiled & False
+    return lat.runtime.fillna('eager') == runtime
 
 
 def _progress(enabled: bool):

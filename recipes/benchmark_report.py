@@ -160,16 +160,13 @@ def _md_table(rows: list[dict]) -> str:
     return head + '\n'.join('| ' + ' | '.join(_cell(r[c]) for c in cols) + ' |' for r in rows)
 
 
-def _latency_conditions(store) -> str:
-    """'CPU X, N thread(s)' of the ``zoo bench`` records (the CPU from schema 5's column, else the runs' host)."""
-    lat = store.latency()
-    if lat.empty:
+def _latency_conditions(store, df) -> str:
+    """'CPU X, N thread(s)' of the benchmark's latency (the CPU ``results.data`` names for each run's record)."""
+    cpus = sorted({c for v in df.latency_cpu.dropna() for c in str(v).split(', ')})
+    if not cpus:
         return 'no latency measured yet'
+    lat = store.latency()
     lat = lat[lat.source == 'bench'] if (lat.source == 'bench').any() else lat
-    runs = store.runs(columns=['host', 'env'])
-    host_cpu = {h: e.get('cpu') for h, e in zip(runs.host, runs.env) if isinstance(e, dict) and e.get('cpu')}
-    cpus = sorted({str(c) for c in (lat.cpu_model if 'cpu_model' in lat.columns else lat.host.map(host_cpu))
-                   .fillna('unknown CPU')})
     threads = sorted({int(t) for t in lat.threads.dropna()})
     return (f'CPU: {"; ".join(cpus)}; {", ".join(map(str, threads))} thread(s); median of the controlled protocol '
             '(`zoo bench`, models interleaved in one process)')
@@ -190,7 +187,7 @@ def write_report(bench: Benchmark, db: str, out: str | Path | None = None) -> Pa
              'Do not edit by hand.', '']
     if bench.description:
         lines += [bench.description.strip(), '']
-    lines += [f'Latency: {_latency_conditions(store)}. Metric: mean over seeds with the Student-t 95 % interval '
+    lines += [f'Latency: {_latency_conditions(store, df)}. Metric: mean over seeds with the Student-t 95 % interval '
               '(from 3 seeds; fewer show their values). Training time: the sum of the training epochs\' wall time '
               '(validation excluded), mean over seeds.', '']
     for g in bench.groups.values():
@@ -206,7 +203,9 @@ def write_report(bench: Benchmark, db: str, out: str | Path | None = None) -> Pa
             svg.unlink(missing_ok=True)
             lines += ['(no entry has both a finished run and a latency yet: no plot)', '']
         else:
-            board.attrs.update(metric=g.metric, higher_is_better=_higher(g.metric), task=g.task, dataset=g.dataset)
+            cpu = ', '.join(sorted({str(c) for c in rows.latency_cpu.dropna()}))
+            board.attrs.update(metric=g.metric, higher_is_better=_higher(g.metric), task=g.task, dataset=g.dataset,
+                               runtime=g.runtimes[0], cpu=cpu or None)
             results.plot_pareto(board, svg, title=f'{bench.name} / {g.name}')
             lines += [f'![{g.metric} against batch-1 {g.runtimes[0]} latency, Pareto front in red]'
                       f'({bench.name}/{g.name}.svg)', '']

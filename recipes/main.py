@@ -3,7 +3,9 @@
     zoo list [PATTERN] [--family F] [--task T] [--blocks]
     zoo info NAME                # or timm/NAME
     zoo bench NAME... [--batch-size 1 16] [--img-size 224] [--vs timm/NAME|official:FILE.py[:CALLABLE]] [--db URL]
+              [--runtime eager,compile,onnxruntime[,openvino]] [--dtype bfloat16]
     zoo bench --db URL [--task T] [--dataset D] [--model PATTERN]      (re-measure the models recorded there)
+    zoo profile NAME [--runtime eager[,compile]] [--img-size 224]      (time and MACs per block kind)
     zoo results [--task T] [--dataset D] [--model PATTERN] [--metric val/acc1] [--format table|csv|json|markdown]
                 [--plot pareto.png] [--aggregate] [--runs] [--data [--only-best]] [--db URL]
     zoo benchmark run|report NAME [--workers N] [--db URL] [--retry-failed] [--no-latency] [--dry-run] [--threads K]
@@ -115,16 +117,17 @@ def _cmd_bench(args) -> int:
             raise ValueError('--task/--dataset/--model choose the recorded models to re-measure; '
                              'they do not combine with model names')
         rows = bench.run(args.names, vs=args.vs, batch_sizes=args.batch_size, img_size=args.img_size,
-                         dtype=args.dtype, mode=args.mode, num_classes=args.num_classes, **timing)
+                         dtype=args.dtype, mode=args.mode, num_classes=args.num_classes,
+                         runtimes=bench.parse_runtimes(args.runtime), **timing)
     elif args.db:
         from zoo.eval.results import resolve_url
         if resolve_url(args.db) is None:
             raise ValueError('--db none records nothing; give the database whose models to re-measure')
         if args.vs or args.img_size or args.num_classes or args.batch_size != [1] or args.dtype != 'float32' \
-                or args.mode != 'inference':
+                or args.mode != 'inference' or args.runtime != 'eager':
             raise ValueError('re-measuring a database uses each run\'s own network and input at batch 1 '
-                             '(float32, inference); --vs/--img-size/--num-classes/--batch-size/--dtype/--mode '
-                             'need model names')
+                             '(float32, inference, eager); --vs/--img-size/--num-classes/--batch-size/--dtype/--mode/'
+                             '--runtime need model names')
         rows = bench.remeasure(args.db, task=args.task, dataset=args.dataset, model=args.model, **timing)
     else:
         raise ValueError('name the models to measure (zoo bench poolformer_tiny), or give --db URL to '
@@ -137,6 +140,35 @@ def _cmd_bench(args) -> int:
         if resolve_url(args.db) is not None:
             n = bench.record(rows, db=args.db)
             print(f'{n} latency rows written to {resolve_url(args.db)}', file=sys.stderr)
+    return 0
+
+
+def _cmd_profile(args) -> int:
+    import torch
+
+    import zoo
+
+    from ..eval import bench, breakdown
+    from ..eval.profile import benchmark, example_input
+
+    runtimes = bench.parse_runtimes(args.runtime)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    if args.repeats < 1 or args.warmup < 0:
+        raise ValueError(f'--repeats must be >= 1 and --warmup >= 0; got {args.repeats} and {args.warmup}')
+    model = zoo.create(args.name).eval()
+    size = bench.input_size_of(args.name, args.img_size)
+    x = example_input(model, size, args.batch_size, bench.task_of(args.name))
+    result = breakdown.profile_kinds(model, x, repeats=args.repeats, warmup=args.warmup)
+    totals = {}
+    if len(runtimes) > 1:        # other runtimes: their total only, interleaved with eager under the one timer
+        nets = {rt: zoo.optimize(model, rt, x) for rt in runtimes}
+        lat = benchmark(nets, inputs=dict.fromkeys(nets, x), batch_size=args.batch_size, repeats=args.repeats,
+                        warmup=args.warmup)
+        totals = {rt: lat[rt].median_ms for rt in runtimes}
+    breakdown.print_table(args.name, result, tuple(x.shape), totals)
+    if args.json:
+        print(json.dumps({**result, 'model': args.name, 'input_shape': list(x.shape), 'runtimes': totals}, indent=2))
     return 0
 
 
@@ -172,7 +204,7 @@ def _cmd_results(args) -> int:
         return 0
     # one leaderboard per task (or the one --task), each by its task's primary metric unless --metric says
     boards = results.leaderboards(args.task, args.dataset, args.metric, db=store, model=args.model,
-                                  threads=args.threads)
+                                  threads=args.threads, runtime=args.runtime, cpu=args.cpu)
     if not boards:
         print('(no finished runs)' + (' matching the filters' if args.model or args.dataset else ''))
         return 0
@@ -246,6 +278,7 @@ def train_help(command: str) -> str:
                                    'detection/poolformer_shapes_det (`zoo list --recipes`); repeat to layer configs'),
         ('--ckpt_path WHICH', ckpt),
         ('--seeds 0,1,2', 'one run per seed, recorded as repeats of one configuration'),
+        ('--compile', 'torch.compile the network inside the system (--model.compile true)'),
         ('--seed_everything N', 'the seed of a single run'),
         ('--db PATH|URL|none', "results database of the run (default $ZOO_DB or ./zoo-results.db; 'none': "
                                'do not record)'),
@@ -271,6 +304,7 @@ def train_parser(command: str) -> argparse.ArgumentParser:
     repeats of one configuration). ``--db`` is LightningCLI's own argument (see ``ZooCLI``)."""
     p = ZooArgumentParser(prog=f'zoo {command}', add_help=False, allow_abbrev=False)
     p.add_argument('--seeds', type=_seed_list)
+    p.add_argument('--compile', action='store_true')
     return p
 
 
@@ -338,6 +372,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help='registered models (or timm/NAME); none with --db: the models recorded in that database')
     p.add_argument('--vs', help='reference model, run interleaved in one process: timm/NAME, a zoo NAME, or '
                    'official:FILE.py[:CALLABLE] (your copy of the official code, given our weights; RaftMLP, Strip-MLP)')
+    p.add_argument('--runtime', default='eager', metavar='eager,compile,onnxruntime[,openvino]',
+                   help='runtimes to time, comma-separated (zoo.optimize); each runtime of each model runs interleaved '
+                        'with the others, with its max |Δ| against eager and its compile or export time (default eager)')
     p.add_argument('--batch-size', type=int, nargs='+', default=[1], help='batch sizes to time (default 1)')
     p.add_argument('--img-size', type=int, help='image height and width (default: the model\'s input size)')
     p.add_argument('--repeats', type=int, default=20, help='at least this many timed calls per model (default 20)')
@@ -359,6 +396,24 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument('--model', help="with --db and no names: only these models (glob, e.g. 'poolformer*')")
     p.set_defaults(func=_cmd_bench)
 
+    p = sub.add_parser('profile', help='time and MACs per block kind (token mixer, channel mixer, norm, stem, ...)',
+                       formatter_class=raw,
+                       description='Where a model\'s time and MACs go: each block kind\'s own share of one forward '
+                                   '(eager, module hooks; warm-up calls not counted), and with --runtime the total '
+                                   'of other runtimes beside eager\'s.',
+                       epilog='examples:\n  zoo profile poolformer_s12\n  zoo profile tnt_tiny --img-size 64\n'
+                              '  zoo profile poolformer_tiny --runtime eager,compile')
+    p.add_argument('name', help='a registered model (`zoo list`)')
+    p.add_argument('--runtime', default='eager', metavar='eager[,compile,onnxruntime,openvino]',
+                   help='per-kind split in eager; other runtimes (comma-separated) add their total (default eager)')
+    p.add_argument('--img-size', type=int, help="image height and width (default: the model's input size)")
+    p.add_argument('--batch-size', type=int, default=1, help='batch size (default 1)')
+    p.add_argument('--repeats', type=int, default=10, help='timed forwards, averaged (default 10)')
+    p.add_argument('--warmup', type=int, default=3, help='forwards before timing, not counted (default 3)')
+    p.add_argument('--threads', type=int, help='torch threads (default: all cores)')
+    p.add_argument('--json', action='store_true', help='also print the rows as JSON')
+    p.set_defaults(func=_cmd_profile)
+
     p = sub.add_parser('results', help='leaderboards from the results database, one per task (best per model and '
                                        'model arguments, interval over seeds, latency with its spread)')
     p.add_argument('--task', help='only runs of this task, e.g. classification')
@@ -370,6 +425,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument('--plot', metavar='PNG', help='also draw metric vs latency with the Pareto front to this file')
     p.add_argument('--threads', type=int,
                    help='use latency records taken at this many threads (default: the count most models have)')
+    p.add_argument('--runtime', default='eager', choices=['eager', 'compile', 'onnxruntime', 'openvino'],
+                   help='use latency records of this runtime (default eager)')
+    p.add_argument('--cpu', metavar='SUBSTRING',
+                   help='use latency records of the CPU whose model name contains this (default: the CPU most '
+                        'records were taken on; one board never mixes CPUs)')
     p.add_argument('--runs', action='store_true', help='list the runs instead of the leaderboard')
     p.add_argument('--data', action='store_true',
                    help='one row per run with every column of zoo.eval.results.data() (metrics, per-epoch time, '
@@ -425,6 +485,8 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         from .cli import run_lightning_cli
         ns, rest = train_parser(argv[0]).parse_known_args(argv[1:])
+        if ns.compile:                          # zoo fit --compile: the system compiles its network
+            rest.append('--model.compile=true')
         if ns.seeds is None:
             return run_lightning_cli([argv[0], *rest])
         codes = [run_lightning_cli([argv[0], *rest, f'--seed_everything={seed}']) for seed in ns.seeds]

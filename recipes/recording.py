@@ -285,7 +285,9 @@ class ResultsLogger(Logger):
         x = getattr(system, 'example_input_array', None)
         x = x[:1] if isinstance(x, torch.Tensor) else (example_input(net, size, 1, getattr(system, 'task', None))
                                                         if size is not None else None)
-        return copy.deepcopy(net).cpu().eval(), x
+        net = copy.deepcopy(net).cpu().eval()
+        net._compiled_call_impl = None      # the eager network (zoo fit --compile): `zoo bench --runtime compile`
+        return net, x
 
     def _record_network_stats(self, trainer, system) -> None:
         """``zoo.eval.profile.network_stats`` of the trained network at batch 1 and its recorded input size, stored

@@ -20,7 +20,7 @@ prediction; see ``classification.py``, ``detection.py``, ``lm.py``, ``denoising.
 """
 from __future__ import annotations
 
-from typing import Optional
+from typing import Optional, Union
 
 import torch
 from lightning.pytorch import LightningModule
@@ -72,6 +72,10 @@ class ZooSystem(LightningModule):
         lr_scheduler: called with the optimizer (default ``optim.WarmupCosine``: cosine to 0 over the run, per
             step, sized from the run; ``None``: a constant learning rate).
         ema_decay: keep an EMA of the weights with this decay (e.g. 0.9999) and evaluate it.
+        compile: ``torch.compile`` the network's forward in place (``nn.Module.compile``, so checkpoints keep their
+            keys), in ``configure_model`` (Lightning has no compile flag): ``zoo fit --compile``. ``True`` is
+            inductor; a string names another torch.compile backend (``'eager'``: graph capture only). Detection
+            and other systems that call the network's other methods (``forward_raw``) run those eagerly.
     """
 
     task = ''           # the registry task this system trains
@@ -82,7 +86,7 @@ class ZooSystem(LightningModule):
                  vocab_size: Optional[int] = None,
                  optimizer: OptimizerCallable = lambda params: torch.optim.AdamW(params, lr=1e-3, weight_decay=0.05),
                  lr_scheduler: Optional[LRSchedulerCallable] = lambda opt: optim.WarmupCosine(opt),
-                 ema_decay: Optional[float] = None):
+                 ema_decay: Optional[float] = None, compile: Union[bool, str] = False):
         super().__init__()
         require_task(name, self.task, type(self).__name__)
         self.save_hyperparameters(ignore=['optimizer', 'lr_scheduler'])
@@ -102,6 +106,15 @@ class ZooSystem(LightningModule):
         self._nonfinite = None  # device flag: a non-finite training loss was seen (checked without per-step syncs)
 
     # -- the network -------------------------------------------------------------------------------------------
+    def configure_model(self) -> None:
+        """``compile=True``: compile the network (and its EMA copy, which evaluation runs) once, in place."""
+        how = self.hparams.get('compile')
+        if how and not getattr(self.model, '_compiled_call_impl', None):
+            kw = {} if how is True else {'backend': str(how)}
+            self.model.compile(**kw)
+            if self.ema is not None:
+                self.ema.module.compile(**kw)
+
     def build_model(self) -> nn.Module:
         return zoo.create_with_optional(self.model_name, self.sizes, checkpoint=self.hparams.checkpoint,
                                         **self.model_args)

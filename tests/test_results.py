@@ -79,11 +79,12 @@ def test_an_older_file_is_migrated_and_keeps_its_rows(zoo_db, version):
                              "measured_at) VALUES ('net_old', '3x8x8', 1, 'cpu', 2.5, '2026-01-01 00:00:00')")
     cols = [c['name'] for c in sa.inspect(engine).get_columns('zoo_runs')]
     assert ('heartbeat_s' in cols) == (version >= 3) and ('arch_fingerprint' in cols) == (version >= 2)
-    assert 'source' not in [c['name'] for c in sa.inspect(engine).get_columns('zoo_latency')]
+    lat_cols = [c['name'] for c in sa.inspect(engine).get_columns('zoo_latency')]
+    assert ('source' in lat_cols) == (version >= 4) and 'runtime' not in lat_cols
     engine.dispose()
 
     db = R.open_db()
-    assert db.schema_version() == R.SCHEMA_VERSION == 4
+    assert db.schema_version() == R.SCHEMA_VERSION == 5
     reference = sa.create_engine(f'sqlite:///{zoo_db.parent / "reference.db"}')
     R.metadata.create_all(reference)
     assert _describe(db.engine) == _describe(reference)
@@ -91,6 +92,8 @@ def test_an_older_file_is_migrated_and_keeps_its_rows(zoo_db, version):
     assert old.seed.tolist() == [3] and old['val/acc1'].tolist() == [0.5] and old.heartbeat_s.isna().all()
     old_lat = db.latency(model='net_old')
     assert old_lat.median_ms.tolist() == [2.5] and old_lat.source.isna().all() and old_lat.load_1m.isna().all()
+    assert (old_lat.runtime.tolist(), old_lat.dtype.tolist(), old_lat.cpu_model.tolist()) == (
+        ['eager'], ['float32'], ['unknown'])
     # the old latency row still serves the leaderboard, marked as having no recorded conditions
     row = R.leaderboard(db=db).iloc[0]
     assert (row.latency_ms, row.latency_source, row.latency_load) == (2.5, 'unrecorded', None)
@@ -378,6 +381,81 @@ def test_leaderboard_uses_the_most_trusted_latency_record():
     board = R.leaderboard('classification', 'digits').set_index('model')
     assert board.attrs['threads'] == 2 and board.loc['other'].latency_ms == 2.0
     assert R.leaderboard('classification', 'digits', threads=1).set_index('model').loc['other'].latency_ms == 3.0
+
+
+def _v4_store(path):
+    """A results file exactly as schema version 4 wrote it, with three latency rows of one model."""
+    from alembic.migration import MigrationContext
+    from alembic.operations import Operations
+
+    engine = sa.create_engine(f'sqlite:///{path}')
+    with engine.begin() as conn:
+        R.schema_table.create(conn)
+        op = Operations(MigrationContext.configure(conn))
+        for migration in R.MIGRATIONS[:4]:
+            migration(op)
+        conn.execute(R.schema_table.insert().values(id=1, version=4, updated_at=R.utcnow()))
+        for ms, dtype, compiled in ((2.0, None, None), (1.0, None, 1), (3.0, 'bfloat16', 0)):
+            conn.execute(sa.text("INSERT INTO zoo_latency (model, input_shape, batch_size, device, median_ms, dtype, "
+                                 "compiled, measured_at, source, threads, cpus) VALUES ('net', '3x32x32', 1, 'cpu', "
+                                 ":ms, :dtype, :compiled, '2026-01-01 00:00:00', 'bench', 2, 2)"),
+                         {'ms': ms, 'dtype': dtype, 'compiled': compiled})
+    engine.dispose()
+
+
+def test_a_v4_store_upgrades_to_runtime_and_cpu_keys_and_boards_never_mix_cpus(zoo_db, capsys):
+    _v4_store(zoo_db)
+    db = R.open_db()
+    assert db.schema_version() == 5
+    old = db.latency().sort_values('median_ms')
+    assert old.runtime.tolist() == ['compile', 'eager', 'eager']            # compiled rows were torch.compile
+    assert old.dtype.tolist() == ['float32', 'float32', 'bfloat16'] and set(old.cpu_model) == {R.UNKNOWN_CPU}
+    assert old.isa.isna().all() and old.versions.isna().all()
+
+    # new rows carry this machine's CPU, ISA flags and versions unless given
+    from zoo.eval.profile import ISA_FLAGS, machine
+    here = machine()
+    assert here['cpu_model'] and set(here['isa']) <= set(ISA_FLAGS)
+    rid = _run(db, 'net', 0.9)
+    _lat(db, 'net', 5.0, source='bench', runtime='onnxruntime')
+    mine = db.latency(id=_lat(db, 'net', 4.0, source='bench')).iloc[0]
+    assert (mine.runtime, mine.cpu_model, list(mine.isa)) == ('eager', here['cpu_model'], here['isa'])
+    assert mine.versions['torch'] == torch.__version__ and 'zoo' in mine.versions
+    for ms, load in ((9.0, 0.1), (9.5, 1.0)):                          # the quieter record wins
+        _lat(db, 'other', ms, source='bench', cpu_model='Intel Xeon Platinum 8480', load_1m=load)
+    _run(db, 'other', 0.8)
+    with pytest.raises(R.ResultsDBError, match='unknown runtime'):
+        _lat(db, 'net', 1.0, runtime='tensorrt')
+
+    # the CPU most records of the board were measured on; then a chosen one; never a mix
+    board = R.leaderboard('classification', 'digits').set_index('model')
+    assert board.attrs['cpu'] in (R.UNKNOWN_CPU, 'Intel Xeon Platinum 8480')
+    rows = board.latency_cpu.dropna()
+    assert rows.nunique() == 1 and (rows == board.attrs['cpu']).all()
+    xeon = R.leaderboard('classification', 'digits', cpu='xeon').set_index('model')
+    assert xeon.attrs['cpu'] == 'Intel Xeon Platinum 8480' and xeon.loc['other'].latency_ms == 9.0
+    assert xeon.loc['net'].latency_ms is None                           # not measured there: no number, no mix
+    here_board = R.leaderboard('classification', 'digits', cpu=here['cpu_model']).set_index('model')
+    assert here_board.loc['net'].latency_ms == 4.0 and here_board.loc['other'].latency_ms is None
+    unknown = R.leaderboard('classification', 'digits', cpu='unknown').set_index('model')
+    assert unknown.loc['net'].latency_ms == 2.0                          # the eager float32 upgrade row
+    assert R.leaderboard('classification', 'digits', runtime='compile', cpu='unknown').loc[0].latency_ms == 1.0
+    ort = R.leaderboard('classification', 'digits', runtime='onnxruntime').set_index('model')
+    assert ort.loc['net'].latency_ms == 5.0 and ort.loc['net'].latency_runtime == 'onnxruntime'
+    assert rid and 'onnxruntime on' in R.format_board(ort.reset_index())
+
+    # the command line: --runtime and --cpu; bad values are one line with the choices, exit 2
+    assert main(['results', '--runtime', 'compile', '--cpu', 'unknown', '--format', 'json']) == 0
+    got = {r['model']: r['latency_ms'] for r in json.loads(capsys.readouterr().out)}
+    assert got == {'net': 1.0, 'other': None}
+    assert main(['results', '--cpu', 'epyc-9999']) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count('\n') == 0 and 'recorded CPUs' in err and 'Intel Xeon Platinum 8480' in err
+    with pytest.raises(SystemExit) as e:
+        main(['results', '--runtime', 'tensorrt'])
+    assert e.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count('\n') == 0 and 'eager, compile, onnxruntime, openvino' in err
 
 
 def test_pareto_front_and_plot(fixture_db, tmp_path):

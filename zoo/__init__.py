@@ -46,7 +46,7 @@ from ._registry import FAMILY_MODULES, ModelInfo, families, list_models, model_i
 _LAZY = {'create': '_factory', 'create_with_optional': '_factory', 'load_checkpoint': '_factory',
          'read_state_dict': '_factory',
          'classifier_prefix': '_factory', 'remap_checkpoint': '_factory',
-         'ClassifierBase': '_builder'}
+         'ClassifierBase': '_builder', 'optimize': '_runtime', 'export': '_runtime', 'RUNTIMES': '_runtime'}
 _SUBPACKAGES = ('layers', 'eval', 'recipes', 'datasets', *FAMILY_MODULES)
 
 
@@ -68,4 +68,5 @@ def __dir__():
 __version__ = '0.1.0'
 __all__ = ['create', 'create_with_optional', 'list_models', 'model_info', 'families', 'register_model', 'ModelInfo',
            'load_checkpoint',
-           'read_state_dict', 'classifier_prefix', 'remap_checkpoint', 'layers', 'ClassifierBase']
+           'read_state_dict', 'classifier_prefix', 'remap_checkpoint', 'layers', 'ClassifierBase', 'optimize', 'export',
+           'RUNTIMES']

@@ -9,7 +9,8 @@ LEMUR misses done differently:
 
 - failed, pruned and crashed runs are kept with their status (LEMUR drops sub-threshold trials);
 - latency is keyed by model, architecture fingerprint, input shape, batch, device, threads, dtype,
-  layout and compilation (LEMUR keys it by model name);
+  layout, runtime (eager, compile, onnxruntime, openvino) and the CPU model with its ISA flags and library
+  versions (LEMUR keys it by model name), and a comparison never mixes CPUs;
 - Optuna studies live in the same database (its own tables beside ours), so sweeps resume;
 - every run records its seed, and comparisons report an interval over seeds (Student-t from 3 seeds on;
   fewer get the values and no interval);
@@ -35,19 +36,20 @@ from __future__ import annotations
 from ..profile import fingerprint
 from .schema import (SCHEMA_VERSION, DEFAULT_PATH, STATUSES, DISABLED, HEARTBEAT_ENV, DEFAULT_HEARTBEAT_S,
                      STALE_BEATS, STALE_MIN, STALE_AFTER, ResultsDBError, metadata, schema_table, runs_table,
-                     metrics_table, latency_table, architectures_table, MIGRATIONS)
+                     metrics_table, latency_table, architectures_table, MIGRATIONS, LATENCY_RUNTIMES, UNKNOWN_CPU)
 from .env import config_key, git_commit, environment
 from .store import resolve_url, ResultsDB, Heartbeat, open_db, close_all, runs, metrics, latency, jsonable, utcnow
 from .stats import AGGREGATE_STATISTICS, bootstrap_ci, iqm, stratified_bootstrap, t_interval
 from .board import (AGGREGATE_COLUMNS, aggregate, HIGHER_IS_BETTER, LOWER_IS_BETTER, is_higher_better,
-                    LEADERBOARD_COLUMNS, MIN_SEEDS_FOR_INTERVAL, SOURCE_RANK, board_tasks, leaderboard, leaderboards,
-                    pick_latency)
+                    LEADERBOARD_COLUMNS, MIN_SEEDS_FOR_INTERVAL, SOURCE_RANK, board_tasks, latency_cpus, leaderboard,
+                    leaderboards, pick_latency)
 from .render import format_aggregate, format_board, pareto_front, plot_pareto
 from .data import DATA_COLUMNS, data
 
 __all__ = ['fingerprint', 'SCHEMA_VERSION', 'DEFAULT_PATH', 'STATUSES', 'DISABLED', 'HEARTBEAT_ENV',
            'DEFAULT_HEARTBEAT_S', 'STALE_BEATS', 'STALE_MIN', 'STALE_AFTER', 'ResultsDBError', 'metadata',
            'schema_table', 'runs_table', 'metrics_table', 'latency_table', 'architectures_table', 'MIGRATIONS',
+           'LATENCY_RUNTIMES', 'UNKNOWN_CPU', 'latency_cpus',
            'config_key', 'git_commit', 'environment', 'resolve_url', 'ResultsDB', 'Heartbeat', 'open_db', 'close_all',
            'runs', 'metrics', 'latency', 'jsonable', 'utcnow', 'bootstrap_ci', 'iqm', 'AGGREGATE_STATISTICS',
            'stratified_bootstrap', 't_interval', 'AGGREGATE_COLUMNS', 'aggregate', 'HIGHER_IS_BETTER',

@@ -6,7 +6,7 @@ import contextlib
 import json
 import re
 
-from .schema import ResultsDBError, runs_table
+from .schema import UNKNOWN_CPU, ResultsDBError, runs_table
 from .stats import AGGREGATE_STATISTICS, iqm, stratified_bootstrap, t_interval
 from .store import open_db
 
@@ -130,7 +130,8 @@ def is_higher_better(metric: str) -> bool:
 LEADERBOARD_COLUMNS = ['model', 'family', 'model_args', 'block_choices', 'budget', 'max_epochs', 'steps', 'n_seeds',
                        'mean', 'ci_low', 'ci_high', 'interval_note', 'values', 'iqm', 'std', 'best', 'params', 'macs',
                        'latency_ms', 'latency_iqr_ms', 'latency_batch', 'latency_threads', 'latency_shape',
-                       'latency_source', 'latency_load', 'latency_repeats', 'latency_id', 'arch_fingerprint',
+                       'latency_source', 'latency_load', 'latency_repeats', 'latency_id', 'latency_runtime',
+                       'latency_cpu', 'arch_fingerprint',
                        'aliases', 'config_key', 'run_ids']
 
 INTERVAL = 'Student-t 95 % interval of the mean over seeds (n >= 3)'
@@ -154,7 +155,7 @@ def leaderboards(task: str | None = None, dataset: str | None = None, metric: st
 
 def leaderboard(task: str | None = None, dataset: str | None = None, metric: str | None = None, *, db=None,
                 model: str | None = None, higher_is_better: bool | None = None, threads: int | None = None,
-                device: str = 'cpu'):
+                device: str = 'cpu', runtime: str = 'eager', cpu: str | None = None):
     """One row per model *and model arguments* on (task, dataset), by the final ``metric`` of finished runs.
 
     ``metric`` defaults to the task's primary metric (``val/acc1`` for classification, ``val/map`` for
@@ -173,7 +174,11 @@ def leaderboard(task: str | None = None, dataset: str | None = None, metric: str
     Latency (batch 1, inference, float32, ``device``): the most trustworthy record among those measured
     for the row's runs or for the same architecture fingerprint (or, for runs without a fingerprint, the
     model name); see ``pick_latency`` for the rule. ``threads`` chooses the thread count; by default the
-    one most rows have a record at. ``latency_iqr_ms`` is the spread of that record."""
+    one most rows have a record at. ``latency_iqr_ms`` is the spread of that record.
+
+    Runtime and machine: only records of ``runtime`` (eager, compile, onnxruntime, openvino) count, and all
+    latencies of one board come from one CPU model, never a mix: the CPU whose name contains ``cpu``
+    (case-insensitive), by default the one most of the board's records were measured on (``attrs['cpu']``)."""
     import numpy as np
     import pandas as pd
 
@@ -190,7 +195,9 @@ def leaderboard(task: str | None = None, dataset: str | None = None, metric: str
     df = df[df[metric].notna()].copy()
     df['_args'] = [_model_args(h, b) for h, b in zip(df.hparams, df.block_choices)]
     steps = _trained_steps(store, df.id.tolist())
-    lat = _latency_candidates(store.latency(), device)
+    all_lat = store.latency()
+    lat = _latency_candidates(all_lat, device, runtime)
+    cpu_pick = _cpu_filter(all_lat, cpu)
     rows, candidates = [], []
     for (name, key), g in df.groupby(['model', 'config_key'], dropna=False, sort=False):
         vals = g[metric].to_numpy(dtype=float)
@@ -222,6 +229,10 @@ def leaderboard(task: str | None = None, dataset: str | None = None, metric: str
     board = board.sort_values('mean', ascending=not higher, kind='stable')
     board = board.drop_duplicates(['model', 'model_args'], keep='first').reset_index(drop=True)
     mine = [candidates[i] for i in board._i]
+    if cpu_pick is None:         # the CPU most of this board's records were measured on (ties: by name)
+        counts = pd.Series([c for m in mine if not m.empty for c in m.cpu_model], dtype=object).value_counts()
+        cpu_pick = sorted(counts.index[counts == counts.max()])[0] if len(counts) else None
+    mine = [m if m.empty or cpu_pick is None else m[m.cpu_model == cpu_pick] for m in mine]
     if threads is None:          # the thread count most rows have a record at (ties: the fewer threads)
         counts = pd.Series([t for m in mine if not m.empty for t in set(m.threads.dropna().astype(int))],
                            dtype=int).value_counts()
@@ -229,12 +240,13 @@ def leaderboard(task: str | None = None, dataset: str | None = None, metric: str
     picked = [pick_latency(m, threads) for m in mine]
     for col, key in (('latency_ms', 'median_ms'), ('latency_iqr_ms', 'iqr_ms'), ('latency_threads', 'threads'),
                      ('latency_shape', 'input_shape'), ('latency_source', 'source'), ('latency_load', 'load_1m'),
-                     ('latency_repeats', 'repeats'), ('latency_id', 'id')):
+                     ('latency_repeats', 'repeats'), ('latency_id', 'id'), ('latency_runtime', 'runtime'),
+                     ('latency_cpu', 'cpu_model')):
         board[col] = [None if p is None else p[key] for p in picked]
     board['latency_batch'] = [None if p is None else 1 for p in picked]
     board = board[LEADERBOARD_COLUMNS]
     board.attrs.update(metric=metric, higher_is_better=higher, task=task, dataset=dataset, threads=threads,
-                       interval=INTERVAL)
+                       interval=INTERVAL, runtime=runtime, cpu=cpu_pick)
     board[['params', 'macs']] = board[['params', 'macs']].astype('Float64')
     return board.replace({np.nan: None}).astype({'mean': float})
 
@@ -287,16 +299,40 @@ def _trained_steps(store, run_ids: list[int]) -> dict[int, int]:
 SOURCE_RANK = {'bench': 0, 'fit': 1}
 
 
-def _latency_candidates(lat, device: str):
-    """The rows a leaderboard may use: batch 1, inference, float32, eager, contiguous, on ``device``."""
+def _latency_candidates(lat, device: str, runtime: str = 'eager'):
+    """The rows a leaderboard may use: batch 1, inference, float32, ``runtime``, contiguous, on ``device``."""
+    from .schema import LATENCY_RUNTIMES
+
+    if runtime not in LATENCY_RUNTIMES:
+        raise ResultsDBError(f'unknown runtime {runtime!r}; expected one of {", ".join(LATENCY_RUNTIMES)}')
     if lat.empty:
         return lat
-    ok = (lat.batch_size == 1) & (lat.device == device)
+    ok = (lat.batch_size == 1) & (lat.device == device) & (lat.runtime.fillna('eager') == runtime)
     for col, want in (('mode', 'inference'), ('dtype', 'float32')):
         ok &= lat[col].isna() | (lat[col] == want)
-    for col in ('compiled', 'channels_last'):
-        ok &= lat[col].isna() | ~lat[col].astype('boolean').fillna(False)
-    return lat[ok]
+    ok &= lat.channels_last.isna() | ~lat.channels_last.astype('boolean').fillna(False)
+    return lat.assign(cpu_model=lat.cpu_model.fillna(UNKNOWN_CPU))[ok]
+
+
+def latency_cpus(lat) -> list[str]:
+    """The CPU models of latency rows, most rows first."""
+    if lat.empty:
+        return []
+    return lat.cpu_model.fillna(UNKNOWN_CPU).value_counts().index.tolist()
+
+
+def _cpu_filter(lat, cpu: str | None) -> str | None:
+    """The one recorded CPU model whose name contains ``cpu`` (case-insensitive); an error names the choices."""
+    if cpu is None:
+        return None
+    cpus = latency_cpus(lat)
+    hits = [c for c in cpus if cpu.lower() in c.lower()]
+    if len(hits) == 1:
+        return hits[0]
+    if not hits:
+        raise ResultsDBError(f'no latency was recorded on a CPU matching {cpu!r}; recorded CPUs: '
+                             + ('; '.join(cpus) if cpus else 'none'))
+    raise ResultsDBError(f'{cpu!r} matches {len(hits)} recorded CPUs ({"; ".join(hits)}); give more of the name')
 
 
 def _matching(lat, run_ids: list[int], fp: str | None, model: str):

@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 import math
 
-from .schema import STATUSES, ResultsDBError
+from .schema import STATUSES, UNKNOWN_CPU, ResultsDBError
 from .store import open_db
 
 # The columns ``data()`` always returns, in order. After them come one column per final metric the runs
@@ -161,7 +161,10 @@ def _latency_records(lat, cpu: str | None, host_cpu: dict | None = None):
         lat['runtime'] = ['compile' if c is True or c == 1 else 'eager' for c in lat.compiled]
     lat['runtime'] = lat.runtime.fillna('eager')
     by_host = lat.host.map(host_cpu or {})
-    lat['cpu_name'] = lat['cpu_model'].fillna(by_host) if 'cpu_model' in lat.columns else by_host
+    if 'cpu_model' in lat.columns:       # schema 5 (rows older than it say UNKNOWN_CPU)
+        lat['cpu_name'] = lat.cpu_model.where(lat.cpu_model != UNKNOWN_CPU).fillna(by_host)
+    else:
+        lat['cpu_name'] = by_host
     ok = lat['mode'].isna() | (lat['mode'] == 'inference')
     ok &= lat['dtype'].isna() | (lat['dtype'] == 'float32')
     if cpu is not None:

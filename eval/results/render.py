@@ -49,6 +49,8 @@ def format_board(board, fmt: str = 'table') -> str:
     title = f"leaderboard: {metric} ({'higher' if board.attrs.get('higher_is_better', True) else 'lower'} is better)"
     title += ('; 95% CI: Student-t over seeds, none below 3 seeds; latency: median and IQR of the most trusted '
               'record (zoo bench first, then the lowest load)')
+    if board.attrs.get('cpu'):
+        title += f"; latency {board.attrs.get('runtime', 'eager')} on {board.attrs['cpu']}"
     return _rich_table(title, rows, left=('model', 'model args', 'budget', '95% CI (t)', 'latency from', 'aliases'))
 
 
@@ -159,7 +161,8 @@ for the same board: fixed element ids, no date); returns the matplotlib Figure."
                 lims(centre - half, centre + half)
         ax.legend(loc='best', fontsize=8)
     threads = board.attrs.get('threads')
-    ax.set_xlabel(f'CPU latency, batch 1{f", {threads} thread(s)" if threads else ""} (ms; median, bar: IQR)')
+    where = f", {board.attrs.get('runtime', 'eager')}" + (f" on {board.attrs['cpu']}" if board.attrs.get('cpu') else '')
+    ax.set_xlabel(f'CPU latency, batch 1{f", {threads} thread(s)" if threads else ""}{where} (ms; median, bar: IQR)')
     ax.set_ylabel(f'{metric} (mean over seeds; bar: 95 % t-interval, n ≥ 3)')
     parts = [board.attrs.get('task'), board.attrs.get('dataset')]
     ax.set_title(title or ' / '.join(p for p in parts if p) or 'accuracy vs latency')

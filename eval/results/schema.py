@@ -5,7 +5,7 @@ import datetime as _dt
 
 import sqlalchemy as sa
 
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 DEFAULT_PATH = 'zoo-results.db'
 STATUSES = ('running', 'finished', 'failed', 'pruned', 'crashed')
 DISABLED = ('none', 'off', '0', 'false', '')
@@ -122,10 +122,22 @@ latency_table = sa.Table(
     sa.Column('load_1m_after', sa.Float),                     # ... and after it (includes the measuring process)
     sa.Column('cpus', sa.Integer),                            # os.cpu_count() of the host
     sa.Column('duration_s', sa.Float),                        # wall time of the timed rounds
+    # v5: what ran the network and on which machine (rows before v5: runtime 'eager' ('compile' when
+    # ``compiled``), dtype 'float32' when unset, cpu_model 'unknown')
+    sa.Column('runtime', sa.String(20), index=True),          # eager | compile | onnxruntime | openvino (RUNTIMES)
+    sa.Column('compile_mode', sa.String(40)),                 # torch.compile mode / options ('default', 'freezing', ...)
+    sa.Column('cpu_model', sa.String(200), index=True),       # /proc/cpuinfo 'model name' (profile.machine())
+    sa.Column('isa', sa.JSON),                                # ISA flags of that CPU: ['avx2', 'avx512f', ...]
+    sa.Column('versions', sa.JSON),                           # {'torch': ..., 'onnxruntime': ..., 'zoo': ...}
 )
 
 # The columns of zoo_latency that version 4 added, in order.
 LATENCY_V4 = ('source', 'warmup', 'load_1m', 'load_1m_after', 'cpus', 'duration_s')
+# ... and version 5.
+LATENCY_V5 = ('runtime', 'compile_mode', 'cpu_model', 'isa', 'versions')
+# The runtimes a latency row may name (the same names as ``zoo.RUNTIMES``; the store must not import torch).
+LATENCY_RUNTIMES = ('eager', 'compile', 'onnxruntime', 'openvino')
+UNKNOWN_CPU = 'unknown'
 
 architectures_table = sa.Table(                               # v2: every name a fingerprint was seen under
     'zoo_architectures', metadata,
@@ -147,7 +159,7 @@ def _col(table: sa.Table, name: str) -> sa.Column:
 def _v1(op) -> None:
     """Version 1: runs, metrics and latency, without fingerprints or sweep links."""
     later = {'zoo_runs': {'arch_fingerprint', 'params', 'macs', 'study_name', 'trial_number', 'heartbeat_s'},
-             'zoo_latency': {'arch_fingerprint', *LATENCY_V4}, 'zoo_metrics': set()}
+             'zoo_latency': {'arch_fingerprint', *LATENCY_V4, *LATENCY_V5}, 'zoo_metrics': set()}
     fks = {'zoo_runs': [], 'zoo_metrics': [sa.ForeignKeyConstraint(['run_id'], ['zoo_runs.id'], ondelete='CASCADE')],
            'zoo_latency': [sa.ForeignKeyConstraint(['run_id'], ['zoo_runs.id'], ondelete='SET NULL')]}
     for table in (runs_table, metrics_table, latency_table):
@@ -182,5 +194,20 @@ def _v4(op) -> None:
         op.add_column('zoo_latency', _col(latency_table, name))
 
 
-MIGRATIONS = [_v1, _v2, _v3, _v4]          # MIGRATIONS[i] takes the schema from version i to version i + 1
+def _v5(op) -> None:
+    """Version 5: latency keyed by runtime and machine (runtime, compile mode, CPU model, ISA flags, library
+    versions). Older rows were all measured in eager PyTorch (or ``torch.compile`` where ``compiled`` says so),
+    in float32 unless they said otherwise, on a CPU nobody recorded."""
+    for name in LATENCY_V5:
+        op.add_column('zoo_latency', _col(latency_table, name))
+    for col in ('runtime', 'cpu_model'):
+        op.create_index(f'ix_zoo_latency_{col}', 'zoo_latency', [col])
+    t = sa.table('zoo_latency', sa.column('runtime'), sa.column('compiled'), sa.column('dtype'), sa.column('cpu_model'))
+    op.execute(t.update().values(runtime=sa.case((t.c.compiled == sa.true(), 'compile'), else_='eager'))
+               .where(t.c.runtime.is_(None)))
+    op.execute(t.update().values(dtype='float32').where(t.c.dtype.is_(None)))
+    op.execute(t.update().values(cpu_model=UNKNOWN_CPU).where(t.c.cpu_model.is_(None)))
+
+
+MIGRATIONS = [_v1, _v2, _v3, _v4, _v5]          # MIGRATIONS[i] takes the schema from version i to version i + 1
 assert len(MIGRATIONS) == SCHEMA_VERSION

@@ -16,9 +16,9 @@ import sqlalchemy as sa
 from sqlalchemy import event, exc as sa_exc
 
 from .env import config_key
-from .schema import (DEFAULT_HEARTBEAT_S, DEFAULT_PATH, DISABLED, HEARTBEAT_ENV, MIGRATIONS, SCHEMA_VERSION, STALE_AFTER,
-                     STALE_BEATS, STALE_MIN, STATUSES, ResultsDBError, _PG_MIGRATION_LOCK, architectures_table,
-                     latency_table, metrics_table, runs_table, schema_table)
+from .schema import (DEFAULT_HEARTBEAT_S, DEFAULT_PATH, DISABLED, HEARTBEAT_ENV, LATENCY_RUNTIMES, MIGRATIONS,
+                     SCHEMA_VERSION, STALE_AFTER, STALE_BEATS, STALE_MIN, STATUSES, ResultsDBError, _PG_MIGRATION_LOCK,
+                     architectures_table, latency_table, metrics_table, runs_table, schema_table)
 
 # -------------------------------------------------------------------------------------------------- the store
 def resolve_url(db: str | os.PathLike | None = None) -> str | None:
@@ -332,16 +332,25 @@ class ResultsDB:
     def add_latency(self, model: str, median_ms: float, *, input_shape, batch_size: int, device: str = 'cpu',
                     **fields) -> int:
         """One latency row. ``fields``: threads, dtype, channels_last, compiled, mode, min_ms, max_ms, iqr_ms,
-        throughput, repeats, params, macs, arch_fingerprint, run_id."""
+        throughput, repeats, params, macs, arch_fingerprint, run_id, runtime, compile_mode, cpu_model, isa,
+        versions. Unset, the runtime is 'eager' ('compile' when ``compiled``), the dtype float32, and the CPU,
+        its ISA flags and the library versions are this machine's (``profile.machine()``, ``versions()``)."""
         unknown = set(fields) - set(latency_table.c.keys())
         if unknown:
             raise ResultsDBError(f'unknown latency field(s) {sorted(unknown)}; known: {sorted(latency_table.c.keys())}')
         if not isinstance(input_shape, str):
             input_shape = 'x'.join(str(int(s)) for s in input_shape)
+        runtime = fields.get('runtime') or ('compile' if fields.get('compiled') else 'eager')
+        if runtime not in LATENCY_RUNTIMES:
+            raise ResultsDBError(f'unknown runtime {runtime!r}; expected one of {", ".join(LATENCY_RUNTIMES)}')
         import torch
+
+        from ..profile import machine, versions
         row = dict(model=model, median_ms=float(median_ms), input_shape=input_shape, batch_size=int(batch_size),
-                   device=device, torch_version=torch.__version__, host=socket.gethostname(), measured_at=utcnow())
-        row.update(fields)
+                   device=device, torch_version=torch.__version__, host=socket.gethostname(), measured_at=utcnow(),
+                   dtype='float32', **machine(), versions=versions())
+        row.update({k: v for k, v in fields.items() if v is not None})
+        row.update(runtime=runtime, compiled=runtime == 'compile')
         with self.write() as conn:
             lat_id = conn.execute(latency_table.insert().values(**row)).inserted_primary_key[0]
             if row.get('arch_fingerprint'):

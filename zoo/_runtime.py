@@ -1,0 +1,322 @@
+"""Runtimes: run or save any zoo model through ``torch.compile``, ``torch.export``, ONNX Runtime or OpenVINO.
+
+>>> fast = zoo.optimize(zoo.create('poolformer_s12'), 'compile')          # inductor with freezing
+>>> ort = zoo.optimize(model, 'onnxruntime', example=torch.randn(2, 3, 224, 224))
+>>> zoo.export(model, 'poolformer_s12.onnx', torch.randn(2, 3, 224, 224))   # dynamic batch
+>>> zoo.export(detector, 'det.onnx', x, nms=True)                            # decode + NMS in the graph
+
+What is captured: a classifier, denoiser or language model is captured whole. A dense model (anything with
+``forward_raw`` and ``head.predict``: every detector) is captured as its network, ``forward_raw`` (backbone, neck,
+head convolutions); its prediction (decode, NMS, inverse letterbox) then runs eagerly on the captured graph's maps,
+so ``optimize(det, rt)(x, metas)`` returns the same detections as ``det.eval()(x, metas)``. ``export(...,
+nms=True)`` instead puts decode and class-aware NMS (``torchvision.ops.nms``) in the graph, with a fixed number
+of detections per image, so the file is deployable on its own.
+
+ONNX export is ``torch.onnx.export(..., dynamo=True)`` (the exporter built on ``torch.export``), with the batch
+dimension dynamic. ONNX Runtime and OpenVINO come from the ``export`` extra (``pip install 'zoo[export]'``).
+Nothing here is imported by ``import zoo``: torch._dynamo, onnx and onnxruntime load on first use.
+"""
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import pathlib
+import tempfile
+
+import torch
+from torch import nn
+
+__all__ = ['RUNTIMES', 'example_input', 'export', 'optimize']
+
+RUNTIMES = ('eager', 'compile', 'onnxruntime', 'openvino')
+FORMATS = ('onnx', 'pt2')
+_NEEDS = {'onnxruntime': ('onnxruntime', 'onnx', 'onnxscript'), 'openvino': ('openvino', 'onnx', 'onnxscript'),
+          'onnx': ('onnx', 'onnxscript')}
+
+
+def _require(what: str) -> None:
+    """One-line error naming the extra when a runtime's package is missing."""
+    missing = [m for m in _NEEDS.get(what, ()) if importlib.util.find_spec(m) is None]
+    if missing:
+        raise ValueError(f"{what} needs {', '.join(missing)}: pip install 'zoo[export]'")
+
+
+def _check_runtime(runtime: str) -> None:
+    if runtime not in RUNTIMES:
+        import difflib
+        close = difflib.get_close_matches(str(runtime), RUNTIMES, n=1)
+        hint = f' (did you mean {close[0]!r}?)' if close else ''
+        raise ValueError(f"unknown runtime {runtime!r}{hint}; expected one of {', '.join(RUNTIMES)}")
+
+
+def is_dense(model: nn.Module) -> bool:
+    """A dense model: its network is ``forward_raw`` and its prediction ``head.predict`` (every detector)."""
+    return hasattr(model, 'forward_raw') and hasattr(getattr(model, 'head', None), 'predict')
+
+
+def example_input(model: nn.Module, batch: int = 2, size: int | tuple | None = None) -> torch.Tensor:
+    """A random input for a zoo model (its registered input size; tokens for a language model)."""
+    import zoo
+    name = getattr(model, 'zoo_name', None)
+    info = zoo.model_info(name) if name in zoo.list_models() else None
+    if info is not None and info.task == 'language_modeling':
+        return torch.randint(0, getattr(model, 'vocab_size', 32), (batch, info.input_size[-1]))
+    shape = tuple(info.input_size) if info is not None else tuple(getattr(model, 'pretrained_cfg', {}).get(
+        'input_size', (3, 224, 224)))
+    if size is not None:
+        shape = shape[:1] + ((size, size) if isinstance(size, int) else tuple(size))
+    return torch.randn(batch, *shape)
+
+
+class _Raw(nn.Module):
+    """A dense model's network alone: ``forward_raw`` as a tuple of maps (what the exporters capture)."""
+
+    def __init__(self, model: nn.Module):
+        super().__init__()
+        self.model = model
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        return tuple(self.model.forward_raw(x))
+
+
+class _Deploy(nn.Module):
+    """A detector with decode and class-aware NMS in the graph: (B, 3, H, W) -> (B, max_det, 6) rows of
+    (x1, y1, x2, y2, score, label) in input pixels, best first; empty rows are zeros with label -1.
+
+    The same detections as ``head.predict`` (multi-label, ``conf``, ``iou``, ``max_det`` of the head): the
+    ``max_nms`` best (anchor, class) pairs of each image go to NMS, and pairs under ``conf`` are dropped after it
+    (greedy NMS visits boxes best first, so a box under ``conf`` never suppresses one above it). All shapes are
+    static but the batch, so it exports with a dynamic batch.
+    """
+
+    def __init__(self, model: nn.Module, max_nms: int = 30000):
+        super().__init__()
+        self.model, self.max_nms = model, max_nms
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        from torchvision.ops import nms
+        head = self.model.head
+        y = head.decode(self.model.forward_raw(x))                  # (B, 4 + nc, A)
+        b, nc = y.shape[0], y.shape[1] - 4
+        boxes, scores = y[:, :4].transpose(1, 2), y[:, 4:].transpose(1, 2)   # (B, A, 4), (B, A, nc)
+        k = min(self.max_nms, scores.shape[1] * nc)
+        top, idx = scores.flatten(1).topk(k, dim=1)                 # (B, k) over (anchor, class) pairs
+        labels = idx % nc
+        cand = boxes.gather(1, (idx // nc).unsqueeze(-1).expand(-1, -1, 4))   # (B, k, 4)
+        image = torch.arange(b, device=x.device).unsqueeze(1).expand(-1, k)   # (B, k)
+        # class- and image-aware NMS in one call: boxes of different (image, class) are moved apart
+        group = (image * nc + labels).flatten()
+        flat = cand.flatten(0, 1)
+        offset = group.to(flat.dtype) * (flat.max() + 1)
+        keep = nms(flat + offset[:, None], top.flatten(), head.iou)   # indices into B * k, best first
+        keep = keep[top.flatten()[keep] > head.conf]
+        # rank of each kept detection within its image (keep is sorted by score) -> at most max_det per image
+        img = keep // k
+        rank = (img.unsqueeze(1) == torch.arange(b, device=x.device)).cumsum(0).gather(1, img.unsqueeze(1))[:, 0] - 1
+        ok = rank < head.max_det
+        keep, img, rank = keep[ok], img[ok], rank[ok]
+        rows = torch.cat((flat[keep], top.flatten()[keep, None], labels.flatten()[keep, None].to(flat.dtype)), 1)
+        out = torch.zeros(b, head.max_det, 6, dtype=flat.dtype, device=x.device)
+        out[..., 5] = -1
+        return out.index_put((img, rank), rows)
+
+
+@contextlib.contextmanager
+def _frozen(model: nn.Module):
+    """Eval mode and no parameter needing a gradient while capturing (inference graphs), restored after.
+
+    Grad mode stays on: with nothing requiring a gradient the graph is the inference graph, and a family's
+    eager-only inference shortcut (taken under ``no_grad``) stays out of the captured graph."""
+    was_training = model.training
+    flags = [(p, p.requires_grad) for p in model.parameters()]
+    model.eval()
+    for p, _ in flags:
+        p.requires_grad_(False)
+    try:
+        yield model
+    finally:
+        for p, flag in flags:
+            p.requires_grad_(flag)
+        model.train(was_training)
+
+
+def _graph_module(model: nn.Module, nms: bool = False) -> nn.Module:
+    if nms:
+        if not is_dense(model) or not hasattr(model.head, 'decode'):
+            raise ValueError(f'nms=True needs a detector (a model with forward_raw and head.decode); got '
+                             f'{getattr(model, "zoo_name", type(model).__name__)}')
+        return _Deploy(model)
+    return _Raw(model) if is_dense(model) else model
+
+
+def _batch2(example: torch.Tensor) -> torch.Tensor:
+    """Trace with a batch of at least 2: torch.export specialises a dimension of size 1."""
+    if not isinstance(example, torch.Tensor) or example.ndim < 1:
+        raise ValueError(f'example must be an input tensor with a batch dimension, got {type(example).__name__}')
+    return example if example.shape[0] >= 2 else example.expand(2, *example.shape[1:]).contiguous()
+
+
+def _dynamic(dynamic_batch: bool):
+    return ({0: torch.export.Dim('batch', min=1, max=4096)},) if dynamic_batch else None
+
+
+def export(model: nn.Module, path, example: torch.Tensor, *, format: str = 'onnx', dynamic_batch: bool = True,
+           nms: bool = False) -> pathlib.Path:
+    """Save ``model`` (eval mode) as an ONNX file (``torch.onnx.export(..., dynamo=True)``) or a ``torch.export``
+    program (``format='pt2'``, ``torch.export.save``), traced on ``example`` with a dynamic batch.
+
+    A dense model is saved as its network (``forward_raw``: one output per level); ``nms=True`` saves a detector
+    with decode and NMS in the graph instead (one (B, max_det, 6) output; see :class:`_Deploy`). Returns the path.
+    """
+    if format not in FORMATS:
+        raise ValueError(f"unknown export format {format!r}; expected one of {', '.join(FORMATS)}")
+    path = pathlib.Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    example = _batch2(example) if dynamic_batch else example
+    with _frozen(model):
+        net = _graph_module(model, nms)
+        if format == 'pt2':
+            ep = torch.export.export(net, (example,), dynamic_shapes=_dynamic(dynamic_batch))
+            torch.export.save(ep, path)
+        else:
+            _onnx_program(net, example, dynamic_batch).save(str(path))
+    return path
+
+
+def _onnx_program(net: nn.Module, example: torch.Tensor, dynamic_batch: bool = True):
+    _require('onnx')
+    import warnings
+    with warnings.catch_warnings():
+        warnings.simplefilter('ignore')
+        return torch.onnx.export(net, (example,), dynamo=True, dynamic_shapes=_dynamic(dynamic_batch),
+                                 input_names=['input'], verbose=False, report=False)
+
+
+class _Runtime(nn.Module):
+    """A captured network: ``forward(x)`` gives what the eager module gives (same nesting of tensors)."""
+
+    def __init__(self, fn, spec, name: str, keep: nn.Module | None = None):
+        super().__init__()
+        self._fn, self._spec, self.runtime = fn, spec, name
+        self._keep = [keep]  # the eager module stays alive (its weights) but is not a submodule
+
+    def forward(self, x: torch.Tensor):
+        from torch.utils._pytree import tree_unflatten
+        return tree_unflatten(list(self._fn(x)), self._spec)
+
+
+class _DenseRuntime(nn.Module):
+    """A dense model whose network runs in a runtime and whose prediction runs eagerly (the model's head)."""
+
+    def __init__(self, net: nn.Module, model: nn.Module):
+        super().__init__()
+        self.net, self.head = net, model.head
+        self.strides, self.num_classes = model.strides, model.num_classes
+        self.zoo_name = getattr(model, 'zoo_name', type(model).__name__)
+        self.runtime = getattr(net, 'runtime', None)
+
+    def forward_raw(self, x: torch.Tensor) -> list[torch.Tensor]:
+        return list(self.net(x))
+
+    @torch.no_grad()
+    def forward(self, x: torch.Tensor, metas=None) -> list[dict]:
+        return self.head.predict(self.forward_raw(x), metas)
+
+
+class _Eager(nn.Module):
+    """The eager module in eval mode, under no_grad (and autocast when a dtype is asked for)."""
+
+    def __init__(self, model: nn.Module, dtype: torch.dtype | None = None, runtime: str = 'eager'):
+        super().__init__()
+        self.model, self.dtype, self.runtime = model, dtype, runtime
+
+    def forward(self, x: torch.Tensor):
+        with torch.no_grad(), (torch.autocast(x.device.type, dtype=self.dtype) if self.dtype not in (None, torch.float32)
+                               else contextlib.nullcontext()):
+            return self.model(x)
+
+
+def _ort_session(path: str):
+    import onnxruntime as ort
+    opts = ort.SessionOptions()
+    opts.intra_op_num_threads = torch.get_num_threads()   # the same threads as torch: a fair comparison
+    opts.inter_op_num_threads = 1
+    opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    sess = ort.InferenceSession(path, opts, providers=['CPUExecutionProvider'])
+    name = sess.get_inputs()[0].name
+
+    def run(x: torch.Tensor):
+        return [torch.from_numpy(o) for o in sess.run(None, {name: x.detach().cpu().numpy()})]
+    return run
+
+
+def _openvino(path: str):
+    import openvino as ov
+    core = ov.Core()
+    compiled = core.compile_model(core.read_model(path), 'CPU',
+                                  {'INFERENCE_NUM_THREADS': torch.get_num_threads(),
+                                   'INFERENCE_PRECISION_HINT': 'f32'})
+
+    def run(x: torch.Tensor):
+        res = compiled(x.detach().cpu().numpy())
+        return [torch.from_numpy(res[o].copy()) for o in compiled.outputs]
+    return run
+
+
+def optimize(model: nn.Module, runtime: str = 'compile', example: torch.Tensor | None = None, *,
+             dtype: torch.dtype | str | None = None, mode: str | None = None) -> nn.Module:
+    """``model`` (put in eval mode) in a runtime: a module whose output equals ``model(x)`` in eval mode.
+
+    runtime: ``'eager'`` (the module itself, under no_grad), ``'compile'`` (``torch.compile`` with inductor's
+    freezing; ``mode`` is torch.compile's mode), ``'onnxruntime'`` or ``'openvino'`` (exported to ONNX with a
+    dynamic batch, traced on ``example`` (default: a random input of the model's registered size), and run in
+    an inference session). ``dtype`` (e.g. ``torch.bfloat16``) runs eager/compile under autocast; the ONNX
+    runtimes are float32 only. A dense model keeps its eager prediction (decode, NMS) after the captured network
+    (see the module docstring). With ``example``, ``compile`` compiles on it before returning.
+    """
+    _check_runtime(runtime)
+    if runtime in ('onnxruntime', 'openvino'):
+        _require(runtime)
+    if isinstance(dtype, str):
+        dtype = getattr(torch, dtype, None) if isinstance(getattr(torch, dtype, None), torch.dtype) else \
+            _bad_dtype(dtype)
+    if mode is not None and runtime != 'compile':
+        raise ValueError(f"mode={mode!r} is torch.compile's; runtime {runtime!r} takes none")
+    model.eval()
+    dense = is_dense(model)
+    if runtime in ('eager', 'compile'):
+        net = _Eager(_Raw(model) if dense else model, dtype, runtime)
+        if runtime == 'compile':
+            from torch._inductor import list_mode_options
+            options = {**(list_mode_options(mode) if mode else {}), 'freezing': True}
+            compiled = torch.compile(net, options=options)
+            compiled.runtime = 'compile'
+            net = compiled
+            if example is not None:
+                net(example)  # compile now, not on the caller's first timed call
+        if not dense:
+            return net
+        return _DenseRuntime(_Runtime(net, _tuple_spec(len(model.strides)), runtime), model)
+    if dtype not in (None, torch.float32):
+        raise ValueError(f'runtime {runtime!r} runs float32 only; got dtype={dtype}')
+    example = _batch2(example if example is not None else example_input(model))
+    from torch.utils._pytree import tree_flatten
+    with _frozen(model):
+        graph = _graph_module(model)
+        _, spec = tree_flatten(graph(example))
+        program = _onnx_program(graph, example)
+    with tempfile.TemporaryDirectory() as tmp:
+        path = str(pathlib.Path(tmp) / 'model.onnx')
+        program.save(path)
+        run = _ort_session(path) if runtime == 'onnxruntime' else _openvino(path)
+    net = _Runtime(run, spec, runtime, keep=model)
+    return _DenseRuntime(net, model) if dense else net
+
+
+def _tuple_spec(n: int):
+    from torch.utils._pytree import tree_flatten
+    return tree_flatten(tuple(range(n)))[1]
+
+
+def _bad_dtype(name: str):
+    raise ValueError(f'unknown dtype {name!r}; expected a torch dtype such as float32 or bfloat16')
