@@ -429,13 +429,12 @@ def build_parser() -> argparse.ArgumentParser:
                    help='use latency records of this runtime (default eager)')
     p.add_argument('--cpu', metavar='SUBSTRING',
                    help='use latency records of the CPU whose model name contains this (default: the CPU most '
-                        'records were taken on; one board never mixes CPUs)')
+                        'records were taken on; one board never mixes CPUs; with --data: only that CPU\'s latency)')
     p.add_argument('--runs', action='store_true', help='list the runs instead of the leaderboard')
     p.add_argument('--data', action='store_true',
                    help='one row per run with every column of zoo.eval.results.data() (metrics, per-epoch time, '
                         'architecture statistics, latency per runtime and CPU); --format csv|json to export')
     p.add_argument('--only-best', action='store_true', help='with --data: the best run per model and model arguments')
-    p.add_argument('--cpu', help="with --data: only latency measured on this CPU model (glob, e.g. '*EPYC*')")
     p.add_argument('--aggregate', action='store_true',
                    help='compare models over all their tasks/datasets and seeds: IQM and mean with stratified '
                         'bootstrap 95%% intervals (Agarwal et al. 2021)')

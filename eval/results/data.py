@@ -56,13 +56,11 @@ def data(db=None, task: str | None = None, dataset: str | None = None, model: st
     """One row per run of the results database ``db`` (a path, URL, ``ResultsDB``; default ``$ZOO_DB``), with
     the documented ``DATA_COLUMNS``, ``blocks_<kind>`` counts, every final metric and every runtime's latency.
 
-    Filters: ``task``, ``dataset``, ``model`` (a glob), ``status`` (``None``: every status), ``cpu`` (a glob on
-    the CPU model latency was measured on; rows keep their training columns, latency from other CPUs is left
-    out). ``only_best``: per (task, dataset, model, model_args), only the run with the best final primary
+    Filters: ``task``, ``dataset``, ``model`` (a glob), ``status`` (``None``: every status), ``cpu`` (a part of
+    the CPU model's name, case-insensitive, as ``leaderboard(cpu=)``: only latency measured on that CPU; rows
+    keep their training columns). ``only_best``: per (task, dataset, model, model_args), only the run with the best final primary
     metric (LEMUR's ``only_best_accuracy``). Latency: per run, runtime and batch size (1 and 16), the most
     trusted inference record (``board.pick_latency``) of the run itself or of its architecture fingerprint."""
-    import fnmatch
-
     import pandas as pd
 
     from .board import _model_args, is_higher_better, pick_latency
@@ -130,9 +128,6 @@ def data(db=None, task: str | None = None, dataset: str | None = None, model: st
     lat_cols = [f'latency_{rt}{s}_ms' for rt in runtimes for s in LATENCY_BATCHES.values()]
     extra = [f'blocks_{k}' for k in kinds] + metric_cols + [c for c in lat_cols if c not in DATA_COLUMNS]
     df = pd.DataFrame(rows, columns=[*DATA_COLUMNS, *extra])
-    if cpu is not None and not df.empty:   # runs whose latency was taken elsewhere keep their other columns
-        df.loc[~df.latency_cpu.fillna('').map(lambda c: any(fnmatch.fnmatchcase(x, cpu) for x in c.split(', '))),
-               'latency_cpu'] = None
     if only_best and not df.empty:
         df = _only_best(df)
     return df.reset_index(drop=True)
@@ -152,8 +147,6 @@ def _latency_records(lat, cpu: str | None, host_cpu: dict | None = None):
     """Inference records at float32, with a ``runtime`` (schema 5's column; before it, ``compile`` for a compiled
     record and ``eager`` otherwise) and a ``cpu_name`` (schema 5's ``cpu_model``; before it, the CPU that runs
     recorded in their environment on the record's host, else unknown)."""
-    import fnmatch
-
     if lat.empty:
         return lat.assign(runtime=[], cpu_name=[])
     lat = lat.copy()
@@ -168,7 +161,7 @@ def _latency_records(lat, cpu: str | None, host_cpu: dict | None = None):
     ok = lat['mode'].isna() | (lat['mode'] == 'inference')
     ok &= lat['dtype'].isna() | (lat['dtype'] == 'float32')
     if cpu is not None:
-        ok &= lat.cpu_name.fillna('unknown').map(lambda c: fnmatch.fnmatchcase(str(c), cpu))
+        ok &= lat.cpu_name.fillna(UNKNOWN_CPU).str.lower().str.contains(cpu.lower(), regex=False)
     return lat[ok]
 
 
