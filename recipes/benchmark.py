@@ -283,8 +283,9 @@ def add_parser(sub) -> None:
     p = sub.add_parser('benchmark', help='run a benchmark file (benchmarks/NAME.yaml) into its database, or publish '
                                          'its report (docs/benchmarks/NAME.md)',
                        formatter_class=argparse.RawDescriptionHelpFormatter,
-                       epilog='examples:\n  zoo benchmark run paper_blocks --dry-run\n'
-                              '  zoo benchmark run paper_blocks --workers 2\n  zoo benchmark report paper_blocks\n\n'
+                       epilog='examples:\n  zoo benchmark run paper_blocks --workers 2\n'
+                              '  zoo benchmark report paper_blocks\n\n'
+                              '`--dry-run` checks every name of the file against the registry and trains nothing. '
                               'The same run command resumes: it runs only what the database does not hold.')
     p.add_argument('action', choices=['run', 'report'], help='run: train and time what is missing; report: write '
                                                              'docs/benchmarks/NAME.md and its figures from the database')

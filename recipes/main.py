@@ -36,6 +36,7 @@ EXAMPLES = f"""examples:
   zoo test -c {DEMO} --ckpt_path best
   zoo results --dataset digits --plot pareto.png
   zoo sweep recipes/sweeps/poolformer_digits.py --n-trials 20 --trial-args '--trainer.max_epochs=2'
+  zoo benchmark run paper_blocks --workers 2
 
 `zoo COMMAND --help` for the options of a command (`zoo fit --help-all`: every LightningCLI option)."""
 
