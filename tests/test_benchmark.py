@@ -116,6 +116,7 @@ def test_data_has_the_documented_columns(ran):
     assert [r['run_id'] for r in json.loads(capture.stdout)] == sorted(df.run_id.tolist())
 
 
+@pytest.mark.slow
 def test_a_killed_runner_resumes_and_loses_only_the_run_in_progress(tmp_path):
     write(tmp_path, 'kill', {'pooling': 'pooling'},
           extra={'trainer.callbacks+': 'interrupt_callback.Sleep', 'trainer.callbacks.init_args.seconds': 3})
@@ -142,6 +143,7 @@ def test_a_killed_runner_resumes_and_loses_only_the_run_in_progress(tmp_path):
     assert sorted(df.status) == ['crashed', 'finished']
 
 
+@pytest.mark.slow
 def test_a_failure_is_recorded_and_retried_on_request(tmp_path):
     marker = tmp_path / 'FAIL'
     marker.write_text('')
@@ -160,6 +162,7 @@ def test_a_failure_is_recorded_and_retried_on_request(tmp_path):
     assert list(rows(db).status) == ['failed', 'finished']
 
 
+@pytest.mark.slow
 def test_two_workers_share_one_database_without_running_a_job_twice(tmp_path):
     write(tmp_path, 'shared', {'pooling': 'pooling', 'identity': 'identity'})
     procs = [zoo('benchmark', 'run', 'shared', '--no-latency', cwd=tmp_path, popen=True) for _ in range(2)]
