@@ -281,7 +281,8 @@ def remeasure(db, task: str | None = None, dataset: str | None = None, model: st
                     warn(f"zoo bench: {n['label']} in {rt} failed: {type(e).__name__}: {first}"[:300])
                     continue
                 timed[f"{n['label']} [{rt}]"] = (n, rt, net)
-        lat = benchmark({k: t[2] for k, t in timed.items()}, inputs={k: inputs[t[0]['label']] for k, t in timed.items()},
+        lat = benchmark({k: t[2] for k, t in timed.items()},
+                        inputs={k: inputs[t[0]['label']] for k, t in timed.items()},
                         threads=threads, batch_size=bs,
                         **_timing(repeats, warmup, budget_s * len(timed) if budget_s else None, max_repeats))
         for key, (n, rt, _) in timed.items():

@@ -9,7 +9,8 @@ results logger (``recording.ResultsLogger``) in a row the runner writes first, u
 - the row carries the job's key (``benchmark_spec.job_key``: recipe, overrides and seed) in its hparams
   (``benchmark``), so a second invocation finds every finished job and does nothing;
 - a runner killed mid-way leaves its jobs ``running`` with a dead pid: the next runner's store marks them
-  ``crashed`` and runs them again (at most the runs in progress are lost);
+  ``crashed`` and runs them again (at most the runs in progress are lost); a ``zoo fit`` killed by a signal
+  under a live runner (out of memory) is ``crashed`` too and runs again at the next invocation;
 - a job that fails is recorded ``failed`` with its error (the run's own, or the tail of its log when it died
   before recording one) and is retried only with ``--retry-failed``;
 - ``--workers N`` runs N jobs at a time; several runners (machines) may share one database (SQLite file or
@@ -92,12 +93,13 @@ class Runner:
         return next((j for j in deps if j.seed == job.seed), deps[0])
 
     def pending(self, state: dict | None = None) -> list[Job]:
-        """Jobs to run now or later: never run, crashed, or failed with ``--retry-failed`` (once per invocation)."""
+        """Jobs to run now or later: never run, crashed (killed), or failed with ``--retry-failed``; a job this
+        invocation already ran is not run again by it (a job killed every time does not loop)."""
         state = self.states() if state is None else state
         out = []
         for j in self.jobs:
             s = state.get(j.key, {}).get('status')
-            if s in (None, 'crashed') or (s == 'failed' and self.retry and j.key not in self.tried):
+            if s is None or (j.key not in self.tried and (s == 'crashed' or (s == 'failed' and self.retry))):
                 out.append(j)
         return out
 
@@ -110,14 +112,15 @@ class Runner:
             self.store.mark_crashed()
             state = self.states()
             waiting = False
-            for job in self.pending(state):
+            pending = self.pending(state)
+            keys = {j.key for j in pending}
+            for job in pending:
                 dep = self._dependency(job)
                 extra = {}
                 if dep is not None:
                     ds = state.get(dep.key, {}).get('status')
                     if ds != 'finished':
-                        if ds in (None, 'running', 'crashed') or (ds == 'failed' and self.retry
-                                                                 and dep.key not in self.tried):
+                        if dep.key in keys or ds == 'running':     # it will run, or runs now
                             waiting = True
                             continue
                         self._record(job, 'failed', f'its pretrained_from job {dep.group}/{dep.entry} seed '
@@ -168,16 +171,17 @@ class Runner:
         with open(log, 'w') as f:
             f.write('zoo ' + ' '.join(argv) + '\n')
             f.flush()
-            code = subprocess.call([sys.executable, '-m', 'zoo.recipes.main', *argv], stdout=f, stderr=subprocess.STDOUT,
-                                   env=env, cwd=os.getcwd())
+            code = subprocess.call([sys.executable, '-m', 'zoo.recipes.main', *argv], stdout=f,
+                                   stderr=subprocess.STDOUT, env=env, cwd=os.getcwd())
         row = self.store.runs(id=run_id, columns=['status'])
         status = row.status.iloc[0] if len(row) else 'failed'
         if status == 'running' or (code != 0 and status == 'finished'):
-            # it died before the logger ended the row (a bad config, an import error, a kill)
+            # it died before the logger ended the row: a kill (out of memory, a signal) is ``crashed`` and runs again
+            # at the next invocation; an error (a bad config, an import error) is ``failed``
             tail = log.read_text(errors='replace')[-LOG_TAIL:]
             why = f'zoo fit exited with code {code}' if code >= 0 else f'zoo fit was killed by signal {-code}'
-            self.store.finish_run(run_id, 'failed', error=f'{why}; log {log}:\n{tail}')
-            status = 'failed'
+            status = 'crashed' if code < 0 else 'failed'
+            self.store.finish_run(run_id, status, error=f'{why}; log {log}:\n{tail}')
         return status
 
     # -- the loop
@@ -287,8 +291,9 @@ def add_parser(sub) -> None:
                               '  zoo benchmark report paper_blocks\n\n'
                               '`--dry-run` checks every name of the file against the registry and trains nothing. '
                               'The same run command resumes: it runs only what the database does not hold.')
-    p.add_argument('action', choices=['run', 'report'], help='run: train and time what is missing; report: write '
-                                                             'docs/benchmarks/NAME.md and its figures from the database')
+    p.add_argument('action', choices=['run', 'report'],
+                   help='run: train and time what is missing; report: write docs/benchmarks/NAME.md and its figures '
+                        'from the database')
     p.add_argument('name', help='benchmarks/NAME.yaml (or a path to a benchmark file)')
     p.add_argument('--db', help='results database (path or SQLAlchemy URL; default benchmarks/NAME.db)')
     p.add_argument('--workers', type=int, default=1, metavar='N', help='jobs trained at a time (default 1)')

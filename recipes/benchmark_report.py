@@ -144,7 +144,8 @@ def claims_table(bench: Benchmark, df) -> list[dict]:
                         'zoo measured': (f'{_num(v["mean_a"])} vs {_num(v["mean_b"])}; difference '
                                          f'{_num(v["diff"])} [{_num(v["low"])}, {_num(v["high"])}]'
                                          if v['n_a'] and v['n_b'] else 'no finished runs'),
-                        'seeds': f'{v["n_a"]} / {v["n_b"]}', 'verdict': v['verdict'] + (f' ({v["why"]})' if v['why'] else '')})
+                        'seeds': f'{v["n_a"]} / {v["n_b"]}',
+                        'verdict': v['verdict'] + (f' ({v["why"]})' if v['why'] else '')})
     return out
 
 

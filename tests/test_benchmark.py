@@ -233,3 +233,45 @@ def test_claim_verdicts():
     assert claim_verdict([0.9, 0.91, 0.92], [0.5, 0.52, 0.51], '~')['verdict'] == FAILS
     v = claim_verdict([0.9], [0.5, 0.6], '>')
     assert v['verdict'] == INCONCLUSIVE and 'fewer than two' in v['why']
+
+
+@pytest.mark.slow
+def test_pretrained_from_fine_tunes_the_named_entrys_checkpoint(tmp_path):
+    """convbn_finetune's shape: a group waits for the entry it starts from and gets its last checkpoint."""
+    short = {'trainer.max_epochs': 1, 'trainer.limit_train_batches': 2, 'trainer.limit_val_batches': 1,
+             'trainer.num_sanity_val_steps': 0, 'trainer.enable_model_summary': False}
+    spec = {'groups': {
+        'finetune': {'task': 'classification', 'dataset': 'digits', 'recipe': 'resnet/resnet_tiny_digits_finetune_tune_5e',
+                     'overrides': short, 'pretrained_from': {'group': 'pretrain', 'entry': 'resnet'},
+                     'entries': {'tune': {'model.convbn_mode': 'tune'}}},
+        'pretrain': {'task': 'classification', 'dataset': 'shapes', 'recipe': 'resnet/resnet_tiny_shapes_10e',
+                     'overrides': {**short, 'data.num_samples': 200}, 'entries': {'resnet': {}}}}}
+    path = tmp_path / 'benchmarks' / 'ft.yaml'
+    path.parent.mkdir()
+    path.write_text(yaml.safe_dump(spec, sort_keys=False))            # the dependent group first: it must wait
+    done = zoo('benchmark', 'run', 'ft', '--no-latency', '--workers', '2', cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    df = rows(tmp_path / 'benchmarks' / 'ft.db').sort_values('run_id')
+    assert list(zip(df.group, df.status)) == [('pretrain', 'finished'), ('finetune', 'finished')]
+    R.close_all()
+    cfg = R.runs(db=str(tmp_path / 'benchmarks' / 'ft.db')).config.iloc[-1]
+    R.close_all()
+    ckpt = cfg['model']['init_args']['checkpoint']
+    assert ckpt.endswith('pretrain/resnet/seed0/resnet_tiny_shapes_10e/latest/checkpoints/last.ckpt'), ckpt
+
+
+def test_network_stats_count_blocks_and_grow_with_the_input():
+    import torch
+
+    import zoo
+    from zoo.eval.profile import network_stats
+
+    mf = network_stats(zoo.create('metaformer_tiny', token_mixer='attention', depths=[1, 1, 2, 1]),
+                       torch.randn(1, 3, 32, 32))
+    assert mf['blocks']['token_mixer'] == 5 and mf['blocks']['channel_mixer'] == 5
+    model = zoo.create('resnet_tiny', num_classes=10, conv_layer='weighted')
+    small, large = (network_stats(model, torch.randn(1, 3, s, s)) for s in (16, 64))
+    assert small['blocks']['conv'] > 0
+    assert small['size_mb'] == pytest.approx(sum(t.numel() * t.element_size() for t in (*model.parameters(), *model.buffers())) / 2 ** 20)
+    assert small['weighted_layers'] >= small['blocks']['conv'] and small['input_shape'] == [3, 16, 16]
+    assert large['peak_activation_mb'] > 4 * small['peak_activation_mb'] > 0     # 16x the pixels

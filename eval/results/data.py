@@ -58,8 +58,8 @@ def data(db=None, task: str | None = None, dataset: str | None = None, model: st
 
     Filters: ``task``, ``dataset``, ``model`` (a glob), ``status`` (``None``: every status), ``cpu`` (a part of
     the CPU model's name, case-insensitive, as ``leaderboard(cpu=)``: only latency measured on that CPU; rows
-    keep their training columns). ``only_best``: per (task, dataset, model, model_args), only the run with the best final primary
-    metric (LEMUR's ``only_best_accuracy``). Latency: per run, runtime and batch size (1 and 16), the most
+    keep their training columns). ``only_best``: per (task, dataset, model, model_args), only the run with the best
+    final primary metric (LEMUR's ``only_best_accuracy``). Latency: per run, runtime and batch size (1 and 16), the most
     trusted inference record (``board.pick_latency``) of the run itself or of its architecture fingerprint."""
     import pandas as pd
 
