@@ -90,8 +90,8 @@ def parse_runtimes(spec) -> tuple[str, ...]:
     items = [r.strip() for r in (spec.split(',') if isinstance(spec, str) else spec) if r.strip()]
     bad = [r for r in items if r not in RUNTIMES]
     if bad or not items:
-        raise ValueError(f'unknown runtime {bad[0]!r}' if bad else 'no runtime given'
-                         + f'; expected a comma-separated list of {", ".join(RUNTIMES)}')
+        what = f'unknown runtime {bad[0]!r}' if bad else 'no runtime given'
+        raise ValueError(f'{what}; expected a comma-separated list of {", ".join(RUNTIMES)}')
     return tuple(dict.fromkeys(['eager', *items]))
 
 
@@ -109,13 +109,23 @@ def _max_diff(a, b) -> float | None:
     return max(diffs, default=0.0)
 
 
-def _prepare(model, runtime: str, x, dtype, compile_mode: str | None):
-    """``zoo.optimize`` of ``model`` in ``runtime`` and its first call on ``x``: the runtime's module, its
-    output and the seconds the two took (compile or export time; for eager, one call)."""
+def error_summary(e: BaseException, limit: int = 300) -> str:
+    """One line for an exporter's or compiler's error: the exception summary torch.export / torch.onnx put in
+    their message (``<class '...'>: what``) when there is one, else its first line."""
+    lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()]
+    summary = next((ln for ln in lines if ln.startswith("<class '")), None)
+    text = summary.split("'>: ", 1)[-1] if summary else (lines[0] if lines else '')
+    return f'{type(e).__name__}: {text}'[:limit]
+
+
+def _prepare(model, runtime: str, x, dtype, compile_mode: str | None, net=None):
+    """``zoo.optimize`` of ``model`` in ``runtime`` (unless ``net`` is that already: the exported graphs have a
+    dynamic batch, so one export serves every batch size) and its first call on ``x``: the runtime's module, its
+    output and the seconds the two took (compile or export time, or a recompile for a new batch size)."""
     t0 = time.perf_counter()
-    if runtime == 'eager' and dtype is None:
+    if net is None and runtime == 'eager' and dtype is None:
         net = model.eval()
-    else:
+    elif net is None:
         net = zoo.optimize(model, runtime, x, dtype=dtype if runtime in ('eager', 'compile') else None,
                            mode=compile_mode if runtime == 'compile' else None)
     with torch.inference_mode():
@@ -133,7 +143,8 @@ def run(names: list[str], vs: str | None = None, batch_sizes=(1,), img_size: int
     under the one timer (``profile.benchmark``).
 
     ``runtimes``: among ``zoo.RUNTIMES`` (eager is always measured: the others are compared with it). Each row
-    has ``runtime``, ``compile_s`` (``zoo.optimize`` plus the first call: compile or export time), ``vs_eager``
+    has ``runtime``, ``compile_s`` (``zoo.optimize`` plus the first call: compile or export time; at later batch
+    sizes the first call alone, as the graph is reused), ``vs_eager``
     (this runtime's throughput over eager's, same model) and ``max_abs_diff_eager`` (largest output difference
     from eager on the timed input); the zoo model's rows also have ``speedup`` (its throughput over the
     reference's in the same runtime) and ``max_abs_diff`` (logits against the reference with its weights).
@@ -157,6 +168,7 @@ def run(names: list[str], vs: str | None = None, batch_sizes=(1,), img_size: int
         diff = max_logit_diff(models[name], models[vs], size, task) if vs else None
         static = {n: {**count_params(m), 'arch_fingerprint': fingerprint(m),
                       'macs': count_macs(m, example=example_input(m, size, 1, task))} for n, m in models.items()}
+        prepared = {}                                           # (model, runtime) -> its module, or None: failed
         for bs in batch_sizes:
             inputs = {n: example_input(m, size, bs, task) for n, m in models.items()}
             plain = runtimes == ('eager',) and low is None    # one eager float32 module per model, as it is
@@ -168,12 +180,15 @@ def run(names: list[str], vs: str | None = None, batch_sizes=(1,), img_size: int
                 eager_out = None
                 for rt in runtimes:
                     d = low if rt in ('eager', 'compile') else None
-                    try:
-                        net, out, secs = _prepare(m, rt, inputs[n], d, compile_mode)
-                    except Exception as e:  # a runtime failing on one model is a result, not a crash
-                        first = (str(e).strip().splitlines() or [''])[0]
-                        warn(f'zoo bench: {n} in {rt} failed: {type(e).__name__}: {first}'[:300])
+                    if prepared.get((n, rt), True) is None:
                         continue
+                    try:
+                        net, out, secs = _prepare(m, rt, inputs[n], d, compile_mode, prepared.get((n, rt)))
+                    except Exception as e:  # a runtime failing on one model is a result, not a crash
+                        warn(f'zoo bench: {n} in {rt} failed: {error_summary(e)}')
+                        prepared[n, rt] = None
+                        continue
+                    prepared[n, rt] = net
                     if rt == 'eager':       # the reference of every runtime: eager float32
                         with torch.inference_mode():
                             eager_out = m.eval()(inputs[n]) if d is not None else out

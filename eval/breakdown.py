@@ -4,7 +4,8 @@ stem, neck, head, ...), not only its total.
 Every submodule whose class is registered in ``zoo.layers`` (or is the model's classifier, neck or dense head)
 carries its kind; so do torch's own norms and activations, and family-specific modules by the attribute name
 or class name the families give them (``attn``/``mixing``/``ssm`` token mixers, ``mlp`` channel mixers,
-``*embed``/``stem``, ``downsample``/``merging``; see ``NAME_KINDS``). A module's *own* share is what it does outside the kind-carrying modules nested in it (a
+``*embed``/``stem``, ``downsample``/``merging``; see ``NAME_KINDS``). A module's *own* share is what it does
+outside the kind-carrying modules nested in it (a
 ``block`` keeps its residual adds and layer scale; its token mixer and channel mixer count for themselves),
 so the kinds' shares add up to the whole model: time through forward pre/post hooks (inclusive wall time of
 each call, minus that of its nested kind-carrying modules), MACs through ``FlopCounterMode``'s per-module
@@ -25,8 +26,8 @@ from torch import nn
 OTHER = 'other'
 # Unregistered family modules, by the last component of their path or their class name (first match wins).
 NAME_KINDS = (('channel_mix', 'channel_mixer'), ('mlp', 'channel_mixer'), ('ffn', 'channel_mixer'),
-              ('attn', 'token_mixer'), ('attention', 'token_mixer'), ('mixing', 'token_mixer'), ('mixer', 'token_mixer'),
-              ('ssm', 'token_mixer'),
+              ('attn', 'token_mixer'), ('attention', 'token_mixer'), ('mixing', 'token_mixer'),
+              ('mixer', 'token_mixer'), ('ssm', 'token_mixer'),
               ('embed', 'stem'), ('stem', 'stem'), ('downsample', 'downsample'), ('merging', 'downsample'),
               ('neck', 'neck'), ('head', 'head'))
 _TORCH_KINDS = ((nn.modules.batchnorm._BatchNorm, 'norm'), (nn.LayerNorm, 'norm'), (nn.GroupNorm, 'norm'),

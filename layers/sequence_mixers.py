@@ -162,22 +162,21 @@ def gla_recurrent(q, k, v, log_a, state=None):
 _SAFE_LOG_SPAN = 60.0  # e^60 ~ 1e26: far from fp32 overflow (3e38) after multiplying by O(1) queries and keys
 
 
-def _gla_intra_factorised(q, k, q_in, decay_in, cum):
+def _gla_intra_factorised(q, k, q_in, decay_in, cum, causal):
     """Inside a chunk, decays factorised onto q and k (total log-decay under 60). -> attn (X, C, C), k_out.
-    (The branches of :func:`gla_chunked`'s ``torch.cond``: the chunk total is sliced inside, no aliased inputs.)"""
+    (The branches of :func:`gla_chunked`'s ``torch.cond``: same operands, the chunk total sliced inside (a cond
+    takes no aliased inputs), the causal mask built outside (at a static size).)"""
     total = cum[:, -1:]
     k_back = k / decay_in                                               # k_s e^{-b_s} <= k_s e^{60}: no overflow
     attn = torch.bmm(q_in, k_back.transpose(1, 2)).tril()               # (BHN, C, C), s <= t
     return attn, k_back * total.exp()                                   # k_s decayed to the chunk end
 
 
-def _gla_intra_exact(q, k, q_in, decay_in, cum):
+def _gla_intra_exact(q, k, q_in, decay_in, cum, causal):
     """Gates too strong for the factorised form: the decay from s to t per key channel, exp(b_t - b_s), s <= t."""
     total = cum[:, -1:]
-    chunk = q.shape[1]
-    mask = torch.ones(chunk, chunk, dtype=torch.bool, device=q.device).tril()
-    rel = (cum[:, :, None, :] - cum[:, None, :, :]).masked_fill(~mask[..., None], float('-inf')).exp()
-    attn = torch.einsum('xte,xse,xtse->xts', q, k, rel)                 # (BHN, C, C)
+    rel = (cum[:, :, None, :] - cum[:, None, :, :]).masked_fill(~causal[..., None], float('-inf')).exp()
+    attn = (q[:, :, None] * k[:, None] * rel).sum(-1)                  # sum_e q_te k_se rel_tse: (BHN, C, C)
     return attn, k * (total - cum).exp()
 
 
@@ -205,10 +204,11 @@ def gla_chunked(q, k, v, log_a, chunk: int = 32, state=None):
     decay_in = cum.exp()
     q_in = q * decay_in                                                 # q_t decayed from the chunk start
     safe = -total.min() < _SAFE_LOG_SPAN
+    causal = torch.ones(chunk, chunk, dtype=torch.bool, device=q.device).tril()   # s <= t
     if torch.compiler.is_compiling():  # a graph keeps both forms (If in ONNX); eager reads the flag
-        attn, k_out = torch.cond(safe, _gla_intra_factorised, _gla_intra_exact, (q, k, q_in, decay_in, cum))
+        attn, k_out = torch.cond(safe, _gla_intra_factorised, _gla_intra_exact, (q, k, q_in, decay_in, cum, causal))
     else:
-        attn, k_out = (_gla_intra_factorised if safe else _gla_intra_exact)(q, k, q_in, decay_in, cum)
+        attn, k_out = (_gla_intra_factorised if safe else _gla_intra_exact)(q, k, q_in, decay_in, cum, causal)
     kv = rearrange(torch.bmm(k_out.transpose(1, 2), v), '(b h n) e f -> b h n e f', b=b, h=h)  # each chunk's state
     chunk_decay = rearrange(total.exp(), '(b h n) 1 e -> b h n e 1', b=b, h=h)
     s = q.new_zeros(b, h, dk, dv) if state is None else state

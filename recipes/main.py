@@ -5,6 +5,7 @@
     zoo bench NAME... [--batch-size 1 16] [--img-size 224] [--vs timm/NAME|official:FILE.py[:CALLABLE]] [--db URL]
               [--runtime eager,compile,onnxruntime[,openvino]] [--dtype bfloat16]
     zoo bench --db URL [--task T] [--dataset D] [--model PATTERN]      (re-measure the models recorded there)
+    zoo export NAME|-c CONFIG [--ckpt_path best|last|PATH] [--format onnx|pt2] [--nms] [--out PATH]
     zoo profile NAME [--runtime eager[,compile]] [--img-size 224]      (time and MACs per block kind)
     zoo results [--task T] [--dataset D] [--model PATTERN] [--metric val/acc1] [--format table|csv|json|markdown]
                 [--plot pareto.png] [--aggregate] [--runs] [--data [--only-best]] [--db URL]
@@ -173,6 +174,12 @@ def _cmd_profile(args) -> int:
     return 0
 
 
+def _cmd_export(args) -> int:
+    from .export import export_command
+
+    return export_command(args)
+
+
 def _cmd_results(args) -> int:
     from zoo.eval import results
 
@@ -280,6 +287,8 @@ def train_help(command: str) -> str:
         ('--ckpt_path WHICH', ckpt),
         ('--seeds 0,1,2', 'one run per seed, recorded as repeats of one configuration'),
         ('--compile', 'torch.compile the network inside the system (--model.compile true)'),
+        ('--runtime RUNTIME', 'zoo test: evaluate the network in eager, compile, onnxruntime or openvino '
+                              '(zoo.optimize; recorded as the run\'s runtime)'),
         ('--seed_everything N', 'the seed of a single run'),
         ('--db PATH|URL|none', "results database of the run (default $ZOO_DB or ./zoo-results.db; 'none': "
                                'do not record)'),
@@ -306,6 +315,7 @@ def train_parser(command: str) -> argparse.ArgumentParser:
     p = ZooArgumentParser(prog=f'zoo {command}', add_help=False, allow_abbrev=False)
     p.add_argument('--seeds', type=_seed_list)
     p.add_argument('--compile', action='store_true')
+    p.add_argument('--runtime')
     return p
 
 
@@ -375,7 +385,8 @@ def build_parser() -> argparse.ArgumentParser:
                    'official:FILE.py[:CALLABLE] (your copy of the official code, given our weights; RaftMLP, Strip-MLP)')
     p.add_argument('--runtime', default='eager', metavar='eager,compile,onnxruntime[,openvino]',
                    help='runtimes to time, comma-separated (zoo.optimize); each runtime of each model runs interleaved '
-                        'with the others, with its max |Δ| against eager and its compile or export time (default eager)')
+                        'with the others, with its max |Δ| against eager and its compile or export time '
+                        '(default eager)')
     p.add_argument('--batch-size', type=int, nargs='+', default=[1], help='batch sizes to time (default 1)')
     p.add_argument('--img-size', type=int, help='image height and width (default: the model\'s input size)')
     p.add_argument('--repeats', type=int, default=20, help='at least this many timed calls per model (default 20)')
@@ -397,13 +408,32 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument('--model', help="with --db and no names: only these models (glob, e.g. 'poolformer*')")
     p.set_defaults(func=_cmd_bench)
 
+    p = sub.add_parser('export', help='write a model (or a recipe\'s trained checkpoint) as ONNX or torch.export '
+                                      '.pt2, with a JSON card beside it', formatter_class=raw,
+                       epilog='examples:\n  zoo export resnet_tiny --format onnx --out resnet_tiny.onnx\n'
+                              '  zoo export resnet_tiny --format pt2\n\n'
+                              'With -c CONFIG the newest run of that recipe gives the checkpoint (--ckpt_path best|last'
+                              '|interrupted, as zoo test); --nms puts a detector\'s decode and NMS in the graph.')
+    p.add_argument('name', nargs='?', help='a registered model (`zoo list`), or give -c CONFIG')
+    p.add_argument('-c', '--config', help='a recipe (file or shipped name): export its run\'s checkpoint')
+    p.add_argument('--ckpt_path', help='best, last or interrupted (the newest run of -c CONFIG; default best with -c), '
+                                       'or a file (a zoo fit .ckpt, or weights for NAME)')
+    p.add_argument('--format', default='onnx', choices=['onnx', 'pt2'],
+                   help='onnx (torch.onnx.export, dynamo, dynamic batch) or pt2 (torch.export) (default onnx)')
+    p.add_argument('--nms', action='store_true', help='detectors: decode and NMS inside the graph (a deployable file)')
+    p.add_argument('--out', help='the file to write (default ./<recipe or model>.onnx|.pt2); the card is <file>.json')
+    p.add_argument('--img-size', type=int, help="traced image size (default: the run's or the model's)")
+    p.add_argument('--run_root', help='where -c CONFIG runs are (default $ZOO_RUNS or ./runs)')
+    p.add_argument('--overwrite', action='store_true', help='replace an existing file and card')
+    p.set_defaults(func=_cmd_export)
+
     p = sub.add_parser('profile', help='time and MACs per block kind (token mixer, channel mixer, norm, stem, ...)',
                        formatter_class=raw,
                        description='Where a model\'s time and MACs go: each block kind\'s own share of one forward '
                                    '(eager, module hooks; warm-up calls not counted), and with --runtime the total '
                                    'of other runtimes beside eager\'s.',
-                       epilog='examples:\n  zoo profile poolformer_s12\n  zoo profile tnt_tiny --img-size 64\n'
-                              '  zoo profile poolformer_tiny --runtime eager,compile')
+                       epilog='examples:\n  zoo profile tnt_tiny\n  zoo profile resnet_tiny --img-size 64\n'
+                              '  zoo profile resnet_tiny --runtime eager,onnxruntime')
     p.add_argument('name', help='a registered model (`zoo list`)')
     p.add_argument('--runtime', default='eager', metavar='eager[,compile,onnxruntime,openvino]',
                    help='per-kind split in eager; other runtimes (comma-separated) add their total (default eager)')
@@ -487,6 +517,14 @@ def main(argv: list[str] | None = None) -> int:
         ns, rest = train_parser(argv[0]).parse_known_args(argv[1:])
         if ns.compile:                          # zoo fit --compile: the system compiles its network
             rest.append('--model.compile=true')
+        if ns.runtime:                          # zoo test --runtime onnxruntime: the system evaluates it there
+            from zoo._runtime import RUNTIMES
+            if argv[0] != 'test' or ns.runtime not in RUNTIMES:
+                print(f'zoo {argv[0]}: error: ' + (f'--runtime {ns.runtime!r} is not one of {", ".join(RUNTIMES)}'
+                      if argv[0] == 'test' else '--runtime is for zoo test (the network evaluated in that runtime);'
+                      ' zoo fit trains eagerly or with --compile'), file=sys.stderr)
+                return 2
+            rest.append(f'--model.runtime={ns.runtime}')
         if ns.seeds is None:
             return run_lightning_cli([argv[0], *rest])
         codes = [run_lightning_cli([argv[0], *rest, f'--seed_everything={seed}']) for seed in ns.seeds]

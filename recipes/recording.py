@@ -143,6 +143,16 @@ class ResultsLogger(Logger):
 
     def _describe(self, trainer, system, stage: str) -> dict:
         hparams = _results.jsonable(dict(getattr(system, 'hparams', {}) or {}))
+        # the runtime that ran the network (zoo test --runtime onnxruntime, zoo fit --compile): its own column;
+        # at their defaults these keys stay out of the hyper-parameters, so the configuration key is the same as
+        # runs recorded before they existed
+        runtime = hparams.pop('runtime', None) or 'eager'
+        compiled = hparams.pop('compile', False)
+        if runtime != 'eager':
+            hparams['runtime'] = runtime
+        if compiled:
+            hparams['compile'] = compiled
+            runtime = 'compile' if runtime == 'eager' else runtime
         name = getattr(system, 'model_name', None) or hparams.get('name') or type(system).__name__
         family = variant = None
         task = getattr(system, 'task', None) or None
@@ -173,6 +183,7 @@ class ResultsLogger(Logger):
         if isinstance(network, dict):  # what zoo bench --db rebuilds the network from
             hparams['network'] = _results.jsonable({**network, 'input_size': self._input_size(trainer, system)})
         fields = dict(model=name, variant=variant, family=family, task=task, dataset=dataset, stage=stage,
+                      runtime=runtime,
                       recipe=self.recipe, config=config, hparams=hparams,
                       block_choices=dict(getattr(system, 'block_choices', {}) or {}),
                       seed=int(seed) if seed not in (None, True, False) else None,

@@ -76,6 +76,9 @@ class ZooSystem(LightningModule):
             keys), in ``configure_model`` (Lightning has no compile flag): ``zoo fit --compile``. ``True`` is
             inductor; a string names another torch.compile backend (``'eager'``: graph capture only). Detection
             and other systems that call the network's other methods (``forward_raw``) run those eagerly.
+        runtime: what runs the network in ``zoo test`` (``zoo.RUNTIMES``): ``onnxruntime`` (or ``openvino``,
+            ``compile``) evaluates ``zoo.optimize(network, runtime)`` (the exported graph) through the same test
+            loop, and the results database records the run's runtime beside the eager one.
     """
 
     task = ''           # the registry task this system trains
@@ -86,9 +89,12 @@ class ZooSystem(LightningModule):
                  vocab_size: Optional[int] = None,
                  optimizer: OptimizerCallable = lambda params: torch.optim.AdamW(params, lr=1e-3, weight_decay=0.05),
                  lr_scheduler: Optional[LRSchedulerCallable] = lambda opt: optim.WarmupCosine(opt),
-                 ema_decay: Optional[float] = None, compile: Union[bool, str] = False):
+                 ema_decay: Optional[float] = None, compile: Union[bool, str] = False, runtime: str = 'eager'):
         super().__init__()
         require_task(name, self.task, type(self).__name__)
+        if runtime not in zoo.RUNTIMES:
+            raise ValueError(f'runtime {runtime!r} is not one of {", ".join(zoo.RUNTIMES)}')
+        self._runtime_model = None
         self.save_hyperparameters(ignore=['optimizer', 'lr_scheduler'])
         self.optimizer_factory, self.scheduler_factory = optimizer, lr_scheduler
         self.model_name = name
@@ -133,8 +139,31 @@ class ZooSystem(LightningModule):
 
     @property
     def eval_model(self) -> nn.Module:
-        """The EMA of the weights when there is one, else the model: what evaluation and prediction run."""
+        """The EMA of the weights when there is one, else the model: what evaluation and prediction run (in
+        ``zoo test --runtime R``, that network in runtime R)."""
+        if self._runtime_model is not None:
+            return self._runtime_model
         return self.ema.module if self.ema is not None else self.model
+
+    def on_test_start(self) -> None:
+        """``runtime`` other than eager: the evaluated network (its checkpoint weights are loaded by now) is
+        captured once for the test loop, traced on a batch of the data's input size."""
+        if self.hparams.get('runtime', 'eager') == 'eager':
+            return
+        import copy
+
+        from zoo.eval.profile import example_input
+        net = copy.deepcopy(self.eval_model).cpu().eval()
+        size = tuple(zoo.model_info(self.model_name).input_size) if not self.model_name.startswith('timm/') \
+            else (3, 224, 224)
+        if len(size) == 3:
+            img = self.sizes.get('img_size')
+            size = (self.sizes.get('in_chans', size[0]), *((img, img) if isinstance(img, int) else img or size[1:]))
+        x = example_input(net, size, 2, self.task)
+        self._runtime_model = zoo.optimize(net, self.hparams.runtime, x)
+
+    def on_test_end(self) -> None:
+        self._runtime_model = None
 
     def forward(self, *args, **kwargs):
         return self.model(*args, **kwargs)

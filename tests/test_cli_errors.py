@@ -249,3 +249,38 @@ def test_detection_predict_draws_on_the_file(runs, tmp_path, monkeypatch):
     dets = json.loads((pred / 'predictions.json').read_text())
     per_image = torch.bincount(torch.tensor([d['image_id'] for d in dets]))
     assert len(dets) > 2 and int(per_image.max()) <= 300 and min(d['score'] for d in dets) >= 0.001
+
+
+# ------------------------------------------------------------------------------------- runtimes (issue 26)
+@pytest.mark.parametrize('argv, expected', [
+    (['bench', 'resnet_tiny', '--runtime', 'eager,tensorrt'], "unknown runtime 'tensorrt'; expected a comma-separated "
+                                                              'list of eager, compile, onnxruntime, openvino'),
+    (['bench', 'resnet_tiny', '--runtime', 'onnxruntime', '--mode', 'train'], 'only the eager runtime runs'),
+    (['export'], 'give a model NAME or -c CONFIG'),
+    (['export', 'resnet_tiny', '-c', CONFIG], 'not both'),
+    (['export', 'resnet_tiny', '--ckpt_path', 'best'], 'give -c CONFIG'),
+    (['export', 'resnet_tiny', '--ckpt_path', '/nonexistent/x.ckpt'], 'no such file'),
+    (['export', '-c', CONFIG, '--ckpt_path', 'best'], 'no run of'),
+    (['export', 'resnet_tny'], 'resnet_tiny'),
+    (['export', 'resnet_tiny', '--nms'], 'nms=True needs a detector'),
+    (['profile', 'resnet_tny'], 'resnet_tiny'),
+    (['profile', 'resnet_tiny', '--runtime', 'tvm'], "unknown runtime 'tvm'"),
+    (['test', '-c', CONFIG, '--runtime', 'tensorrt'], "--runtime 'tensorrt' is not one of"),
+    (['fit', '-c', CONFIG, '--runtime', 'onnxruntime'], '--runtime is for zoo test'),
+])
+def test_bad_runtime_arguments(argv, expected, runs, capfd, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert main(argv) == 2
+    line = _one_error_line(capfd)
+    assert line.startswith(f'zoo {argv[0]}: error: ') and expected in line, line
+    assert not runs.exists() and list(tmp_path.iterdir()) == []            # nothing written
+
+
+@pytest.mark.parametrize('argv', [['export', 'resnet_tiny', '--format', 'tflite'],
+                                  ['results', '--runtime', 'tensorrt']])
+def test_bad_runtime_choices(argv, capfd):
+    with pytest.raises(SystemExit) as e:
+        main(argv)
+    assert e.value.code == 2
+    line = _one_error_line(capfd)
+    assert 'is not one of' in line, line

@@ -75,3 +75,101 @@ def test_profile_does_not_count_warm_up_calls():
     res = breakdown.profile_kinds(model, x, repeats=2, warmup=3)
     assert res['calls'] and set(res['calls'].values()) == {2}
     assert res['calls']['stem'] == 2 and not any(h for m in model.modules() for h in m._forward_hooks.values())
+
+
+# ------------------------------------------------------------------------------------------------- zoo bench
+STRIP = f'official:{ROOT / "tests" / "reference_stripmlp.py"}:StripMLPNet'
+
+
+def test_bench_times_every_runtime_of_the_model_and_its_reference_interleaved():
+    from zoo.eval import bench
+
+    rows = bench.run(['stripmlp_tiny'], vs=STRIP, runtimes='onnxruntime', batch_sizes=(1, 2), repeats=2, warmup=1,
+                     budget_s=0)
+    got = {(r['model'], r['runtime'], r['batch_size']): r for r in rows}
+    assert set(got) == {(m, rt, bs) for m in ('stripmlp_tiny', STRIP) for rt in ('eager', 'onnxruntime')
+                        for bs in (1, 2)}                                  # eager always, as the baseline
+    for bs in (1, 2):
+        ours, ort = got['stripmlp_tiny', 'eager', bs], got['stripmlp_tiny', 'onnxruntime', bs]
+        assert ours['max_abs_diff'] < 1e-5 and ours['speedup'] > 0 and ort['speedup'] > 0   # vs official, per runtime
+        assert ort['max_abs_diff_eager'] < 1e-4 and ort['vs_eager'] > 0 and ort['compile_s'] > 0
+        assert got[STRIP, 'onnxruntime', bs]['max_abs_diff_eager'] < 1e-4  # the official code exports too
+        assert ours['max_abs_diff_eager'] == 0.0 and ort['runtime'] == 'onnxruntime' and ort['dtype'] == 'float32'
+        assert len({r['duration_s'] for k, r in got.items() if k[2] == bs}) == 1    # one interleaved timing
+
+
+def test_bench_runtime_rows_are_recorded_with_runtime_cpu_and_versions(tmp_path, capsys):
+    from zoo.eval import results as R
+    from zoo.eval.profile import machine
+
+    db = tmp_path / 'bench.db'
+    assert main(['bench', 'resnet_tiny', '--runtime', 'eager,onnxruntime', '--db', str(db), '--json', *FAST]) == 0
+    out = capsys.readouterr().out
+    assert {r['runtime'] for r in _json_rows(out)} == {'eager', 'onnxruntime'}
+    lat = R.latency(db=str(db)).set_index('runtime')
+    assert sorted(lat.index) == ['eager', 'onnxruntime'] and (lat.cpu_model == machine()['cpu_model']).all()
+    assert lat.loc['onnxruntime'].versions['onnxruntime'] and lat.loc['eager'].isa == machine()['isa']
+    assert not lat.compiled.any() and lat.dtype.tolist() == ['float32', 'float32']
+    R.close_all()
+
+
+@pytest.mark.slow
+def test_bench_compile_and_bfloat16(capsys):
+    """torch.compile (inductor, freezing) and bfloat16 autocast; the compile time is reported."""
+    assert main(['bench', 'dncnn_tiny', '--runtime', 'compile', '--dtype', 'bfloat16', '--json', *FAST]) == 0
+    rows = _json_rows(capsys.readouterr().out)
+    comp = next(r for r in rows if r['runtime'] == 'compile')
+    assert comp['dtype'] == 'bfloat16' and comp['compile_mode'] == 'default+freezing' and comp['compile_s'] > 0
+    assert comp['max_abs_diff_eager'] < 0.5                    # bf16 against eager float32
+
+
+# --------------------------------------------------------------------------------- zoo test --runtime, zoo export
+TRAIN = ['--model.name', 'resnet_tiny', '--model.model_args', '{}', '--trainer.max_epochs=1',
+         '--trainer.limit_train_batches=2', '--trainer.limit_val_batches=1', '--trainer.limit_test_batches=2', *QUIET]
+
+
+def test_test_in_onnxruntime_is_recorded_beside_eager_and_export_writes_graph_and_card(runs, tmp_path, capsys,
+                                                                                        monkeypatch):
+    import onnxruntime as ort
+
+    from zoo.eval import results as R
+
+    db = tmp_path / 'results.db'
+    monkeypatch.setenv('ZOO_DB', str(db))
+    assert main(['fit', '-c', str(DEMO), *TRAIN]) == 0
+    for runtime in ([], ['--runtime', 'onnxruntime']):
+        assert main(['test', '-c', str(DEMO), '--ckpt_path', 'best', *TRAIN, *runtime]) == 0
+    tests = R.runs(db=str(db), stage='test').set_index('runtime')
+    assert sorted(tests.index) == ['eager', 'onnxruntime']
+    assert tests.loc['onnxruntime', 'test/acc1'] == pytest.approx(tests.loc['eager', 'test/acc1'], abs=0.02)
+    assert tests.loc['onnxruntime', 'config_key'] != tests.loc['eager', 'config_key']   # never pooled as seeds
+    assert R.runs(db=str(db), stage='fit').runtime.tolist() == ['eager']
+    R.close_all()
+
+    [ckpt] = {p.resolve() for p in runs.glob('*/*/checkpoints/best-*.ckpt')}
+    out = tmp_path / 'export' / 'net.onnx'
+    assert main(['export', 'resnet_tiny', '--ckpt_path', str(ckpt), '--out', str(out)]) == 0
+    card = json.loads(out.with_name('net.onnx.json').read_text())
+    assert card['input']['shape'] == ['batch', 1, 32, 32] and card['num_classes'] == 10 and card['opset'] >= 18
+    assert card['model']['name'] == 'resnet_tiny' and card['model']['kwargs']['num_classes'] == 10
+    assert card['format'] == 'onnx' and card['zoo_version'] == zoo.__version__ and card['checkpoint'] == str(ckpt)
+    from zoo.recipes.export import _from_lightning
+    net, _ = _from_lightning(ckpt, 'resnet_tiny', None)
+    x = torch.randn(3, 1, 32, 32)                                         # another batch size than traced
+    got = ort.InferenceSession(str(out)).run(None, {'input': x.numpy()})[0]
+    with torch.no_grad():
+        assert torch.allclose(torch.from_numpy(got), net.eval()(x), atol=1e-4, rtol=1e-4)
+
+    before = out.read_bytes()
+    assert main(['export', 'resnet_tiny', '--ckpt_path', str(ckpt), '--out', str(out)]) == 2   # never overwritten
+    assert 'exists' in capsys.readouterr().err and out.read_bytes() == before
+    assert main(['export', 'resnet_tiny', '--ckpt_path', str(ckpt), '--out', str(out), '--overwrite']) == 0
+    pt2 = tmp_path / 'net.pt2'
+    assert main(['export', 'resnet_tiny', '--ckpt_path', str(ckpt), '--format', 'pt2', '--out', str(pt2)]) == 0
+    program = torch.export.load(str(pt2))
+    with torch.no_grad():
+        assert torch.allclose(program.module()(x), net(x), atol=1e-5)
+    # -c CONFIG takes the newest run's checkpoint as zoo test does, and refuses one of another model
+    capsys.readouterr()
+    assert main(['export', '-c', str(DEMO), '--ckpt_path', 'best', '--out', str(tmp_path / 'c.onnx')]) == 2
+    assert 'holds a resnet_tiny model but the config builds poolformer_tiny' in capsys.readouterr().err

@@ -75,6 +75,8 @@ runs_table = sa.Table(
     sa.Column('trial_number', sa.Integer),
     # v3
     sa.Column('heartbeat_s', sa.Float),                       # the writer's heartbeat interval (crash detection)
+    # v5
+    sa.Column('runtime', sa.String(20)),                      # what ran the network: eager | compile | onnxruntime ...
 )
 
 metrics_table = sa.Table(
@@ -125,7 +127,7 @@ latency_table = sa.Table(
     # v5: what ran the network and on which machine (rows before v5: runtime 'eager' ('compile' when
     # ``compiled``), dtype 'float32' when unset, cpu_model 'unknown')
     sa.Column('runtime', sa.String(20), index=True),          # eager | compile | onnxruntime | openvino (RUNTIMES)
-    sa.Column('compile_mode', sa.String(40)),                 # torch.compile mode / options ('default', 'freezing', ...)
+    sa.Column('compile_mode', sa.String(40)),                 # torch.compile mode and options ('default+freezing')
     sa.Column('cpu_model', sa.String(200), index=True),       # /proc/cpuinfo 'model name' (profile.machine())
     sa.Column('isa', sa.JSON),                                # ISA flags of that CPU: ['avx2', 'avx512f', ...]
     sa.Column('versions', sa.JSON),                           # {'torch': ..., 'onnxruntime': ..., 'zoo': ...}
@@ -158,7 +160,7 @@ def _col(table: sa.Table, name: str) -> sa.Column:
 
 def _v1(op) -> None:
     """Version 1: runs, metrics and latency, without fingerprints or sweep links."""
-    later = {'zoo_runs': {'arch_fingerprint', 'params', 'macs', 'study_name', 'trial_number', 'heartbeat_s'},
+    later = {'zoo_runs': {'arch_fingerprint', 'params', 'macs', 'study_name', 'trial_number', 'heartbeat_s', 'runtime'},
              'zoo_latency': {'arch_fingerprint', *LATENCY_V4, *LATENCY_V5}, 'zoo_metrics': set()}
     fks = {'zoo_runs': [], 'zoo_metrics': [sa.ForeignKeyConstraint(['run_id'], ['zoo_runs.id'], ondelete='CASCADE')],
            'zoo_latency': [sa.ForeignKeyConstraint(['run_id'], ['zoo_runs.id'], ondelete='SET NULL')]}
@@ -196,10 +198,13 @@ def _v4(op) -> None:
 
 def _v5(op) -> None:
     """Version 5: latency keyed by runtime and machine (runtime, compile mode, CPU model, ISA flags, library
-    versions). Older rows were all measured in eager PyTorch (or ``torch.compile`` where ``compiled`` says so),
+    versions), and the runtime of a run (a test in ONNX Runtime beside the eager one). Older rows were all
+    measured in eager PyTorch (or ``torch.compile`` where ``compiled`` says so),
     in float32 unless they said otherwise, on a CPU nobody recorded."""
     for name in LATENCY_V5:
         op.add_column('zoo_latency', _col(latency_table, name))
+    op.add_column('zoo_runs', _col(runs_table, 'runtime'))
+    op.execute(sa.table('zoo_runs', sa.column('runtime')).update().values(runtime='eager'))
     for col in ('runtime', 'cpu_model'):
         op.create_index(f'ix_zoo_latency_{col}', 'zoo_latency', [col])
     t = sa.table('zoo_latency', sa.column('runtime'), sa.column('compiled'), sa.column('dtype'), sa.column('cpu_model'))
