@@ -137,10 +137,14 @@ class Runner:
             return 'done'
 
     def _record(self, job: Job, status: str, error: str | None) -> int:
+        from zoo.eval.results import HEARTBEAT_ENV
+
         g = self.bench.groups[job.group]
+        # heartbeat_s: another host presumes the row dead 5 beats after it was written if no zoo fit took it over
+        # (a zoo fit takes it within seconds and beats from then on)
         run_id = self.store.start_run(self.bench.model_of(job), task=g.task, dataset=g.dataset or None,
                                       seed=job.seed, stage='fit', hparams={'benchmark': self.identity(job)},
-                                      recipe=job.recipe)
+                                      recipe=job.recipe, heartbeat_s=float(os.environ.get(HEARTBEAT_ENV, 60)))
         if status != 'running':
             self.store.finish_run(run_id, status, error=error)
         return run_id

@@ -252,7 +252,7 @@ class ResultsDB:
         of a job before it starts the ``zoo fit`` that trains it): ``fields`` plus this process's host and pid,
         so crash detection follows the process that trains."""
         self.update_run(run_id, **fields, host=socket.gethostname(), pid=os.getpid(),
-                        proc_start=_proc_start(os.getpid()), heartbeat_at=utcnow())
+                        proc_start=_proc_start(os.getpid()), heartbeat_at=utcnow(), status='running', error=None)
 
     def log_metrics(self, run_id: int, metrics: dict[str, float], epoch: int | None = None, step: int | None = None,
                     final: bool = False) -> None:
