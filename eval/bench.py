@@ -220,18 +220,20 @@ def run(names: list[str], vs: str | None = None, batch_sizes=(1,), img_size: int
 
 # ------------------------------------------------------------------------------- re-measure a results database
 def recorded_networks(db, task: str | None = None, dataset: str | None = None, model: str | None = None,
-                      warn=None) -> list[dict]:
+                      warn=None, run_ids=None) -> list[dict]:
     """The distinct networks of a database's finished runs (one per architecture fingerprint, or per model
     name for runs without one): ``{'name', 'label', 'model', 'input_size', 'task', 'fingerprint'}``, each
     rebuilt from the newest run's recorded network spec (``hparams['network']``: the registered name, the
     arguments ``zoo.create`` built it with and one sample's input size, which every zoo system records) and
     checked against the recorded fingerprint; a run without a spec, or whose network cannot be rebuilt exactly,
-    is skipped with a line to ``warn``."""
+    is skipped with a line to ``warn``. ``run_ids``: only these runs (``zoo benchmark run`` measures its own)."""
     from .results import open_db
 
     warn = warn or (lambda msg: print(msg, file=sys.stderr))
     store = open_db(db, create=False)
     runs = store.runs(model=model, task=task, dataset=dataset, status='finished')
+    if run_ids is not None:
+        runs = runs[runs.id.isin(list(run_ids))]
     out, seen = [], set()
     for _, r in runs.sort_values('id', ascending=False).iterrows():
         fp = r.arch_fingerprint if isinstance(r.arch_fingerprint, str) else None
@@ -263,25 +265,47 @@ def recorded_networks(db, task: str | None = None, dataset: str | None = None, m
 
 def remeasure(db, task: str | None = None, dataset: str | None = None, model: str | None = None,
               repeats: int = MIN_REPEATS, warmup: int = WARMUP, threads: int | None = None,
-              budget_s: float | None = BUDGET_S, max_repeats: int | None = None, warn=None) -> list[dict]:
+              budget_s: float | None = BUDGET_S, max_repeats: int | None = None, warn=None, run_ids=None,
+              batch_sizes=(1,), runtimes=('eager',)) -> list[dict]:
     """Measure every network ``recorded_networks`` finds, interleaved in one process (each gets
-    ``budget_s`` seconds of the shared budget), at batch 1; one row per network, ready for ``record``."""
-    nets = recorded_networks(db, task, dataset, model, warn)
+    ``budget_s`` seconds of the shared budget), at each of ``batch_sizes`` (default batch 1) and in each of
+    ``runtimes`` (default eager; others through ``zoo.optimize``, a runtime failing on a network is reported to
+    ``warn`` and left out); one row per network, runtime and batch size, ready for ``record``."""
+    warn = warn or (lambda msg: print(msg, file=sys.stderr))
+    nets = recorded_networks(db, task, dataset, model, warn, run_ids)
     if not nets:
         raise ValueError('no finished run in the database matches'
                          + ''.join(f' {k}={v!r}' for k, v in (('task', task), ('dataset', dataset), ('model', model))
                                    if v) + '; nothing to measure')
-    models = {n['label']: n['model'] for n in nets}
-    inputs = {n['label']: example_input(n['model'], n['input_size'], 1, n['task']) for n in nets}
-    lat = benchmark(models, inputs=inputs, threads=threads,
-                    **_timing(repeats, warmup, budget_s * len(nets) if budget_s else None, max_repeats))
+    runtimes = tuple(runtimes)
+    one = {n['label']: example_input(n['model'], n['input_size'], 1, n['task']) for n in nets}
+    macs = {n['label']: count_macs(n['model'], example=one[n['label']]) for n in nets}
     rows = []
-    for n in nets:
-        res = lat[n['label']].as_dict()
-        res['model'] = n['name']
-        rows.append({**count_params(n['model']), **res, 'label': n['label'], 'source': 'bench',
-                     'arch_fingerprint': fingerprint(n['model']),
-                     'macs': count_macs(n['model'], example=inputs[n['label']])})
+    for bs in batch_sizes:
+        inputs = {n['label']: example_input(n['model'], n['input_size'], bs, n['task']) for n in nets}
+        timed = {}                       # key -> (network record, runtime, module)
+        for n in nets:
+            for rt in runtimes:
+                if rt == 'eager':
+                    timed[n['label'] if runtimes == ('eager',) else f"{n['label']} [eager]"] = (n, rt, n['model'])
+                    continue
+                try:
+                    net, _, _ = _prepare(n['model'], rt, inputs[n['label']], None, None)
+                except Exception as e:  # a runtime failing on one network is a result, not a crash
+                    first = (str(e).strip().splitlines() or [''])[0]
+                    warn(f"zoo bench: {n['label']} in {rt} failed: {type(e).__name__}: {first}"[:300])
+                    continue
+                timed[f"{n['label']} [{rt}]"] = (n, rt, net)
+        lat = benchmark({k: t[2] for k, t in timed.items()},
+                        inputs={k: inputs[t[0]['label']] for k, t in timed.items()},
+                        threads=threads, batch_size=bs,
+                        **_timing(repeats, warmup, budget_s * len(timed) if budget_s else None, max_repeats))
+        for key, (n, rt, _) in timed.items():
+            res = lat[key]
+            res.model, res.runtime, res.compiled = n['name'], rt, rt == 'compile'
+            res.compile_mode = 'default+freezing' if rt == 'compile' else None
+            rows.append({**count_params(n['model']), **res.as_dict(), 'label': n['label'], 'source': 'bench',
+                         'arch_fingerprint': fingerprint(n['model']), 'macs': macs[n['label']]})
     return rows
 
 

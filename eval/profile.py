@@ -362,3 +362,60 @@ def fingerprint(model) -> str:
         for name, t in items:
             h.update(f'{kind}|{name}|{tuple(t.shape)}|{t.dtype}\n'.encode())
     return h.hexdigest()[:16]
+
+
+# Modules that hold the weights of a layer: depth counts them (LEMUR's "depth" of a network).
+_WEIGHTED = (nn.Conv1d, nn.Conv2d, nn.Conv3d, nn.ConvTranspose1d, nn.ConvTranspose2d, nn.Linear, nn.Embedding)
+
+
+def peak_activation_mb(model: nn.Module, example: torch.Tensor) -> float | None:
+    """Peak CPU memory one inference forward allocates beyond the weights (activations and workspaces), in MB:
+    ``torch.profiler`` with ``profile_memory=True`` records every allocation and free as the self memory of
+    the op that made it; the running sum of those, in time order, peaks at the activation high-water mark.
+    None when the profiler records no memory events (a build without the CPU memory profiler)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.no_grad(), profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+            model(example)
+    finally:
+        model.train(was_training)
+    events = sorted((e for e in prof.events() if e.self_cpu_memory_usage),
+                    key=lambda e: (e.time_range.start, e.id))
+    if not events:
+        return None
+    running = peak = 0
+    for e in events:
+        running += e.self_cpu_memory_usage
+        peak = max(peak, running)
+    return peak / 2 ** 20
+
+
+def network_stats(model: nn.Module, example: torch.Tensor) -> dict:
+    """Architecture statistics of one network at one input (LEMUR's ``include_nn_stats``, made explicit):
+
+    - ``size_mb``: parameters and buffers in memory (MB);
+    - ``weighted_layers``: convolutions, linear layers and embeddings (the network's depth in weight layers);
+    - ``leaf_modules``: modules without children;
+    - ``blocks``: ``{kind: count}`` of the modules that are registered zoo blocks, per kind (``zoo.layers``);
+    - ``peak_activation_mb``: ``peak_activation_mb(model, example)`` (batch and size of ``example``);
+    - ``input_shape``: one sample's shape of ``example``."""
+    import zoo
+
+    kinds: dict[type, str] = {}
+    for rec in zoo.layers.records():
+        kinds.setdefault(rec.cls, rec.kind)
+    blocks: dict[str, int] = {}
+    for m in model.modules():
+        kind = kinds.get(type(m))
+        if kind is not None:
+            blocks[kind] = blocks.get(kind, 0) + 1
+    size = sum(t.numel() * t.element_size() for t in (*model.parameters(), *model.buffers()))
+    return {'size_mb': size / 2 ** 20,
+            'weighted_layers': sum(isinstance(m, _WEIGHTED) for m in model.modules()),
+            'leaf_modules': sum(1 for m in model.modules() if not any(True for _ in m.children())),
+            'blocks': dict(sorted(blocks.items())),
+            'peak_activation_mb': peak_activation_mb(model, example),
+            'input_shape': list(example.shape[1:])}

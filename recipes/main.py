@@ -8,7 +8,8 @@
     zoo export NAME|-c CONFIG [--ckpt_path best|last|PATH] [--format onnx|pt2] [--nms] [--out PATH]
     zoo profile NAME [--runtime eager[,compile]] [--img-size 224]      (time and MACs per block kind)
     zoo results [--task T] [--dataset D] [--model PATTERN] [--metric val/acc1] [--format table|csv|json|markdown]
-                [--plot pareto.png] [--aggregate] [--runs] [--db URL]
+                [--plot pareto.png] [--aggregate] [--runs] [--data [--only-best]] [--db URL]
+    zoo benchmark run|report NAME [--workers N] [--db URL] [--retry-failed] [--no-latency] [--dry-run] [--threads K]
     zoo sweep recipes/sweeps/NAME.py [--n-trials N] [--n-jobs J] [--study-name S] [--db URL] [--trial-args '...']
 
 Training subcommands (``fit``, ``validate``, ``test``, ``predict``) are LightningCLI and load
@@ -36,6 +37,7 @@ EXAMPLES = f"""examples:
   zoo test -c {DEMO} --ckpt_path best
   zoo results --dataset digits --plot pareto.png
   zoo sweep recipes/sweeps/poolformer_digits.py --n-trials 20 --trial-args '--trainer.max_epochs=2'
+  zoo benchmark run paper_blocks --workers 2
 
 `zoo COMMAND --help` for the options of a command (`zoo fit --help-all`: every LightningCLI option)."""
 
@@ -194,6 +196,13 @@ def _cmd_results(args) -> int:
             print(f'zoo results: no finished run has a final {metric!r}', file=sys.stderr)
         elif (agg.note != '').any():
             print('zoo results: some models have too few runs per task for an interval (see note)', file=sys.stderr)
+        return 0
+    if args.data:     # results.data(): one row per run, every column LEMUR's api.data gives and latency per runtime
+        df = results.data(db=store, task=args.task, dataset=args.dataset, model=args.model,
+                          only_best=args.only_best, cpu=args.cpu)
+        print(df.to_string(max_colwidth=40) if args.format == 'table' else
+              df.to_csv(index=False) if args.format == 'csv' else df.to_json(orient='records', indent=2, default_handler=str)
+              if args.format == 'json' else df.to_markdown(index=False))
         return 0
     if args.runs:
         df = results.runs(db=store, model=args.model, task=args.task, dataset=args.dataset)
@@ -451,8 +460,12 @@ def build_parser() -> argparse.ArgumentParser:
                    help='use latency records of this runtime (default eager)')
     p.add_argument('--cpu', metavar='SUBSTRING',
                    help='use latency records of the CPU whose model name contains this (default: the CPU most '
-                        'records were taken on; one board never mixes CPUs)')
+                        'records were taken on; one board never mixes CPUs; with --data: only that CPU\'s latency)')
     p.add_argument('--runs', action='store_true', help='list the runs instead of the leaderboard')
+    p.add_argument('--data', action='store_true',
+                   help='one row per run with every column of zoo.eval.results.data() (metrics, per-epoch time, '
+                        'architecture statistics, latency per runtime and CPU); --format csv|json to export')
+    p.add_argument('--only-best', action='store_true', help='with --data: the best run per model and model arguments')
     p.add_argument('--aggregate', action='store_true',
                    help='compare models over all their tasks/datasets and seeds: IQM and mean with stratified '
                         'bootstrap 95%% intervals (Agarwal et al. 2021)')
@@ -476,6 +489,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument('--trial-args', default='', metavar='ARGS',
                    help="extra LightningCLI arguments for every trial, one string: '--trainer.max_epochs=2'")
     p.set_defaults(func=_cmd_sweep)
+
+    from .benchmark import add_parser
+    add_parser(sub)
     return parser
 
 

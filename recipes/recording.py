@@ -34,6 +34,12 @@ __all__ = ['TrialContext', 'ResultsLogger', 'EpochStats', 'LATENCY_ENV']
 
 # Environment switch for the end-of-training latency measurement ("0" turns it off).
 LATENCY_ENV = 'ZOO_RECORD_LATENCY'
+# Set by ``zoo benchmark run`` for the ``zoo fit`` it starts: the id of the run row it wrote for the job (the
+# logger takes that row over, as a sweep trial's) and the job's identity (name, group, entry, key), stored in
+# the run's hparams as ``benchmark`` (not part of the config key: the same configuration in two benchmarks is
+# one configuration).
+RUN_ID_ENV = 'ZOO_RUN_ID'
+BENCHMARK_ENV = 'ZOO_BENCHMARK_JOB'
 
 
 @dataclass
@@ -121,9 +127,13 @@ class ResultsLogger(Logger):
         self._system, self._stage, self._last = model, stage, {}
         self._store = _results.open_db(self.db or (self.trial.db if self.trial is not None else None))
         fields = self._describe(trainer, model, stage)
+        claimed = os.environ.pop(RUN_ID_ENV, None)      # once: a later stage of this process is a run of its own
         if self.trial is not None and self.trial.run_id is not None and not self.trial.claimed:
             self.run_id = self.trial.run_id            # the row the sweep wrote when the trial started
             self._store.update_run(self.run_id, **fields)
+        elif claimed:                                  # the row ``zoo benchmark run`` wrote for this job
+            self.run_id = int(claimed)
+            self._store.claim_run(self.run_id, **fields)
         else:
             self.run_id = self._store.start_run(**fields)
         if self.trial is not None:
@@ -186,6 +196,11 @@ class ResultsLogger(Logger):
                       trial_number=self.trial.trial_number if self.trial is not None else None)
         fields['config_key'] = _results.config_key(name, dataset, {k: v for k, v in hparams.items() if k != 'network'},
                                                    fields['block_choices'], fields['max_epochs'])
+        job = os.environ.get(BENCHMARK_ENV)
+        if job:
+            import json
+            hparams['benchmark'] = json.loads(job)
+        self._hparams = hparams
         net = self._network(system)
         fields.update(arch_fingerprint=_results.fingerprint(net), params=sum(p.numel() for p in net.parameters()))
         return fields
@@ -228,8 +243,10 @@ class ResultsLogger(Logger):
             self._store.log_metrics(self.run_id, self._last, final=True)
         ok = status == 'success'
         trainer = self._system.trainer
-        if ok and self._stage == 'fit' and self.latency and not trainer.fast_dev_run:
-            self._record_latency(trainer, self._system)  # a smoke run's latency is not worth its time
+        if ok and self._stage == 'fit' and not trainer.fast_dev_run:
+            self._record_network_stats(trainer, self._system)
+            if self.latency:
+                self._record_latency(trainer, self._system)  # a smoke run's latency is not worth its time
         self._stop_heartbeat()
         status, error = 'finished', None
         exception = None if ok else sys.exc_info()[1]  # Lightning finalizes inside its ``except`` block
@@ -272,20 +289,42 @@ class ResultsLogger(Logger):
             return (getattr(dm, 'in_chans', 3), *s)
         return tuple(info.input_size) if info is not None else None
 
-    def _record_latency(self, trainer, system) -> None:
-        """The trained network's batch-1 CPU latency with ``zoo bench``'s controlled protocol, recorded as
-        ``source='fit'`` (the leaderboard prefers a later ``zoo bench`` record of the same network)."""
-        from zoo.eval.profile import controlled_benchmark, count_macs, count_params, example_input
+    def _example(self, trainer, system) -> tuple[torch.nn.Module, torch.Tensor | None]:
+        """The network on the CPU in eval mode (a copy) and one batch-1 input at the size the run trained at."""
+        from zoo.eval.profile import example_input
 
         net = self._network(system)
         size = self._input_size(trainer, system)
         x = getattr(system, 'example_input_array', None)
         x = x[:1] if isinstance(x, torch.Tensor) else (example_input(net, size, 1, getattr(system, 'task', None))
                                                         if size is not None else None)
-        if x is None:
-            return
         net = copy.deepcopy(net).cpu().eval()
         net._compiled_call_impl = None      # the eager network (zoo fit --compile): `zoo bench --runtime compile`
+        return net, x
+
+    def _record_network_stats(self, trainer, system) -> None:
+        """``zoo.eval.profile.network_stats`` of the trained network at batch 1 and its recorded input size, stored
+        in the run's hparams as ``network_stats`` (``results.data()`` reads them)."""
+        from zoo.eval.profile import network_stats
+
+        net, x = self._example(trainer, system)
+        if x is None:
+            return
+        try:
+            stats = network_stats(net, x)
+        except Exception as e:      # statistics must never fail a finished run
+            stats = {'error': f'{type(e).__name__}: {e}'}
+        self._hparams['network_stats'] = stats
+        self._store.update_run(self.run_id, hparams=self._hparams)
+
+    def _record_latency(self, trainer, system) -> None:
+        """The trained network's batch-1 CPU latency with ``zoo bench``'s controlled protocol, recorded as
+        ``source='fit'`` (the leaderboard prefers a later ``zoo bench`` record of the same network)."""
+        from zoo.eval.profile import controlled_benchmark, count_macs, count_params
+
+        net, x = self._example(trainer, system)
+        if x is None:
+            return
         name = getattr(system, 'model_name', None) or type(system).__name__
         try:
             macs = count_macs(net, example=x)

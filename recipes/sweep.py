@@ -35,7 +35,6 @@ loses no trial with two processes on one file; for many machines use a PostgreSQ
 from __future__ import annotations
 
 import argparse
-import contextlib
 import importlib.util
 import json
 import os
@@ -144,33 +143,12 @@ _STORAGE_LOCK = 0x7A6F6F4F50          # PostgreSQL advisory lock key of Optuna's
 _TRIAL_LOCK = 0x7A6F6F0000            # + the study id: one lock per study
 
 
-@contextlib.contextmanager
 def _lock(url: str, engine, name: str, key: int):
-    """An exclusive lock shared by every worker on one database: a file lock (``filelock``) beside a SQLite
-    file, a session advisory lock on PostgreSQL. Other servers get no lock."""
-    if url.startswith('sqlite'):
-        path = url.split(':///', 1)[1] if url.startswith('sqlite:///') else ''
-        if not path or path == ':memory:':
-            yield
-            return
-        from filelock import FileLock
+    """The results store's lock (``ResultsDB.lock``): a file lock beside a SQLite file, an advisory lock on
+    PostgreSQL, shared by every worker on one database."""
+    from zoo.eval.results import open_db
 
-        with FileLock(f'{path}.{name}'):
-            yield
-        return
-    if engine.dialect.name != 'postgresql':
-        yield
-        return
-    import sqlalchemy as sa
-
-    with engine.connect() as conn:
-        conn.execute(sa.text('SELECT pg_advisory_lock(:k)'), {'k': key})
-        conn.commit()
-        try:
-            yield
-        finally:
-            conn.execute(sa.text('SELECT pg_advisory_unlock(:k)'), {'k': key})
-            conn.commit()
+    return open_db(url).lock(name, key)
 
 
 def _sampler(sweep: Sweep, seed: int | None):

@@ -51,3 +51,26 @@ class RecordLast(Callback):
 
     def on_fit_end(self, trainer, pl_module) -> None:
         self._record(trainer, trainer.current_epoch - 1)
+
+
+class FailIfExists(Callback):
+    """Raise a ``ValueError`` at the first training step while the file ``path`` exists (a failure the test can
+    take away, so the same job succeeds when retried)."""
+
+    def __init__(self, path: str):
+        self.path = Path(path)
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        if self.path.exists():
+            raise ValueError(f'failing while {self.path.name} exists (raised by the test)')
+
+
+class Sleep(Callback):
+    """Sleep ``seconds`` after every training step (a run long enough to be killed mid-way)."""
+
+    def __init__(self, seconds: float):
+        self.seconds = seconds
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        import time
+        time.sleep(self.seconds)

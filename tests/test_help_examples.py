@@ -4,8 +4,9 @@ The examples are parsed out of the help texts and the README (not listed here), 
 tested without touching this file. Each runs through `zoo.recipes.main.main` exactly as written, in a copy of a
 workspace that holds one finished demo run (so `--ckpt_path last|best` and `zoo results` have something to
 read), with only budget arguments appended: training examples get one epoch of two batches, `zoo bench` a small
-image and one repeat, `zoo sweep` one trial. Later arguments override earlier ones, so the example's own
-arguments are all parsed and used.
+image and one repeat, `zoo sweep` one trial, `zoo benchmark run` only its `--dry-run` check and `zoo benchmark
+report` the workspace's database. Later arguments override earlier ones, so the example's own arguments are all
+parsed and used.
 """
 from __future__ import annotations
 
@@ -68,6 +69,9 @@ def to_argv(line: str) -> list[str]:
         return argv + ['--repeats', '1', '--warmup', '0', '--time', '0']
     if command == 'bench':
         return argv + ['--img-size', '64', '--repeats', '1', '--warmup', '0']
+    if command == 'benchmark':  # run: check the file only (a benchmark trains for hours); report: the
+        # workspace's database, written into the example's folder (not the checkout's docs/)
+        return argv + (['--dry-run'] if argv[1] == 'run' else ['--db', 'results.db', '--out', 'benchmark-report'])
     if command == 'sweep':  # one trial; the example's --trial-args kept, the budget added to it
         given = argv[argv.index('--trial-args') + 1] if '--trial-args' in argv else ''
         if '--trial-args' in argv:

@@ -91,7 +91,8 @@ def test_notebooks_are_committed_without_outputs():
 
 def test_every_notebook_is_executed_here():
     """A new notebook needs its own test below (with the data path it reads)."""
-    assert {p.name for p in NOTEBOOKS} == {'compare.ipynb', 'mixers.ipynb', 'conv_blocks.ipynb', 'canon.ipynb'}
+    assert {p.name for p in NOTEBOOKS} == {'compare.ipynb', 'mixers.ipynb', 'conv_blocks.ipynb', 'canon.ipynb',
+                                           'benchmark.ipynb'}
 
 
 # ---------------------------------------------------------------------------------------------- token mixers
@@ -155,6 +156,57 @@ def test_compare_notebook_in_a_kernel(tmp_path):
                                                                  'ZOO_DATASET': None, 'ZOO_METRIC': None})
     assert 'classification / digits: 2 models ranked by val/acc1' in text      # a row per token mixer (issue 15.6)
     assert_readable(report, 'compare.ipynb', 3)
+
+
+# ---------------------------------------------------------------------------------------------- benchmark
+def _benchmark_db(tmp_path: Path) -> tuple[Path, Path]:
+    """A benchmark file (two mixers x three seeds, one claim) and a database holding its runs, as
+    `zoo benchmark run` records them (the job identity in hparams), with latency at batch 1 and 16."""
+    import yaml
+
+    spec = {'groups': {'mixers': {
+        'task': 'classification', 'dataset': 'digits', 'recipe': 'poolformer/poolformer_tiny_digits_15e',
+        'seeds': [0, 1, 2], 'batch_sizes': [1, 16],
+        'entries': {m: {'model.name': 'metaformer_tiny', 'model.model_args': {'token_mixer': m}}
+                    for m in ('pooling', 'attention')},
+        'claims': [{'claim': 'attention beats pooling', 'compare': '>', 'entries': ['attention', 'pooling']}]}},
+        'across': {'classification': ['mixers']}}
+    path = tmp_path / 'benchmarks' / 'nb.yaml'
+    path.parent.mkdir()
+    path.write_text(yaml.safe_dump(spec))
+    db_path = tmp_path / 'benchmarks' / 'nb.db'
+    db = R.open_db(str(db_path))
+    for mixer, accs, ms in (('pooling', (0.90, 0.91, 0.92), 1.0), ('attention', (0.95, 0.96, 0.97), 3.0)):
+        for seed, acc in enumerate(accs):
+            rid = db.start_run('metaformer_tiny', task='classification', dataset='digits', seed=seed,
+                               hparams={'model_args': {'token_mixer': mixer}, 'benchmark': {
+                                   'name': 'nb', 'group': 'mixers', 'entry': mixer, 'key': f'{mixer}{seed}'}},
+                               params=1000, macs=2_000_000, arch_fingerprint=f'fp-{mixer}')
+            db.log_metrics(rid, {'val/acc1': acc, 'train/epoch_time_s': 1.0}, epoch=0)
+            db.log_metrics(rid, {'val/acc1': acc}, final=True)
+            db.finish_run(rid)
+        for bs in (1, 16):
+            db.add_latency('metaformer_tiny', ms * bs, input_shape=(1, 32, 32), batch_size=bs, threads=1,
+                           arch_fingerprint=f'fp-{mixer}', source='bench')
+    R.close_all()
+    return path, db_path
+
+
+def test_benchmark_notebook_draws_the_report_from_a_database(tmp_path):
+    spec, db = _benchmark_db(tmp_path)
+    text, report = execute(ROOT / 'notebooks' / 'benchmark.ipynb', {'ZOO_BENCHMARK': str(spec), 'ZOO_DB': str(db)})
+    assert 'benchmark: nb | 1 groups, 6 jobs' in text and "6 runs; {'finished': 6}" in text
+    assert 'mixers: classification on digits, metric val/acc1' in text
+    assert '0.9600 [' in text and 'attention beats pooling' in text and "verdicts: {'holds': 1}" in text
+    assert 'classification: val/acc1 over mixers' in text
+    assert_readable(report, 'benchmark.ipynb', 1)
+
+
+def test_benchmark_notebook_without_a_database_says_how_to_make_one():
+    text, report = execute(ROOT / 'notebooks' / 'benchmark.ipynb', {'ZOO_BENCHMARK': None, 'ZOO_DB': None})
+    assert 'benchmark: paper_blocks' in text
+    if not (ROOT / 'benchmarks' / 'paper_blocks.db').exists():
+        assert 'zoo benchmark run paper_blocks` writes it' in text and report == []
 
 
 # ------------------------------------------------------------------------------------------ optuna-dashboard

@@ -150,3 +150,18 @@ def test_a_sweep_with_two_worker_processes_on_postgres(pg_url, tmp_path):
     # the same command resumes: the study is full, nothing is added
     assert main(['sweep', str(sweep), '--n-trials', '3', '--db', pg_url, '--trial-args', FAST]) == 0
     assert len(optuna.load_study(study_name='pg_sweep', storage=pg_url).trials) == 3
+
+
+def test_two_benchmark_runners_share_a_postgres_database(pg_url, tmp_path):
+    """`zoo benchmark run` on a server: two runner processes take the jobs under the advisory lock; each job runs
+    once, and a third invocation finds nothing to do."""
+    from test_benchmark import rows, write, zoo
+
+    write(tmp_path, 'pg', {'pooling': 'pooling', 'identity': 'identity'})
+    procs = [zoo('benchmark', 'run', 'pg', '--no-latency', '--db', pg_url, cwd=tmp_path, popen=True) for _ in range(2)]
+    outs = [p.communicate(timeout=900)[0] for p in procs]
+    assert all(p.returncode == 0 for p in procs), outs
+    df = rows(pg_url)
+    assert sorted(df.entry) == ['identity', 'pooling'] and set(df.status) == {'finished'}
+    again = zoo('benchmark', 'run', 'pg', '--no-latency', '--db', pg_url, cwd=tmp_path)
+    assert again.returncode == 0 and '0 to run' in again.stderr, again.stderr

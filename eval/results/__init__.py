@@ -2,7 +2,7 @@
 
 A package by job: ``schema`` (tables, migrations), ``store`` (``ResultsDB``, crash detection, heartbeat),
 ``env`` (config key, git commit, environment), ``stats`` (bootstrap, IQM), ``board`` (leaderboard,
-aggregate), ``render`` (tables, Pareto plot). This module keeps the flat API: ``from zoo.eval import results``.
+aggregate), ``render`` (tables, Pareto plot), ``data`` (every run as one DataFrame row: ``data()``). This module keeps the flat API: ``from zoo.eval import results``.
 
 LEMUR-style (ABrain-One/nn-dataset keeps per-model accuracy and latency in SQLite), with the points
 LEMUR misses done differently:
@@ -27,6 +27,7 @@ out of both). Migrations are a short ordered list of functions that use Alembic'
 
 >>> from zoo.eval import results
 >>> results.runs(status='finished')                       # a pandas DataFrame
+>>> results.data(task='classification', only_best=True)  # one row per run: metrics, stats, latency per runtime
 >>> results.leaderboard('classification', 'digits', 'val/acc1')
 >>> results.plot_pareto(results.leaderboard(...), 'pareto.png')
 """
@@ -43,6 +44,7 @@ from .board import (AGGREGATE_COLUMNS, aggregate, HIGHER_IS_BETTER, LOWER_IS_BET
                     LEADERBOARD_COLUMNS, MIN_SEEDS_FOR_INTERVAL, SOURCE_RANK, board_tasks, latency_cpus, leaderboard,
                     leaderboards, pick_latency)
 from .render import format_aggregate, format_board, pareto_front, plot_pareto
+from .data import DATA_COLUMNS, data
 
 __all__ = ['fingerprint', 'SCHEMA_VERSION', 'DEFAULT_PATH', 'STATUSES', 'DISABLED', 'HEARTBEAT_ENV',
            'DEFAULT_HEARTBEAT_S', 'STALE_BEATS', 'STALE_MIN', 'STALE_AFTER', 'ResultsDBError', 'metadata',
@@ -53,4 +55,4 @@ __all__ = ['fingerprint', 'SCHEMA_VERSION', 'DEFAULT_PATH', 'STATUSES', 'DISABLE
            'stratified_bootstrap', 't_interval', 'AGGREGATE_COLUMNS', 'aggregate', 'HIGHER_IS_BETTER',
            'LOWER_IS_BETTER', 'is_higher_better', 'LEADERBOARD_COLUMNS', 'MIN_SEEDS_FOR_INTERVAL', 'SOURCE_RANK',
            'board_tasks', 'leaderboard', 'leaderboards', 'pick_latency', 'format_aggregate', 'format_board',
-           'pareto_front', 'plot_pareto']
+           'pareto_front', 'plot_pareto', 'DATA_COLUMNS', 'data']

@@ -22,7 +22,7 @@ AGGREGATE_COLUMNS = ['model', 'model_args', 'n_tasks', 'n_runs', 'runs_per_task'
 def aggregate(metric: str = 'val/acc1', *, db=None, model: str | None = None, task: str | None = None,
               dataset: str | None = None, by: tuple[str, ...] = ('task', 'dataset'), configs: str = 'best',
               common: bool = True, normalize: dict | None = None, higher_is_better: bool | None = None,
-              n_boot: int = 2000, level: float = 0.95, seed: int = 0):
+              n_boot: int = 2000, level: float = 0.95, seed: int = 0, runs=None):
     """Compare models over several tasks and seeds: interquartile mean and mean of the final ``metric``
     with stratified-bootstrap confidence intervals (Agarwal et al. 2021), one row per model and model
     arguments (as on the leaderboard: two token mixers of one MetaFormer are two rows).
@@ -35,16 +35,18 @@ def aggregate(metric: str = 'val/acc1', *, db=None, model: str | None = None, ta
     model has, so the numbers are comparable. Scores of different tasks must share a scale: pass
     ``normalize={'digits': (0.1, 1.0), ...}`` (stratum label -> (low, high), e.g. chance and perfect
     accuracy) to map each task to [0, 1]. A model with fewer than three runs in some task gets no
-    interval (NaN; resampling two runs only spans their range) and says so in ``note``. Returns a DataFrame sorted best first."""
+    interval (NaN; resampling two runs only spans their range) and says so in ``note``. ``runs``: a frame of
+    finished runs (``ResultsDB.runs`` rows, e.g. one benchmark's) to aggregate instead of querying the database
+    with the filters. Returns a DataFrame sorted best first."""
     import numpy as np
     import pandas as pd
 
     by = (by,) if isinstance(by, str) else tuple(by)
     if configs not in ('best', 'all'):
         raise ResultsDBError(f"configs must be 'best' or 'all'; got {configs!r}")
-    store = open_db(db)
     higher = is_higher_better(metric) if higher_is_better is None else higher_is_better
-    df = store.runs(model=model, task=task, dataset=dataset, status='finished')
+    df = (open_db(db).runs(model=model, task=task, dataset=dataset, status='finished') if runs is None
+          else runs.copy())
     unknown = [c for c in by if c not in runs_table.c]
     if unknown:
         raise ResultsDBError(f'unknown column(s) {unknown} to stratify by; known: {", ".join(runs_table.c.keys())}')

@@ -112,7 +112,8 @@ def pareto_front(latency_ms, score, higher_is_better: bool = True) -> list[int]:
 def plot_pareto(board, path: str | os.PathLike | None = None, *, title: str | None = None):
     """Accuracy (or any metric) against batch-1 latency, one point per leaderboard row: vertical bar the 95 %
     Student-t interval over seeds (none below 3 seeds; the label then says n), horizontal bar the latency
-    record's IQR. The Pareto front is drawn as a step line. Saves to ``path`` when given; returns the matplotlib Figure."""
+    record's IQR. The Pareto front is drawn as a step line. Saves to ``path`` when given (an ``.svg`` is byte-identical
+for the same board: fixed element ids, no date); returns the matplotlib Figure."""
     import matplotlib
     if path is not None:
         matplotlib.use('Agg', force=False)
@@ -168,5 +169,9 @@ def plot_pareto(board, path: str | os.PathLike | None = None, *, title: str | No
     ax.grid(alpha=0.3)
     fig.tight_layout()
     if path is not None:
-        fig.savefig(path, dpi=150)
+        if str(path).endswith('.svg'):   # byte-identical for the same board: fixed ids, no date
+            with matplotlib.rc_context({'svg.hashsalt': 'zoo', 'svg.fonttype': 'path'}):
+                fig.savefig(path, metadata={'Date': None})
+        else:
+            fig.savefig(path, dpi=150)
     return fig

@@ -192,6 +192,35 @@ class ResultsDB:
             else:
                 conn.execute(schema_table.insert().values(id=1, version=SCHEMA_VERSION, updated_at=utcnow()))
 
+    @contextlib.contextmanager
+    def lock(self, name: str, key: int | None = None):
+        """An exclusive lock shared by every process on this database (sweep workers, benchmark workers): a file
+        lock (``filelock``) beside a SQLite file, a session advisory lock on PostgreSQL (``key``, default a
+        hash of ``name``). An in-memory SQLite database or another server gets no lock (one process only)."""
+        if self._sqlite:
+            if not self._path:
+                yield
+                return
+            from filelock import FileLock
+
+            with FileLock(f'{self._path}.{name}'):
+                yield
+            return
+        if self.engine.dialect.name != 'postgresql':
+            yield
+            return
+        import zlib
+
+        key = zlib.crc32(name.encode()) if key is None else int(key)
+        with self.engine.connect() as conn:
+            conn.execute(sa.text('SELECT pg_advisory_lock(:k)'), {'k': key})
+            conn.commit()
+            try:
+                yield
+            finally:
+                conn.execute(sa.text('SELECT pg_advisory_unlock(:k)'), {'k': key})
+                conn.commit()
+
     # --- runs
     def start_run(self, model: str, **fields) -> int:
         """Insert a ``running`` run (host and pid recorded for crash detection); returns its id."""
@@ -217,6 +246,13 @@ class ResultsDB:
             if fields.get('arch_fingerprint'):
                 model = conn.execute(sa.select(runs_table.c.model).where(runs_table.c.id == run_id)).scalar()
                 self._add_architecture(conn, fields['arch_fingerprint'], model, fields.get('params'))
+
+    def claim_run(self, run_id: int, **fields) -> None:
+        """Take over a ``running`` row another process wrote for this one (``zoo benchmark run`` writes the row
+        of a job before it starts the ``zoo fit`` that trains it): ``fields`` plus this process's host and pid,
+        so crash detection follows the process that trains."""
+        self.update_run(run_id, **fields, host=socket.gethostname(), pid=os.getpid(),
+                        proc_start=_proc_start(os.getpid()), heartbeat_at=utcnow(), status='running', error=None)
 
     def log_metrics(self, run_id: int, metrics: dict[str, float], epoch: int | None = None, step: int | None = None,
                     final: bool = False) -> None:
