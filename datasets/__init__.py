@@ -23,6 +23,11 @@ _EXPORTS = {
     # issue 16: object detection (COCO and YOLO folders, procedural shapes_det / digits_det)
     'CocoDetectionDataModule': 'detection', 'YoloDetectionDataModule': 'detection',
     'ShapesDetDataModule': 'detection', 'DigitsDetDataModule': 'detection', 'DetectionDataError': 'detection',
+    'DataError': '_base',
+    # issue 28: semantic segmentation (ADE20K, VOC-style and image + mask folders, procedural shapes_seg / digits_seg)
+    'ShapesSegDataModule': 'segmentation', 'DigitsSegDataModule': 'segmentation',
+    'ADE20KDataModule': 'segmentation', 'VOCSegDataModule': 'segmentation', 'FolderSegDataModule': 'segmentation',
+    'SegmentationDataError': 'segmentation',
 }
 __all__ = sorted(_EXPORTS)
 

@@ -10,6 +10,10 @@ class DatasetNotFoundError(FileNotFoundError):
     """Data missing or unreadable; the message names the expected path and how to obtain the data."""
 
 
+class DataError(ValueError):
+    """Malformed data (a task's annotations, labels or masks); the one-line message names the file."""
+
+
 def split_indices(n: int, fractions: tuple[float, ...], seed: int) -> list[torch.Tensor]:
     """A seeded permutation of ``range(n)`` cut into ``len(fractions) + 1`` parts (the last takes the rest)."""
     if any(f < 0 for f in fractions) or sum(fractions) >= 1:

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .._base import DatasetNotFoundError
+from .._base import DataError, DatasetNotFoundError
 
 __all__ = ['DetectionDataError', 'IMG_EXTS', 'read_json', 'read_yaml', 'BoxCheck', 'read_coco', 'read_yolo',
            'read_yolo_labels']
@@ -18,7 +18,7 @@ log = logging.getLogger('zoo.datasets.detection')
 IMG_EXTS = ('.jpg', '.jpeg', '.png', '.bmp', '.webp', '.tif', '.tiff')
 
 
-class DetectionDataError(ValueError):
+class DetectionDataError(DataError):
     """Malformed detection data; the message names the file and the line or annotation."""
 
 

@@ -10,10 +10,11 @@ import torch
 
 from ..shapes import SHAPES, _polygon
 
-__all__ = ['draw_shapes_det', 'generate_shapes_det', 'draw_digits_det', 'generate_digits_det', 'load_digits', 'Drawn']
+__all__ = ['texture', 'shape_colour', 'shape_mask', 'digit_patch', 'paste', 'draw_shapes_det', 'generate_shapes_det',
+           'draw_digits_det', 'generate_digits_det', 'load_digits', 'Drawn']
 
 
-def _texture(rng: np.random.Generator, size: int) -> np.ndarray:
+def texture(rng: np.random.Generator, size: int) -> np.ndarray:
     """A dark textured background: a colour gradient, low-frequency blobs and pixel noise, (S, S, 3) float."""
     yy, xx = np.mgrid[0:size, 0:size] / size
     base = rng.uniform(0, 90, 3)
@@ -39,13 +40,36 @@ def _place(rng, size: int, r: float, taken: list, tries: int = 30):
     return None
 
 
+def shape_colour(rng: np.random.Generator) -> np.ndarray:
+    """A bright random colour (one channel high), (3,) float."""
+    fg = rng.uniform(120, 256, 3)
+    fg[rng.integers(3)] = rng.uniform(200, 256)
+    return fg
+
+
+def shape_mask(shape: str, size: int, cy: float, cx: float, r: float, rng: np.random.Generator) -> np.ndarray:
+    """The (S, S) bool pixels of one ``shape`` of half-size ``r`` centred at (cy, cx), clipped to the image; polygons
+    take a random rotation from ``rng``."""
+    from skimage.draw import disk, polygon
+    mask = np.zeros((size, size), bool)
+    if shape in ('circle', 'ring'):
+        rr, cc = disk((cy, cx), r, shape=mask.shape)
+        mask[rr, cc] = True
+        if shape == 'ring':  # hollow: the inner 55 % of the radius is background
+            rr, cc = disk((cy, cx), 0.55 * r, shape=mask.shape)
+            mask[rr, cc] = False
+    else:
+        rr, cc = polygon(*_polygon(shape, cy, cx, r, rng.uniform(0, 2 * math.pi)), shape=mask.shape)
+        mask[rr, cc] = True
+    return mask
+
+
 def draw_shapes_det(size: int, rng: np.random.Generator, num_classes: int = len(SHAPES), max_objects: int = 6,
                     min_px: int = 12, max_px: int = 80):
     """One image with 1..max_objects non-overlapping shapes: (S, S, 3) uint8, boxes (n, 4) xyxy, labels (n,).
 
     Boxes are the tight extent of each shape's drawn pixels."""
-    from skimage.draw import disk, polygon
-    img = _texture(rng, size)
+    img = texture(rng, size)
     boxes, labels, taken = [], [], []
     for _ in range(int(rng.integers(1, max_objects + 1))):
         cls = int(rng.integers(num_classes))
@@ -54,19 +78,8 @@ def draw_shapes_det(size: int, rng: np.random.Generator, num_classes: int = len(
         if c is None:
             continue
         cy, cx = c
-        fg = rng.uniform(120, 256, 3)
-        fg[rng.integers(3)] = rng.uniform(200, 256)
-        shape = SHAPES[cls]
-        mask = np.zeros((size, size), bool)
-        if shape in ('circle', 'ring'):
-            rr, cc = disk((cy, cx), r, shape=mask.shape)
-            mask[rr, cc] = True
-            if shape == 'ring':
-                rr, cc = disk((cy, cx), 0.55 * r, shape=mask.shape)
-                mask[rr, cc] = False
-        else:
-            rr, cc = polygon(*_polygon(shape, cy, cx, r, rng.uniform(0, 2 * math.pi)), shape=mask.shape)
-            mask[rr, cc] = True
+        fg = shape_colour(rng)
+        mask = shape_mask(SHAPES[cls], size, cy, cx, r, rng)
         ys, xs = np.nonzero(mask)
         if len(ys) == 0:
             continue
@@ -97,12 +110,29 @@ def load_digits() -> tuple[torch.Tensor, np.ndarray]:
     return torch.as_tensor(digits.images, dtype=torch.float32) / 16.0, digits.target  # (1797, 8, 8) in [0, 1]
 
 
+INK = 0.25  # a digit's pixels (of its upscaled [0, 1] intensity) that count as ink: its box, its mask
+
+
+def digit_patch(digit: torch.Tensor, side: int) -> np.ndarray:
+    """An (8, 8) [0, 1] digit upscaled (bilinear) to (side, side), clamped to [0, 1]."""
+    patch = torch.nn.functional.interpolate(digit[None, None], size=(side, side), mode='bilinear',
+                                            align_corners=False)[0, 0]  # (1, 1, 8, 8) -> (side, side)
+    return patch.clamp(0, 1).numpy()
+
+
+def paste(img: np.ndarray, patch: np.ndarray, y0: int, x0: int, colour: np.ndarray) -> None:
+    """Blend ``colour`` into ``img`` (H, W, 3) at (y0, x0) with ``patch`` as alpha (clipped to the image)."""
+    region = img[y0:y0 + patch.shape[0], x0:x0 + patch.shape[1]]
+    alpha = patch[:region.shape[0], :region.shape[1], None]
+    region[:] = region * (1 - alpha) + colour * alpha
+
+
 def draw_digits_det(size: int, rng: np.random.Generator, src: torch.Tensor, targets: np.ndarray, pool: np.ndarray,
                     max_objects: int = 6, min_px: int = 12, max_px: int = 80):
     """One canvas with 1..max_objects digits of ``src[pool]`` pasted (bilinear upscaling, alpha = ink).
 
     Returns like :func:`draw_shapes_det`; boxes are the tight extent of each digit's ink (value > 0.25)."""
-    img = _texture(rng, size)
+    img = texture(rng, size)
     boxes, labels, taken = [], [], []
     for _ in range(int(rng.integers(1, max_objects + 1))):
         k = int(pool[rng.integers(len(pool))])
@@ -111,15 +141,11 @@ def draw_digits_det(size: int, rng: np.random.Generator, src: torch.Tensor, targ
         if c is None:
             continue
         y0, x0 = int(c[0] - side / 2), int(c[1] - side / 2)
-        patch = torch.nn.functional.interpolate(src[k][None, None], size=(side, side), mode='bilinear',
-                                                align_corners=False)[0, 0]
-        patch = patch.clamp(0, 1).numpy()
-        ink = patch > 0.25
+        patch = digit_patch(src[k], side)
+        ink = patch > INK
         if not ink.any():
             continue
-        colour = rng.uniform(170, 256, 3)
-        region = img[y0:y0 + side, x0:x0 + side]
-        region[:] = region * (1 - patch[..., None]) + colour * patch[..., None]
+        paste(img, patch, y0, x0, rng.uniform(170, 256, 3))
         ys, xs = np.nonzero(ink)
         boxes.append((float(x0 + xs.min()), float(y0 + ys.min()), float(x0 + xs.max() + 1), float(y0 + ys.max() + 1)))
         taken.append((x0, y0, x0 + side, y0 + side))
@@ -147,13 +173,14 @@ def _stack(samples: list[tuple]):
 
 
 class Drawn:
-    """A procedural sample drawn on first use and kept (generation is as costly as a training step)."""
+    """A procedural sample drawn on first use and kept (generation is as costly as a training step): ``draw``
+    returns an (H, W, 3) uint8 image and its annotations; the image is returned as (3, H, W)."""
 
     def __init__(self, draw: Callable, seed: tuple, **kwargs):
         self.draw, self.seed, self.kwargs, self.value = draw, seed, kwargs, None
 
     def __call__(self) -> tuple:
         if self.value is None:
-            img, boxes, labels = self.draw(rng=np.random.default_rng(list(self.seed)), **self.kwargs)
-            self.value = (torch.from_numpy(img).permute(2, 0, 1).contiguous(), boxes, labels)  # HWC -> CHW
+            img, *annotations = self.draw(rng=np.random.default_rng(list(self.seed)), **self.kwargs)
+            self.value = (torch.from_numpy(img).permute(2, 0, 1).contiguous(), *annotations)  # HWC -> CHW
         return self.value
