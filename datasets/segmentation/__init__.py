@@ -29,14 +29,16 @@ Bad data raises :class:`SegmentationDataError` (a ``ValueError``, like detection
 without its mask, a mask of another size than its image, a class id out of range (other than 255), a colour that
 maps to no class, an empty split.
 """
-from .datamodules import (DigitsSegDataModule, SegmentationDataModule, SegmentationDataset, ShapesSegDataModule)
+from .datamodules import (VOC_CLASSES, ADE20KDataModule, DigitsSegDataModule, FolderSegDataModule,
+                          SegmentationDataModule, SegmentationDataset, ShapesSegDataModule, VOCSegDataModule)
 from .formats import Record, SegmentationDataError, read_class_names, read_mask, voc_palette
 from .synthetic import draw_digits_seg, draw_shapes_seg, generate_digits_seg, generate_shapes_seg
 from .transforms import (IGNORE_INDEX, NO_AUGMENT, CatMaxRandomCrop, PhotoMetricDistortion, RandomResizeRatio,
                          SegmentationAugment, collate, segmentation_transforms)
 
 __all__ = ['SegmentationDataError', 'SegmentationDataset', 'SegmentationDataModule', 'ShapesSegDataModule',
-           'DigitsSegDataModule', 'SegmentationAugment', 'NO_AUGMENT', 'IGNORE_INDEX', 'RandomResizeRatio',
+           'DigitsSegDataModule', 'ADE20KDataModule', 'VOCSegDataModule', 'FolderSegDataModule', 'VOC_CLASSES',
+           'SegmentationAugment', 'NO_AUGMENT', 'IGNORE_INDEX', 'RandomResizeRatio',
            'CatMaxRandomCrop', 'PhotoMetricDistortion', 'segmentation_transforms', 'collate', 'Record', 'read_mask',
            'read_class_names', 'voc_palette', 'draw_shapes_seg', 'draw_digits_seg', 'generate_shapes_seg',
            'generate_digits_seg']

@@ -4,21 +4,24 @@ one DataModule base and the shared epoch-keyed loader (``datasets/_base.py``).""
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from pathlib import Path
 
 import numpy as np
 import torch
 from torch.utils.data import Dataset
 from torchvision import tv_tensors
 
-from .._base import ImageDataModule, split_indices
+from .._base import DatasetNotFoundError, ImageDataModule, split_indices
 from ..detection.synthetic import Drawn, load_digits
 from ..folder import _IMAGENET_MEAN, _IMAGENET_STD
 from ..shapes import SHAPES
-from .formats import Record, SegmentationDataError, voc_palette
+from .formats import (IMG_EXTS, Record, SegmentationDataError, file_records, pair_by_name, pair_from_list,
+                      read_class_names, read_mask, voc_palette)
 from .synthetic import draw_digits_seg, draw_shapes_seg
 from .transforms import IGNORE_INDEX, NO_AUGMENT, SegmentationAugment, collate, segmentation_transforms
 
-__all__ = ['SegmentationDataset', 'SegmentationDataModule', 'ShapesSegDataModule', 'DigitsSegDataModule']
+__all__ = ['SegmentationDataset', 'SegmentationDataModule', 'ShapesSegDataModule', 'DigitsSegDataModule',
+           'ADE20KDataModule', 'VOCSegDataModule', 'FolderSegDataModule', 'VOC_CLASSES']
 
 
 class SegmentationDataset(Dataset):
@@ -205,3 +208,245 @@ class DigitsSegDataModule(_ProceduralSeg):
         if self.train_set is None:
             self._digits = None
         super().setup(stage)
+
+
+def _remap(reduce_zero_label: bool = False, ignore_value: int = IGNORE_INDEX,
+           palette: Sequence[Sequence[int]] | None = None, ignore_colours: Sequence[Sequence[int]] = ()):
+    """``read_labels(mask_path)``: the stored values -> class ids. ``reduce_zero_label`` as mmseg (0 -> 255, k -> k-1,
+    255 stays 255); ``ignore_value``: the stored value that means "ignore" (-> 255); ``palette``: class k's colour in
+    RGB masks."""
+    def read_labels(path: Path) -> np.ndarray:
+        m = read_mask(path, palette, ignore_colours)
+        if ignore_value != IGNORE_INDEX:
+            m = np.where(m == ignore_value, IGNORE_INDEX, m)
+        if reduce_zero_label:
+            m = np.where(m == 0, IGNORE_INDEX, np.where(m == IGNORE_INDEX, IGNORE_INDEX, m - 1))
+        return m
+    return read_labels
+
+
+class _FileSeg(SegmentationDataModule):
+    """A folder dataset: subclasses give ``_pairs(which) -> ((image, mask) pairs, the folder or list read)``."""
+
+    _palette: list | None = None
+    _read_labels: Callable[[Path], np.ndarray]
+
+    def _pairs(self, which: str) -> tuple[list[tuple[Path, Path]], str]:
+        raise NotImplementedError
+
+    @property
+    def palette(self) -> list[tuple[int, int, int]]:
+        return [tuple(c) for c in self._palette] if self._palette is not None else voc_palette(self.num_classes)
+
+    def setup(self, stage: str | None = None) -> None:
+        if self.train_set is not None:
+            return
+        for which in ('train', 'val', 'test'):
+            if which == 'test' and not self._has_test():
+                self.test_set = self.val_set
+                continue
+            pairs, where = self._pairs(which)
+            records = file_records(pairs, self._read_labels)
+            setattr(self, f'{which}_set', self._make(records, which == 'train', f'{which} split ({where})'))
+        self._check_sizes()
+
+    def _has_test(self) -> bool:
+        return True
+
+
+def _ade_names(root: Path) -> list[str] | None:
+    """Class names from ADE20K's ``objectInfo150`` table in ``root`` (.csv or .txt: Idx, Ratio, Train, Val, Name;
+    the first of a name's synonyms), or None."""
+    for path in (root / 'objectInfo150.csv', root / 'objectInfo150.txt'):
+        if path.is_file():
+            rows = [line for line in path.read_text().splitlines()[1:] if line.strip()]
+            sep = ',' if path.suffix == '.csv' else '\t'
+            return [row.split(sep, 4)[-1].strip().strip('"').split(';')[0] for row in rows]
+    return None
+
+
+class ADE20KDataModule(_FileSeg):
+    """ADE20K's layout (ADEChallengeData2016): ``root/images/{training,validation}/*.jpg`` and
+    ``root/annotations/{training,validation}/*.png`` of the same names, 0 = "other" and classes 1..N.
+
+    Args:
+        root: the dataset folder.
+        reduce_zero_label: as mmseg's ADE20K configs: 0 -> 255 (ignored), k -> k - 1, so ``num_classes`` = N (150);
+            ``False`` keeps 0 as a class (``num_classes`` = N + 1).
+        num_classes: N, the classes 1..N in the files (150 for ADE20K's SceneParsing benchmark); ``None``: the length
+            of the names (``classes_file``, or ``root/objectInfo150.csv``/``.txt``), else 150.
+        classes_file: one class name per line (class 1 first); by default ``objectInfo150`` in ``root`` when there.
+        train_split, val_split, test_split: the sub-folder names; ``test_split`` defaults to the validation split.
+    """
+
+    def __init__(self, root: str, reduce_zero_label: bool = True, num_classes: int | None = None,
+                 classes_file: str | None = None, train_split: str = 'training', val_split: str = 'validation',
+                 test_split: str | None = None, batch_size: int = 8, num_workers: int = 0, img_size: int = 512,
+                 seed: int = 0, augment: SegmentationAugment | None = SegmentationAugment(),
+                 mean: tuple[float, float, float] = _IMAGENET_MEAN, std: tuple[float, float, float] = _IMAGENET_STD):
+        super().__init__(batch_size, num_workers, img_size, seed, augment, mean, std)
+        self.root, self.reduce_zero_label = Path(root), reduce_zero_label
+        if not (self.root / 'images').is_dir():
+            raise DatasetNotFoundError(f'ADE20K folder not found: {self.root / "images"} (expected <root>/images/'
+                                       f'{train_split} and <root>/annotations/{train_split}, ADEChallengeData2016\'s '
+                                       f'layout)')
+        names = read_class_names(Path(classes_file)) if classes_file else _ade_names(self.root)
+        n = num_classes if num_classes is not None else len(names) if names else 150
+        if names is not None and len(names) != n:
+            raise ValueError(f'num_classes={n} but {classes_file or self.root} names {len(names)} classes')
+        names = names or [f'class{k}' for k in range(1, n + 1)]
+        self.num_classes = n if reduce_zero_label else n + 1
+        self.class_names = names if reduce_zero_label else ['other', *names]
+        self.splits = {'train': train_split, 'val': val_split, 'test': test_split or val_split}
+        self.dataset_name = self.root.name or 'ade20k'
+        self._read_labels = _remap(reduce_zero_label=reduce_zero_label)
+
+    def _has_test(self) -> bool:
+        return self.splits['test'] != self.splits['val']
+
+    def _pairs(self, which: str):
+        split = self.splits[which]
+        images, masks = self.root / 'images' / split, self.root / 'annotations' / split
+        return pair_by_name(images, masks, img_suffix=IMG_EXTS, mask_suffix='.png'), str(images)
+
+
+VOC_CLASSES = ('background', 'aeroplane', 'bicycle', 'bird', 'boat', 'bottle', 'bus', 'car', 'cat', 'chair', 'cow',
+               'diningtable', 'dog', 'horse', 'motorbike', 'person', 'pottedplant', 'sheep', 'sofa', 'train',
+               'tvmonitor')
+
+
+class VOCSegDataModule(_FileSeg):
+    """A VOC- or Cityscapes-style folder: a split is either named by a list file (``root/<list_dir>/<split>.txt``, one
+    name without suffix per line, VOC's ``ImageSets/Segmentation``) or is the images and masks of matching names in
+    ``root/<image_dir>/<split>/`` and ``root/<mask_dir>/<split>/`` (searched recursively, Cityscapes' city folders).
+
+    Label PNGs hold class ids as grey or palette-indexed values (VOC's ``SegmentationClass``: the palette index is the
+    class), or colours (RGB) mapped by ``palette``; the stored value ``ignore_index`` (and its palette colour, VOC's
+    boundary (224, 224, 192) for 255) is ignored (255 in the samples).
+
+    Args:
+        root: the dataset folder (VOC: ``VOCdevkit/VOC2012``).
+        classes_file: one class name per line (class 0 first); default VOC's 21 classes (or ``num_classes`` names).
+        num_classes: without ``classes_file``, the number of classes (default 21, VOC's).
+        palette: class k's RGB colour, for colour masks (default VOC's colour map).
+        ignore_index: the stored label value to ignore.
+        image_dir, mask_dir, list_dir: sub-folders of ``root`` (Cityscapes: ``leftImg8bit``, ``gtFine``).
+        img_suffix, mask_suffix: what follows the shared name (Cityscapes: ``_leftImg8bit.png``,
+            ``_gtFine_labelTrainIds.png``).
+        train_split, val_split, test_split: split names; ``test_split`` defaults to the validation split.
+    """
+
+    def __init__(self, root: str, classes_file: str | None = None, num_classes: int | None = None,
+                 palette: list[tuple[int, int, int]] | None = None, ignore_index: int = IGNORE_INDEX,
+                 image_dir: str = 'JPEGImages', mask_dir: str = 'SegmentationClass',
+                 list_dir: str = 'ImageSets/Segmentation', img_suffix: str = '.jpg', mask_suffix: str = '.png',
+                 train_split: str = 'train', val_split: str = 'val', test_split: str | None = None,
+                 batch_size: int = 8, num_workers: int = 0, img_size: int = 512, seed: int = 0,
+                 augment: SegmentationAugment | None = SegmentationAugment(),
+                 mean: tuple[float, float, float] = _IMAGENET_MEAN, std: tuple[float, float, float] = _IMAGENET_STD):
+        super().__init__(batch_size, num_workers, img_size, seed, augment, mean, std)
+        self.root = Path(root)
+        if not self.root.is_dir():
+            raise DatasetNotFoundError(f'dataset folder not found: {self.root} (expected {image_dir}/, {mask_dir}/ '
+                                       f'and {list_dir}/<split>.txt or per-split folders)')
+        if classes_file:
+            names = read_class_names(Path(classes_file))
+        elif num_classes is None or num_classes == len(VOC_CLASSES):
+            names = list(VOC_CLASSES)
+        else:
+            names = [f'class{k}' for k in range(num_classes)]
+        if num_classes is not None and num_classes != len(names):
+            raise ValueError(f'num_classes={num_classes} but {classes_file} names {len(names)} classes')
+        self.num_classes, self.class_names = len(names), names
+        self._palette = _check_palette(palette, self.num_classes)
+        self.file_ignore_index = ignore_index
+        colours = self.palette
+        ignore_colours = [voc_palette(256)[ignore_index]] if 0 <= ignore_index < 256 else []
+        self._read_labels = _remap(ignore_value=ignore_index, palette=colours,
+                                   ignore_colours=[c for c in ignore_colours if c not in colours])
+        self.dirs = (image_dir, mask_dir, list_dir)
+        self.suffixes = (img_suffix, mask_suffix)
+        self.splits = {'train': train_split, 'val': val_split, 'test': test_split or val_split}
+        self.dataset_name = self.root.name or 'voc'
+
+    def _has_test(self) -> bool:
+        return self.splits['test'] != self.splits['val']
+
+    def _pairs(self, which: str):
+        split = self.splits[which]
+        image_dir, mask_dir, list_dir = (self.root / d for d in self.dirs)
+        listed = list_dir / f'{split}.txt'
+        if listed.is_file():
+            return pair_from_list(listed, image_dir, mask_dir, *self.suffixes), str(listed)
+        if (image_dir / split).is_dir():
+            return pair_by_name(image_dir / split, mask_dir / split, *self.suffixes), str(image_dir / split)
+        raise DatasetNotFoundError(f'{self.root}: the {split!r} split is neither a list file ({listed}) nor a folder '
+                                   f'of images ({image_dir / split})')
+
+
+def _check_palette(palette, num_classes: int) -> list[tuple[int, int, int]] | None:
+    if palette is None:
+        return None
+    palette = [tuple(int(v) for v in c) for c in palette]
+    if len(palette) != num_classes or any(len(c) != 3 or not all(0 <= v < 256 for v in c) for c in palette):
+        raise ValueError(f'palette must give one (r, g, b) colour in 0..255 per class ({num_classes}), got '
+                         f'{len(palette)} entries')
+    if len(set(palette)) != len(palette):
+        raise ValueError('palette colours must be distinct (a colour maps to one class)')
+    return palette
+
+
+class FolderSegDataModule(_FileSeg):
+    """Any image folder + mask folder + class-names file: images and masks paired by name (the path below the folder
+    without the suffix); masks hold class ids (grey or palette-indexed PNG) or colours mapped by ``palette``.
+
+    Splits: ``train/``, ``val/`` (and optionally ``test/``) sub-folders in both folders when ``images/train`` exists;
+    otherwise every pair, split seeded by ``val_fraction`` / ``test_fraction`` (``test_fraction=0``: the test split
+    is the validation split).
+
+    Args:
+        images, masks: the two folders.
+        classes_file: one class name per line, line k naming class k.
+        palette: class k's RGB colour, for colour masks.
+        ignore_index: the stored label value to ignore (255 in the samples).
+        reduce_zero_label: stored 0 is "unlabelled" and class k is stored as k + 1 (mmseg's ``reduce_zero_label``).
+        mask_suffix: what replaces the image's suffix in its mask's name (``.png``, ``_mask.png``).
+    """
+
+    def __init__(self, images: str, masks: str, classes_file: str, palette: list[tuple[int, int, int]] | None = None,
+                 ignore_index: int = IGNORE_INDEX, reduce_zero_label: bool = False, mask_suffix: str = '.png',
+                 val_fraction: float = 0.2, test_fraction: float = 0.0, split_seed: int = 0, batch_size: int = 8,
+                 num_workers: int = 0, img_size: int = 256, seed: int = 0,
+                 augment: SegmentationAugment | None = SegmentationAugment(),
+                 mean: tuple[float, float, float] = _IMAGENET_MEAN, std: tuple[float, float, float] = _IMAGENET_STD):
+        super().__init__(batch_size, num_workers, img_size, seed, augment, mean, std)
+        self.images, self.masks, self.mask_suffix = Path(images), Path(masks), mask_suffix
+        for what, folder in (('image', self.images), ('mask', self.masks)):
+            if not folder.is_dir():
+                raise DatasetNotFoundError(f'{what} folder not found: {folder}')
+        split_indices(10, (val_fraction, test_fraction), 0)  # validate the fractions now
+        self.val_fraction, self.test_fraction, self.split_seed = val_fraction, test_fraction, split_seed
+        self.class_names = read_class_names(Path(classes_file))
+        self.num_classes = len(self.class_names)
+        self._palette = _check_palette(palette, self.num_classes)
+        self.file_ignore_index = ignore_index
+        self._read_labels = _remap(reduce_zero_label, ignore_index, self._palette)
+        self.by_folder = (self.images / 'train').is_dir()
+        self.dataset_name = self.images.parent.name or self.images.name
+        self._all = None
+
+    def _has_test(self) -> bool:
+        return (self.images / 'test').is_dir() if self.by_folder else self.test_fraction > 0
+
+    def _pairs(self, which: str):
+        if self.by_folder:
+            return pair_by_name(self.images / which, self.masks / which, mask_suffix=self.mask_suffix), \
+                str(self.images / which)
+        if self._all is None:
+            self._all = pair_by_name(self.images, self.masks, mask_suffix=self.mask_suffix)
+            if not self._all:
+                raise SegmentationDataError(f'{self.images}: no images found')
+        parts = dict(zip(('train', 'val', 'test'), split_indices(len(self._all), (self.val_fraction,
+                                                                                  self.test_fraction),
+                                                                 self.split_seed)))
+        return [self._all[i] for i in parts[which].tolist()], f'{self.images}, {which} part'

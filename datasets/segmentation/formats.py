@@ -127,7 +127,7 @@ def read_class_names(path: Path) -> list[str]:
 
 def find_images(folder: Path, suffix: str | Sequence[str] = IMG_EXTS) -> list[Path]:
     """Image files under ``folder`` (recursively, sorted) whose names end with ``suffix`` (one or several)."""
-    suffixes = (suffix,) if isinstance(suffix, str) else tuple(suffix)
+    suffixes = tuple(s.lower() for s in ((suffix,) if isinstance(suffix, str) else suffix))
     return sorted(p for p in Path(folder).rglob('*') if p.is_file() and p.name.lower().endswith(suffixes))
 
 
@@ -135,7 +135,7 @@ def _stem(path: Path, folder: Path, suffixes: Sequence[str]) -> str:
     """The path relative to ``folder`` without the matched suffix: what pairs an image with its mask."""
     rel = path.relative_to(folder).as_posix()
     for s in sorted(suffixes, key=len, reverse=True):
-        if rel.lower().endswith(s):
+        if rel.lower().endswith(s.lower()):
             return rel[:-len(s)]
     return rel
 

@@ -70,9 +70,11 @@ class CatMaxRandomCrop(v2.Transform):
         top, left = self._window(h, w)
         mask = next((x for x in flat_inputs if isinstance(x, tv_tensors.Mask)), None)
         if mask is not None and self.cat_max_ratio < 1:
+            mask = mask.as_subclass(torch.Tensor).reshape(h, w)  # a plain tensor: no tv_tensor dispatch per try
             for _ in range(self.tries - 1):
-                window = mask[..., top:top + self.size, left:left + self.size]
-                counts = torch.bincount(window[window != self.ignore_index].reshape(-1))
+                window = mask[top:top + self.size, left:left + self.size].reshape(-1)
+                counts = torch.bincount(window, minlength=self.ignore_index + 1)
+                counts[self.ignore_index] = 0  # ignored pixels do not count
                 counts = counts[counts > 0]
                 if len(counts) > 1 and counts.max() < self.cat_max_ratio * counts.sum():
                     break
