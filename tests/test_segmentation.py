@@ -120,7 +120,7 @@ def _conv_bn(cin: int, cout: int, k: int) -> int:
     return cin * cout * k * k + 2 * cout
 
 
-def test_official_semfpn_poolformer_s12_parameter_count():
+def test_official_semfpn_poolformer_s12_parameter_count_and_cpu_forward_at_512():
     """The official segmentation model of sail-sg/poolformer (configs/sem_fpn/PoolFormer/fpn_poolformer_s12_ade20k_
     40k.py on mmseg v0.19's fpn_r50 base), counted module by module from mmseg's definitions (mmseg cannot run
     here): backbone = PoolFormer-S12 without its head and final norm (11,915,176 - 1000 x 512 - 1000 - 2 x 512)
@@ -137,6 +137,12 @@ def test_official_semfpn_poolformer_s12_parameter_count():
     assert (count(model.backbone), count(model.neck), count(model.head)) == (backbone, neck, head)
     assert count(model) == backbone + neck + head == zoo.model_info('semfpn_poolformer_s12').params == 15_669_846
     assert zoo.model_info('semfpn_poolformer_s12').ade20k_miou == 37.2
+    torch.manual_seed(0)
+    model = zoo.create('semfpn_poolformer_s12').eval()  # the full-size model runs on the CPU at 512 px
+    with torch.no_grad():
+        raw = model.forward_raw(torch.randn(1, 3, 512, 512))
+        assert raw[0].shape == (1, 150, 128, 128) and torch.isfinite(raw[0]).all()
+        assert model.head.predict(raw).shape == (1, 512, 512)
 
 
 def test_upernet_piip_tsb_parameter_count_and_forward_shape_at_512():
