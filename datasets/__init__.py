@@ -1,8 +1,9 @@
 """zoo.datasets: LightningDataModules and generators for the built-in datasets.
 
 Every image DataModule has fixed, seeded train/val/test splits and the attributes ``num_classes``,
-``in_chans`` and ``img_size`` (the command line passes them to the model). Missing data raises
-:class:`DatasetNotFoundError`, naming the expected path and how to obtain the data.
+``in_chans`` and ``img_size`` (the command line passes them to the model); segmentation DataModules also have
+``class_names``, ``ignore_index`` (255), ``mean``, ``std`` and ``palette`` (:mod:`zoo.datasets.segmentation`).
+Missing data raises :class:`DatasetNotFoundError`, naming the expected path and how to obtain the data.
 
 Exports load lazily (PEP 562), so ``import zoo.datasets`` does not import Lightning until a
 DataModule is used.

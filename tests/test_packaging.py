@@ -16,6 +16,16 @@ def test_every_recipe_folder_is_a_declared_package():
     assert folders <= set(packages), f'add to pyproject.toml packages: {sorted(folders - set(packages))}'
 
 
+def test_every_python_package_is_declared():
+    """A sub-package left out of the list is left out of the wheel (zoo.datasets.detection once was)."""
+    packages = set(tomllib.loads((ROOT / 'pyproject.toml').read_text())['tool']['setuptools']['packages'])
+    roots = {'zoo': 'zoo', 'layers': 'zoo.layers', 'recipes': 'zoo.recipes', 'datasets': 'zoo.datasets',
+             'eval': 'zoo.eval'}
+    found = {'.'.join([name, *init.parent.relative_to(ROOT / folder).parts])
+             for folder, name in roots.items() for init in (ROOT / folder).rglob('__init__.py')}
+    assert found <= packages, f'add to pyproject.toml packages: {sorted(found - packages)}'
+
+
 def test_the_wheel_builds_quietly_and_holds_the_recipes(tmp_path):
     proc = subprocess.run([sys.executable, '-m', 'pip', 'wheel', str(ROOT), '--no-deps', '--no-build-isolation',
                            '-w', str(tmp_path), '-v'], capture_output=True, text=True, timeout=300)

@@ -201,10 +201,14 @@ def test_ade20k_loads_with_reduce_zero_label(tmp_path):
     assert sorted(keep.train_set.original(0)[1].unique().tolist()) == [0, 1, 5, 150]
 
 
-def test_ade20k_class_names_from_object_info(tmp_path):
+@pytest.mark.parametrize('table', ['objectInfo150.csv', 'objectInfo150.txt'])
+def test_ade20k_class_names_from_object_info(tmp_path, table):
     write_ade(tmp_path, values=(0, 1, 2))
-    (tmp_path / 'objectInfo150.csv').write_text('Idx,Ratio,Train,Val,Name\n1,0.1,1,1,wall\n'
-                                                '2,0.1,1,1,"building;edifice"\n3,0.1,1,1,sky\n')
+    rows = [('Idx', 'Ratio', 'Train', 'Val', 'Name'), ('1', '0.1', '1', '1', 'wall'),
+            ('2', '0.1', '1', '1', '"building;edifice"' if table.endswith('csv') else 'building, edifice'),
+            ('3', '0.1', '1', '1', 'sky')]
+    sep = ',' if table.endswith('csv') else '\t'
+    (tmp_path / table).write_text('\n'.join(sep.join(r) for r in rows) + '\n')
     dm = ADE20KDataModule(str(tmp_path), img_size=32, batch_size=2)
     assert dm.class_names == ['wall', 'building', 'sky'] and dm.num_classes == 3
 

@@ -126,7 +126,8 @@ class SegmentationDataModule(ImageDataModule):
 
 
 class _ProceduralSeg(SegmentationDataModule):
-    """Generated images split seeded into train / val / test; each drawn on first use and kept."""
+    """Generated images split seeded into train / val / test; each drawn on first use and kept (all drawn in
+    ``setup`` when ``num_workers > 0``, so the loader's worker processes inherit them)."""
 
     def __init__(self, batch_size: int = 8, num_workers: int = 0, img_size: int = 256, seed: int = 0,
                  num_samples: int = 1250, val_fraction: float = 0.16, test_fraction: float = 0.04, data_seed: int = 0,
@@ -151,6 +152,9 @@ class _ProceduralSeg(SegmentationDataModule):
         splits = split_indices(self.num_samples, (self.val_fraction, self.test_fraction), self.data_seed)
         for split, ids in zip(('train', 'val', 'test'), splits):
             records = [self._record(int(i), split) for i in ids]
+            if self.num_workers > 0:  # drawn once here: worker processes are forked afresh each epoch, and a
+                for r in records:     # sample drawn in a worker is lost with it
+                    r.load()
             setattr(self, f'{split}_set', self._make(records, split == 'train', split))
         self._check_sizes()
 
@@ -255,13 +259,13 @@ class _FileSeg(SegmentationDataModule):
 
 
 def _ade_names(root: Path) -> list[str] | None:
-    """Class names from ADE20K's ``objectInfo150`` table in ``root`` (.csv or .txt: Idx, Ratio, Train, Val, Name;
-    the first of a name's synonyms), or None."""
+    """Class names from ADE20K's ``objectInfo150`` table in ``root`` (.csv, or tab-separated .txt: Idx, Ratio, Train,
+    Val, Name; the first of a name's synonyms, which ``;`` or ``,`` separate), or None."""
+    import csv
     for path in (root / 'objectInfo150.csv', root / 'objectInfo150.txt'):
         if path.is_file():
-            rows = [line for line in path.read_text().splitlines()[1:] if line.strip()]
-            sep = ',' if path.suffix == '.csv' else '\t'
-            return [row.split(sep, 4)[-1].strip().strip('"').split(';')[0] for row in rows]
+            rows = list(csv.reader(path.read_text().splitlines(), delimiter=',' if path.suffix == '.csv' else '\t'))
+            return [row[-1].split(';')[0].split(',')[0].strip() for row in rows[1:] if row]
     return None
 
 

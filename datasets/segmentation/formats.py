@@ -48,13 +48,21 @@ def voc_palette(n: int = 256) -> list[tuple[int, int, int]]:
 
 
 def read_image(path: Path):
-    """A uint8 RGB (3, H, W) tensor; an unreadable file is a one-line error naming it."""
+    """A uint8 RGB (3, H, W) tensor (torchvision's decoders; PIL for the formats they lack: BMP, TIFF); an
+    unreadable file is a one-line error naming it."""
+    import torch
+    from PIL import Image
     from torchvision.io import ImageReadMode, decode_image
     if not Path(path).is_file():
         raise SegmentationDataError(f'{path}: image not found')
     try:
         return decode_image(str(path), mode=ImageReadMode.RGB)
-    except (RuntimeError, OSError) as e:
+    except (RuntimeError, OSError):
+        pass
+    try:
+        with Image.open(path) as im:
+            return torch.from_numpy(np.asarray(im.convert('RGB')).copy()).permute(2, 0, 1).contiguous()  # HWC -> CHW
+    except (OSError, ValueError) as e:
         raise SegmentationDataError(f'{path}: could not read the image ({e})') from None
 
 

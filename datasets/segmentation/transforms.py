@@ -39,7 +39,8 @@ class RandomResizeRatio(v2.Transform):
     def make_params(self, flat_inputs: list) -> dict:
         h, w = v2.query_size(flat_inputs)
         r = float(torch.empty(()).uniform_(*self.ratio_range))
-        f = min(self.scale[0] * r / max(h, w), self.scale[1] * r / min(h, w))
+        long, short = int(self.scale[0] * r), int(self.scale[1] * r)  # mmseg's target scale, then mmcv's rescale
+        f = min(long / max(h, w), short / min(h, w))
         return dict(size=[max(1, int(h * f + 0.5)), max(1, int(w * f + 0.5))])
 
     def transform(self, inpt, params: dict):
@@ -158,7 +159,8 @@ def segmentation_transforms(augment: SegmentationAugment | None, img_size: int, 
 class PhotoMetricDistortion(v2.RandomPhotometricDistort):
     """mmseg's ``PhotoMetricDistortion``: ``v2.RandomPhotometricDistort`` (brightness, contrast before or after,
     saturation, hue; each with probability ``p``) without SSD's channel permutation, which mmseg leaves out;
-    ``hue=0`` skips the hue change. Images only: masks pass through."""
+    ``hue=0`` skips the hue change. Images only: masks pass through. One difference: torchvision scales the
+    brightness by 0.875-1.125 where mmseg adds up to +-32 grey levels (the same change for a mid-grey pixel)."""
 
     def __init__(self, hue: float = 0.1, p: float = 0.5):
         super().__init__(hue=(-hue, hue), p=p)
