@@ -147,7 +147,8 @@ class SegHead(nn.Module):
 
     def loss(self, out: Sequence[torch.Tensor], targets) -> tuple[torch.Tensor, dict]:
         """Cross-entropy (mean over labelled pixels) of the logits upsampled to the masks, plus ``aux_weight`` x the
-        auxiliary head's. ``targets``: (B, H, W) class ids, ``ignore_index`` where unlabelled (or a list of dicts
+        auxiliary head's. (mmseg before 1.0 divides by every pixel, ignored ones included, unless its
+        ``avg_non_ignore=True``: the same gradient direction, scaled by the labelled fraction.) ``targets``: (B, H, W) class ids, ``ignore_index`` where unlabelled (or a list of dicts
         with ``'mask'``). Returns ``(total, {'ce': ..., 'aux': ...})``, the parts detached."""
         masks = _masks(targets, out[0].device)
         bad = (masks >= self.num_classes) & (masks != self.ignore_index)
