@@ -189,14 +189,15 @@ def test_segmenter_exports_to_onnx_and_runs_in_onnxruntime(tmp_path):
     pytest.importorskip('onnx')
     ort = pytest.importorskip('onnxruntime')
     torch.manual_seed(0)
-    model = zoo.create('semfpn_seg_tiny').eval()
-    x = torch.randn(1, 3, 64, 64)
-    path = tmp_path / 'seg.onnx'
-    torch.onnx.export(model, (x,), str(path), dynamo=True)
-    [got] = ort.InferenceSession(str(path)).run(None, {ort.InferenceSession(str(path)).get_inputs()[0].name:
-                                                       x.numpy()})
-    with torch.no_grad():
-        assert torch.equal(torch.as_tensor(got), model(x))
+    for mode, size in (('whole', (64, 64)), ('slide', (64, 96))):  # slide: two 64 x 64 windows, stride 32
+        model = zoo.create('semfpn_seg_tiny', test_mode=mode, crop_size=64, stride=32).eval()
+        x = torch.randn(1, 3, *size)
+        path = tmp_path / f'seg_{mode}.onnx'
+        torch.onnx.export(model, (x,), str(path), dynamo=True)
+        session = ort.InferenceSession(str(path))
+        [got] = session.run(None, {session.get_inputs()[0].name: x.numpy()})
+        with torch.no_grad():
+            assert torch.equal(torch.as_tensor(got), model(x)), mode
 
 
 # ----------------------------------------------------------------------------------------- learning, predict
