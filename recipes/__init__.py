@@ -16,6 +16,7 @@ _EXPORTS = {
     'Denoiser': 'denoising',
     'CausalLM': 'lm',  # issue 7: causal LM on the synthetic reasoning tasks
     'Detection': 'detection',  # issue 16: YOLOv8-style detection on any features_only backbone
+    'Segmentation': 'segmentation',  # issue 28: Semantic FPN / UperNet on any features_only backbone
 }
 __all__ = sorted(_EXPORTS)
 

@@ -69,13 +69,15 @@ def _cmd_list(args) -> int:
         print(f'no model matches {args.pattern!r}', file=sys.stderr)
         return 1
     table = Table(title=f'zoo models ({len(names)})')
-    for col in ('model', 'family', 'task', 'input', 'params (M)', 'GMACs', 'top-1', 'COCO AP', 'tiny'):
-        table.add_column(col, justify='right' if col in ('params (M)', 'GMACs', 'top-1', 'COCO AP') else 'left')
+    for col in ('model', 'family', 'task', 'input', 'params (M)', 'GMACs', 'top-1', 'COCO AP', 'ADE mIoU', 'tiny'):
+        table.add_column(col, justify='right' if col in ('params (M)', 'GMACs', 'top-1', 'COCO AP', 'ADE mIoU')
+                         else 'left')
     for n in names:
         i = zoo.model_info(n)
         table.add_row(n, i.family, i.task, 'x'.join(map(str, i.input_size)),
                       f'{i.params / 1e6:.2f}' if i.params else '', f'{i.macs / 1e9:.2f}' if i.macs else '',
-                      f'{i.top1:.1f}' if i.top1 else '', f'{i.coco_ap:.1f}' if i.coco_ap else '', i.tiny or '')
+                      f'{i.top1:.1f}' if i.top1 else '', f'{i.coco_ap:.1f}' if i.coco_ap else '',
+                      f'{i.ade20k_miou:.1f}' if i.ade20k_miou else '', i.tiny or '')
     console().print(table)
     return 0
 
@@ -361,7 +363,8 @@ def build_parser() -> argparse.ArgumentParser:
                               "  zoo list --recipes 'detection/*'")
     p.add_argument('pattern', nargs='?', default='*', help="glob pattern, e.g. 'poolformer*' (default: all)")
     p.add_argument('--family', help='only this family, e.g. metaformer')
-    p.add_argument('--task', help='only this task: classification, detection, language_modeling or denoising')
+    p.add_argument('--task', help='only this task: classification, detection, language_modeling, denoising or '
+                                       'segmentation')
     p.add_argument('--blocks', action='store_true', help='list registered blocks instead of models')
     p.add_argument('--recipes', action='store_true',
                    help='list the shipped recipes by the name `zoo fit -c NAME` takes (from any folder)')
@@ -451,7 +454,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument('--dataset', help='only runs on this dataset, e.g. digits')
     p.add_argument('--model', help="glob pattern, e.g. 'poolformer*'")
     p.add_argument('--metric', help="final metric to rank by (default: the task's own: val/acc1 for classification, "
-                                    'val/map for detection, val/acc for language modelling, val/psnr for denoising)')
+                                    'val/map for detection, val/acc for language modelling, val/psnr for denoising, '
+                                    'val/miou for segmentation)')
     p.add_argument('--format', default='table', choices=['table', 'csv', 'json', 'markdown'], help='output format')
     p.add_argument('--plot', metavar='PNG', help='also draw metric vs latency with the Pareto front to this file')
     p.add_argument('--threads', type=int,

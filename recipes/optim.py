@@ -140,3 +140,37 @@ def epoch_schedule(optimizer: torch.optim.Optimizer, trainer, warmup_epochs: flo
     warmup = min(total - 1, round(warmup_epochs * total / epochs))
     floor = min_lr / lr if lr > 0 else 0.0
     return {'scheduler': scheduler(optimizer, total, warmup, floor), 'interval': 'step'}
+
+
+class WarmupPoly(torch.optim.lr_scheduler.LambdaLR):
+    """mmseg's ``poly`` schedule per optimizer step, with mmcv's optional linear warm-up: the lr falls from the
+    base to ``min_lr`` as ``(1 - step / total) ** power``; during the first ``warmup_steps`` it is that value times
+    ``1 - (1 - step / warmup_steps) * (1 - warmup_ratio)``. The official ADE20K schedules: PoolFormer's Semantic FPN
+    power 0.9, no warm-up; PIIP's UperNet power 1.0, 1,500 warm-up steps from ratio 1e-6. The run's length comes
+    from the trainer (``bind``: ``max_steps`` when set, else Lightning's estimate), as :class:`WarmupCosine`."""
+
+    interval = 'step'
+
+    def __init__(self, optimizer: torch.optim.Optimizer, power: float = 0.9, min_lr: float = 0.0,
+                 warmup_steps: int = 0, warmup_ratio: float = 1e-6):
+        if power <= 0 or min_lr < 0 or warmup_steps < 0 or not 0 <= warmup_ratio <= 1:
+            raise ValueError(f'WarmupPoly: power > 0, min_lr >= 0, warmup_steps >= 0 and 0 <= warmup_ratio <= 1, got '
+                             f'{power}, {min_lr}, {warmup_steps}, {warmup_ratio}')
+        lr = optimizer.defaults.get('lr') or 0.0
+        self.power, self.warmup_steps, self.warmup_ratio = power, warmup_steps, warmup_ratio
+        self.floor, self.total = (min_lr / lr if lr > 0 else 0.0), 1
+        super().__init__(optimizer, self.factor)
+
+    def factor(self, step: int) -> float:
+        f = self.floor + (1 - self.floor) * (1 - min(step, self.total) / self.total) ** self.power
+        if step < self.warmup_steps:
+            f *= 1 - (1 - step / self.warmup_steps) * (1 - self.warmup_ratio)
+        return f
+
+    def bind(self, trainer) -> 'WarmupPoly':
+        """Size the schedule from the run and set the learning rates of the current step."""
+        self.total = trainer.max_steps if trainer.max_steps > 0 else max(1, int(trainer.estimated_stepping_batches))
+        for group, base in zip(self.optimizer.param_groups, self.base_lrs):
+            group['lr'] = base * self.factor(self.last_epoch)
+        self._last_lr = [g['lr'] for g in self.optimizer.param_groups]
+        return self

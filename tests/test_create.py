@@ -186,7 +186,7 @@ _TINY = zoo.list_models(tiny=True)
 
 
 def _takes_num_classes(name: str) -> bool:
-    return zoo.model_info(name).task in ('classification', 'detection')
+    return zoo.model_info(name).task in ('classification', 'detection', 'segmentation')
 
 
 @pytest.mark.parametrize('name, kwargs', [('poolformer_tiny', {'in_chans': '1'}), ('llama_tiny', {'vocab_size': '10'}),
@@ -210,7 +210,7 @@ def test_num_classes_is_checked_in_one_place_for_every_family(name):
     for bad in ('10', 2.0, True):
         with pytest.raises(TypeError, match='num_classes must be an int >= 0'):
             zoo.create(name, num_classes=bad)
-    if zoo.model_info(name).task == 'detection':  # a detector without classes detects nothing
+    if zoo.model_info(name).task in ('detection', 'segmentation'):  # without classes there is nothing to predict
         with pytest.raises(ValueError, match='num_classes'):
             zoo.create(name, num_classes=0)
         return

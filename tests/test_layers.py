@@ -35,15 +35,18 @@ DENSE = ('neck', 'dense_head')  # lists of maps in and out
 @pytest.mark.parametrize('rec', [r for r in RECORDS if r.kind in DENSE], ids=lambda r: f'{r.kind}/{r.name}')
 def test_dense_block_contract(rec):
     """Necks keep the number of levels and their strides, with ``out_channels``; dense heads give one raw output
-    per level; gradients reach every parameter."""
+    per level (segmentation heads: the class logits at the finest level); gradients reach every parameter."""
     assert rec.example_input and all(isinstance(s, tuple) for s in rec.example_input), rec.name
     torch.manual_seed(0)
     module = _build(rec)
     xs = [torch.randn(*shape, requires_grad=True) for shape in rec.example_input]
     ys = module(xs)
-    assert len(ys) == len(xs)
-    for x, y, c in zip(xs, ys, getattr(module, 'out_channels', [None] * len(xs))):
-        assert y.shape[0] == x.shape[0] and y.shape[-2:] == x.shape[-2:] and (c is None or y.shape[1] == c)
+    if getattr(module, 'fused', False):  # a segmentation head: class logits at the finest level (+ auxiliary)
+        assert ys[0].shape == (xs[0].shape[0], module.num_classes, *xs[0].shape[-2:])
+    else:
+        assert len(ys) == len(xs)
+        for x, y, c in zip(xs, ys, getattr(module, 'out_channels', [None] * len(xs))):
+            assert y.shape[0] == x.shape[0] and y.shape[-2:] == x.shape[-2:] and (c is None or y.shape[1] == c)
     sum((y.float() ** 2).mean() for y in ys).backward()
     for n, p in module.named_parameters():
         if p.requires_grad:

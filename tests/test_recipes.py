@@ -44,6 +44,10 @@ def _data_overrides(cfg: dict, tmp_path: Path) -> list[str]:
         write_cifar(tmp_path / 'cifar', hundred=data.endswith('CIFAR100DataModule'), n_per_batch=4)
         return ['--data.root', str(tmp_path / 'cifar'), '--data.download', 'false', '--data.num_workers', '0',
                 '--data.batch_size', '4']
+    if data.endswith('ADE20KDataModule'):
+        from test_segmentation_data import write_ade
+        write_ade(tmp_path / 'ade')
+        return ['--data.root', str(tmp_path / 'ade'), '--data.num_workers', '0', '--data.batch_size', '2']
     if data.endswith('ImageFolderDataModule'):
         from test_datasets import _write_images
         _write_images(tmp_path / 'images')
@@ -75,6 +79,8 @@ def test_every_config_runs_fast_dev_run(config, runs, tmp_path):
     assert {'trainer', 'model', 'data'} <= set(cfg), f'{config} is not complete on its own'
     assert 'class_path' in cfg['model'] and 'class_path' in cfg['data'], 'configs use the subclass form'
     extra = _data_overrides(cfg, tmp_path) + _model_overrides(cfg, tmp_path)
+    if (cfg['trainer'] or {}).get('sync_batchnorm'):  # GPU recipes (segmentation): SyncBatchNorm needs CUDA
+        extra += ['--trainer.sync_batchnorm', 'false']
     rc = fit('-c', config, '--trainer.fast_dev_run', 'true', '--trainer.accelerator', 'cpu', '--trainer.devices', 1,
              '--trainer.precision', '32-true', *extra)
     assert rc == 0

@@ -12,10 +12,10 @@ import re
 from dataclasses import asdict, dataclass, field
 from typing import Callable
 
-TASKS = ('classification', 'detection', 'language_modeling', 'denoising')
+TASKS = ('classification', 'detection', 'language_modeling', 'denoising', 'segmentation')
 # The metric a task's runs are ranked by (leaderboards, "best" checkpoints): what its recipe validates.
 PRIMARY_METRIC = {'classification': 'val/acc1', 'detection': 'val/map', 'language_modeling': 'val/acc',
-                  'denoising': 'val/psnr'}
+                  'denoising': 'val/psnr', 'segmentation': 'val/miou'}
 
 
 def primary_metric(task: str) -> str:
@@ -39,6 +39,7 @@ class ModelInfo:
     macs: int | None = None          # published multiply-adds at input_size (fvcore-style: 1 MAC = 1 multiply-add)
     top1: float | None = None        # published ImageNet-1k top-1 (%)
     coco_ap: float | None = None     # published COCO val2017 box AP@[.5:.95] (%), for detectors
+    ade20k_miou: float | None = None  # published ADE20K val mIoU (%, single scale), for segmenters
     capabilities: tuple = ()         # e.g. ('features', 'timm_weights', 'official_weights')
     tiny: str | None = None          # name of the tiny CPU variant of the same family
     is_tiny: bool = False
@@ -57,7 +58,8 @@ _MODELS: dict[str, ModelInfo] = {}
 
 # The family modules of zoo/, one per family (a new family adds its module here). They register their
 # models when imported; the registry imports them on first use, so ``import zoo`` stays light.
-FAMILY_MODULES = ('metaformer', 'tnt', 'raftmlp', 'stripmlp', 'resnet', 'vgg', 'dncnn', 'lm', 'piip', 'detection', 'mamba_yolo')
+FAMILY_MODULES = ('metaformer', 'tnt', 'raftmlp', 'stripmlp', 'resnet', 'vgg', 'dncnn', 'lm', 'piip', 'detection', 'mamba_yolo',
+                  'segmentation')
 _loaded = False
 
 

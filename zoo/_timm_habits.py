@@ -70,6 +70,8 @@ def pretrained_cfg(model: nn.Module, name: str) -> dict:
         crop = family.pop('crop_pct', DEFAULT_CROP_PCT)
         crop = crop if max(h, w) > SMALL_INPUT else 1.0
         interpolation = family.pop('interpolation', 'bicubic')
+    elif info.task == 'segmentation':  # whole images normalised as ImageNet backbones expect (mmseg, the data)
+        mean, std, crop, interpolation = IMAGENET_MEAN, IMAGENET_STD, 1.0, 'bilinear'
     else:  # detection, denoising: [0, 1] images, used whole
         mean, std, crop, interpolation = (0.0,) * c, (1.0,) * c, 1.0, 'bilinear'
     cfg.update(input_size=(c, h, w), fixed_input_size='fixed_size' in info.capabilities,

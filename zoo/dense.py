@@ -87,14 +87,18 @@ class DenseModel(nn.Module):
 
 def dense_model(backbone: str, num_classes: int, in_chans: int = 3, neck: str = 'pafpn', head: str = 'yolov8',
                 backbone_kwargs: dict | None = None, neck_kwargs: dict | None = None, head_kwargs: dict | None = None,
-                img_size: int | Sequence[int] | None = None, levels: int = 3) -> DenseModel:
+                img_size: int | Sequence[int] | None = None, levels: int | None = 3, model_cls: type = DenseModel,
+                **model_kwargs) -> DenseModel:
     """A :class:`DenseModel` from names: the registered ``backbone`` with ``features_only`` (``img_size`` goes to
-    backbones whose weights depend on it), the ``neck`` on its last ``levels`` maps, the ``head`` on the neck's."""
+    backbones whose weights depend on it), the ``neck`` on its last ``levels`` maps (``None``: its last four, or
+    all it gives when fewer), the ``head`` on the neck's. ``model_cls`` (a ``DenseModel`` subclass, e.g. ``zoo.segmentation.Segmenter``) gets ``model_kwargs``."""
     bb = create_with_optional(backbone, dict(img_size=img_size), in_chans=in_chans, features_only=True,
                               **(backbone_kwargs or {}))
+    if levels is None:
+        levels = min(4, len(getattr(bb, 'feature_info', None) or ())) or 4
     chs, strides = backbone_levels(bb, levels)
     n = layers.get('neck', neck)(chs, **(neck_kwargs or {}))
     h = layers.get('dense_head', head)(n.out_channels, num_classes, strides, **(head_kwargs or {}))
-    model = DenseModel(bb, n, h)
+    model = model_cls(bb, n, h, **model_kwargs)
     model.backbone_name = backbone
     return model

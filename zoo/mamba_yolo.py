@@ -48,7 +48,7 @@ from zoo.layers.detect import SPPF, DetectHead
 from zoo.layers.mamba import SimpleStem, VisionClueMerge, VSSBlock, XSSPAFPN
 from zoo.layers.weighted_conv import conv_factory
 
-from ._builder import FeatureInfo, build_model, check_image, run_blocks, select_features
+from ._builder import FeatureInfo, UnknownArgumentError, build_model, check_image, run_blocks, select_features
 from ._registry import register_model
 from .dense import DenseModel
 
@@ -241,9 +241,8 @@ def _create(cfg: dict, kwargs: dict):
         allowed = {'in_chans', 'drop_path_rate', 'scan_method', 'chunk_size', 'out_indices', 'conv_layer', 'den',
                    'trainable_den'}
         unknown = sorted(set(kwargs) - allowed)
-        if unknown:
-            raise TypeError(f'ODMamba (features_only) got unknown argument(s) {", ".join(unknown)}; accepted: '
-                            f'{", ".join(sorted(allowed))}')
+        if unknown:  # the house's error, so that zoo.create_with_optional can leave out a size it does not take
+            raise UnknownArgumentError(ODMamba, unknown, sorted(allowed), name='ODMamba (features_only)')
         conv = conv_factory(kwargs.pop('conv_layer', 'standard'), kwargs.pop('den', None),
                             kwargs.pop('trainable_den', False))
         return ODMamba(widths=cfg['widths'], depths=cfg['depths'], conv_layer=conv, **kwargs)

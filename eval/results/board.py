@@ -109,7 +109,7 @@ def aggregate(metric: str = 'val/acc1', *, db=None, model: str | None = None, ta
 # The direction of every metric the recipes log, by its last path component (``val/acc1`` -> ``acc1``; a
 # trailing index, ``acc_depth3``, is dropped). A metric not listed needs ``higher_is_better=`` from the caller.
 HIGHER_IS_BETTER = {'acc', 'acc1', 'acc5', 'token_acc', 'acc_generated', 'acc_depth', 'acc_tag', 'psnr', 'ssim',
-                    'map', 'map50', 'map75', 'map50_95', 'miou', 'f1', 'auc', 'throughput'}
+                    'map', 'map50', 'map75', 'map50_95', 'miou', 'macc', 'aacc', 'f1', 'auc', 'throughput'}
 LOWER_IS_BETTER = {'loss', 'nll', 'ppl', 'perplexity', 'bpb', 'mse', 'mae', 'err', 'error', 'err1', 'err5',
                    'latency_ms'}
 
