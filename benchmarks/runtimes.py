@@ -16,9 +16,9 @@ import statistics
 import time
 
 import torch
+from zoo.eval.profile import interleave, load_average
 
 import zoo
-from zoo.eval.profile import interleave, load_average
 
 PAIRS = ('poolformer_s12:poolformer_s12', 'tnt_s:tnt_s_patch16_224')
 ISA = ('avx2', 'avx512f', 'avx512_bf16', 'amx_bf16', 'amx_tile')
