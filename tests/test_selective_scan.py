@@ -9,9 +9,15 @@ from __future__ import annotations
 
 import pytest
 import torch
-
-from zoo.layers.selective_scan import (_auto_chunk, selective_scan, selective_scan_chunked, selective_scan_ref,
-                                       selective_scan_chunked_autograd, selective_scan_parallel, selective_scan_segsum)
+from zoo.layers.selective_scan import (
+    _auto_chunk,
+    selective_scan,
+    selective_scan_chunked,
+    selective_scan_chunked_autograd,
+    selective_scan_parallel,
+    selective_scan_ref,
+    selective_scan_segsum,
+)
 
 
 def _inputs(b=2, groups=4, dg=3, n=5, length=64, dtype=torch.float64, a_scale=1.0, seed=0, grad=False):
