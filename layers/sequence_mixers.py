@@ -169,7 +169,7 @@ def _gla_intra_factorised(q, k, q_in, decay_in, cum, causal):
     total = cum[:, -1:]
     k_back = k / decay_in                                               # k_s e^{-b_s} <= k_s e^{60}: no overflow
     attn = torch.bmm(q_in, k_back.transpose(1, 2)).tril()               # (BHN, C, C), s <= t
-    return attn, k_back * total.exp()                                   # k_s decayed to the chunk end
+    return attn, (k_back * total.exp()).contiguous()                    # k_s decayed to the chunk end
 
 
 def _gla_intra_exact(q, k, q_in, decay_in, cum, causal):
@@ -177,7 +177,7 @@ def _gla_intra_exact(q, k, q_in, decay_in, cum, causal):
     total = cum[:, -1:]
     rel = (cum[:, :, None, :] - cum[:, None, :, :]).masked_fill(~causal[..., None], float('-inf')).exp()
     attn = (q[:, :, None] * k[:, None] * rel).sum(-1)                  # sum_e q_te k_se rel_tse: (BHN, C, C)
-    return attn, k * (total - cum).exp()
+    return attn, (k * (total - cum).exp()).contiguous()  # both branches' outputs contiguous (one cond layout)
 
 
 def gla_chunked(q, k, v, log_a, chunk: int = 32, state=None):
@@ -206,7 +206,9 @@ def gla_chunked(q, k, v, log_a, chunk: int = 32, state=None):
     safe = -total.min() < _SAFE_LOG_SPAN
     causal = torch.ones(chunk, chunk, dtype=torch.bool, device=q.device).tril()   # s <= t
     if torch.compiler.is_compiling():  # a graph keeps both forms (If in ONNX); eager reads the flag
-        attn, k_out = torch.cond(safe, _gla_intra_factorised, _gla_intra_exact, (q, k, q_in, decay_in, cum, causal))
+        # contiguous operands: inductor checks a cond's inputs against the strides it traced them with
+        ops = tuple(t.contiguous() for t in (q, k, q_in, decay_in, cum, causal))
+        attn, k_out = torch.cond(safe, _gla_intra_factorised, _gla_intra_exact, ops)
     else:
         attn, k_out = (_gla_intra_factorised if safe else _gla_intra_exact)(q, k, q_in, decay_in, cum, causal)
     kv = rearrange(torch.bmm(k_out.transpose(1, 2), v), '(b h n) e f -> b h n e f', b=b, h=h)  # each chunk's state

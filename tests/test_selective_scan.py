@@ -9,9 +9,15 @@ from __future__ import annotations
 
 import pytest
 import torch
-
-from zoo.layers.selective_scan import (_auto_chunk, selective_scan, selective_scan_chunked, selective_scan_ref,
-                                       selective_scan_chunked_autograd, selective_scan_segsum)
+from zoo.layers.selective_scan import (
+    _auto_chunk,
+    selective_scan,
+    selective_scan_chunked,
+    selective_scan_chunked_autograd,
+    selective_scan_parallel,
+    selective_scan_ref,
+    selective_scan_segsum,
+)
 
 
 def _inputs(b=2, groups=4, dg=3, n=5, length=64, dtype=torch.float64, a_scale=1.0, seed=0, grad=False):
@@ -31,7 +37,7 @@ def _inputs(b=2, groups=4, dg=3, n=5, length=64, dtype=torch.float64, a_scale=1.
 
 
 FAST = [('chunked', selective_scan_chunked), ('chunked_autograd', selective_scan_chunked_autograd),
-        ('segsum', selective_scan_segsum)]
+        ('segsum', selective_scan_segsum), ('parallel', selective_scan_parallel)]
 
 
 @pytest.mark.parametrize('name,fn', FAST)
@@ -183,3 +189,24 @@ def test_scan_bench_rows_and_share_are_consistent():
     assert all(float(r['max_abs_err']) < 1e-4 for r in rows)
     (share,) = scan_bench.share_rows(sizes=(64,), repeats=1, name='mamba_yolo_tiny')
     assert 0 < share['scan_share'] <= share['ss2d_share'] <= 1
+
+
+def test_compile_and_export_capture_a_compact_exact_scan():
+    """Traced, the default scan is the log-depth 'parallel' form: a graph that grows with log L (the chunked loops
+    unrolled into thousands of nodes), equal to the eager chunked scan."""
+
+    class Scan(torch.nn.Module):
+        def forward(self, u, delta, B, C):
+            return selective_scan(u, delta, self.A, B, C, self.D, self.bias, delta_softplus=True)
+
+    nodes = {}
+    for length in (64, 2048):
+        t = _inputs(length=length, dtype=torch.float32)
+        m = Scan()
+        m.A, m.D, m.bias = t['A'], t['D'], t['delta_bias']
+        args = (t['u'], t['delta'], t['B'], t['C'])
+        ep = torch.export.export(m, args)
+        nodes[length] = len(ep.graph.nodes)
+        out, ref = ep.module()(*args), m(*args)
+        assert torch.allclose(out, ref, rtol=1e-5, atol=1e-5), (out - ref).abs().max()
+    assert nodes[2048] < 250 and nodes[2048] - nodes[64] <= 15 * 5, nodes  # a few ops per doubling of L

@@ -5,6 +5,8 @@
 >>> m = zoo.create('poolformer_s12', num_classes=10)
 >>> zoo.model_info('poolformer_s12').params
 11915176
+>>> fast = zoo.optimize(m)                      # torch.compile; 'onnxruntime', 'openvino' (docs/runtimes.md)
+>>> zoo.export(m, 'm.onnx', torch.randn(2, 3, 224, 224))
 
 ``import zoo`` itself imports nothing heavy (not even torch): the families register on the first call
 that needs the registry (``list_models``, ``model_info``, ``create``, ``families``) or when a family
