@@ -12,9 +12,6 @@ import zoo
 
 ort = pytest.importorskip('onnxruntime', reason="the export extra: pip install 'zoo[export]'")
 
-# The fused MLP door of layers/mlp.py (torch.ops.mkldnn) is visible to torch.export in these families until the
-# oneDNN door is made invisible to the exporters (issue 26, branch issue26-core): expected to fail until then.
-ONEDNN_DOOR = {'poolformer_tiny', 'metaformer_tiny', 'yolo_det_tiny'}
 TINY = zoo.list_models(tiny=True)  # one per family
 REL = 1e-4
 
@@ -24,10 +21,11 @@ def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
 
 
 def _main(model, outs):
-    """The exported graph's outputs as ``model_output`` gives them (a detector's maps concatenated)."""
-    if zoo._runtime.is_dense(model):
+    """The exported graph's outputs as ``model_output`` gives them (a dense model's maps per level concatenated)."""
+    outs = list(outs) if isinstance(outs, (tuple, list)) else [outs]
+    if len(outs) > 1 and all(o.ndim == 4 for o in outs):
         return torch.cat([o.flatten(2) for o in outs], 2)
-    return outs[0] if isinstance(outs, (tuple, list)) else outs
+    return outs[0]
 
 
 def _ort(path):
@@ -37,9 +35,7 @@ def _ort(path):
     return lambda x: [torch.from_numpy(o) for o in sess.run(None, {sess.get_inputs()[0].name: x.numpy()})]
 
 
-@pytest.mark.parametrize('name', [pytest.param(n, marks=pytest.mark.xfail(
-    reason='oneDNN door visible to torch.export until issue26-core lands', strict=False))
-    if n in ONEDNN_DOOR else n for n in TINY])
+@pytest.mark.parametrize('name', TINY)
 def test_export_pt2_and_onnx(name, tmp_path):
     """torch.export (saved, loaded) and ONNX from it, traced at batch 2, equal to eager at batches 2 and 3."""
     torch.manual_seed(0)
