@@ -16,28 +16,15 @@ import statistics
 import time
 
 import torch
-from zoo.eval.profile import interleave, load_average
+from zoo.eval.profile import interleave, load_average, machine
 
 import zoo
 
 PAIRS = ('poolformer_s12:poolformer_s12', 'tnt_s:tnt_s_patch16_224')
-ISA = ('avx2', 'avx512f', 'avx512_bf16', 'amx_bf16', 'amx_tile')
-
-
 def cpu_model() -> str:
-    """The CPU's model name and the ISA flags that decide which kernels run (from /proc/cpuinfo)."""
-    name, flags = 'unknown CPU', set()
-    try:
-        with open('/proc/cpuinfo') as f:
-            for line in f:
-                key, _, value = line.partition(':')
-                if key.strip() == 'model name' and name == 'unknown CPU':
-                    name = value.strip()
-                elif key.strip() == 'flags' and not flags:
-                    flags = set(value.split())
-    except OSError:
-        pass
-    return f"{name} ({', '.join(f for f in ISA if f in flags) or 'no AVX2'})"
+    """The CPU's model name and the ISA flags that decide which kernels run (``zoo.eval.profile.machine``)."""
+    m = machine()
+    return f"{m['cpu_model']} ({', '.join(m['isa']) or 'no AVX2'})"
 
 
 def _build(spec: str, side: str):

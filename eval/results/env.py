@@ -51,11 +51,5 @@ def environment(device: str = 'cpu') -> dict:
 
 @functools.lru_cache(maxsize=None)
 def _cpu_name() -> str:
-    try:
-        with open('/proc/cpuinfo') as f:
-            for line in f:
-                if line.startswith('model name'):
-                    return line.split(':', 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
+    from ..profile import machine  # the one /proc/cpuinfo reader (latency rows use it too)
+    return machine()['cpu_model']
