@@ -14,6 +14,17 @@ class DataError(ValueError):
     """Malformed data (a task's annotations, labels or masks); the one-line message names the file."""
 
 
+def image_size(path, error: type[DataError] = DataError) -> tuple[int, int]:
+    """(H, W) of an image file from its header, without decoding the pixels; an unreadable file raises ``error``."""
+    from PIL import Image
+    try:
+        with Image.open(path) as im:
+            w, h = im.size
+    except (OSError, ValueError) as e:
+        raise error(f'{path}: could not read the image ({e})') from None
+    return h, w
+
+
 def split_indices(n: int, fractions: tuple[float, ...], seed: int) -> list[torch.Tensor]:
     """A seeded permutation of ``range(n)`` cut into ``len(fractions) + 1`` parts (the last takes the rest)."""
     if any(f < 0 for f in fractions) or sum(fractions) >= 1:

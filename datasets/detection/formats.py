@@ -9,7 +9,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .._base import DataError, DatasetNotFoundError
+from .._base import DataError, DatasetNotFoundError, image_size
 
 __all__ = ['DetectionDataError', 'IMG_EXTS', 'read_json', 'read_yaml', 'BoxCheck', 'read_coco', 'read_yolo',
            'read_yolo_labels']
@@ -34,17 +34,6 @@ def _image_loader(path: Path, *annotations: np.ndarray) -> Callable[[], tuple]:
         except (RuntimeError, OSError) as e:
             raise DetectionDataError(f'{path}: could not read the image ({e})') from None
     return load
-
-
-def _image_size(path: Path) -> tuple[int, int]:
-    """(H, W) from the file header, without decoding the pixels."""
-    from PIL import Image
-    try:
-        with Image.open(path) as im:
-            w, h = im.size
-    except (OSError, ValueError) as e:
-        raise DetectionDataError(f'{path}: could not read the image ({e})') from None
-    return h, w
 
 
 def read_json(path: Path) -> dict:
@@ -127,7 +116,7 @@ def read_coco(ann_file: str | Path, image_dir: str | Path, box_tolerance: float 
         path = image_dir / im['file_name']
         if not path.is_file():
             raise DetectionDataError(f'{ann_file}: image {im["file_name"]!r} (id {im["id"]}) not found at {path}')
-        h, w = (int(im['height']), int(im['width'])) if 'height' in im and 'width' in im else _image_size(path)
+        h, w = (int(im['height']), int(im['width'])) if 'height' in im and 'width' in im else image_size(path, DetectionDataError)
         images[im['id']] = (path, h, w, [], [], [], [])
     for a in data['annotations']:
         where = f'{ann_file}: annotation id {a.get("id")}'
@@ -233,7 +222,7 @@ def read_yolo(yaml_file: str | Path, split: str, box_tolerance: float = 0.02):
     check = BoxCheck(box_tolerance, f'the {split} labels of {yaml_file}')
     images = _yolo_split(base, cfg[split], yaml_file)
     for i, img in enumerate(images):
-        h, w = _image_size(img)
+        h, w = image_size(img, DetectionDataError)
         lbl = _label_path(img)
         labelled += lbl.is_file()
         boxes, labels = (read_yolo_labels(lbl, len(names), h, w, check) if lbl.is_file()

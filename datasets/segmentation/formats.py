@@ -9,7 +9,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from .._base import DataError, DatasetNotFoundError
+from .._base import DataError, DatasetNotFoundError, image_size
 from .transforms import IGNORE_INDEX
 
 __all__ = ['SegmentationDataError', 'Record', 'IMG_EXTS', 'voc_palette', 'read_image', 'read_mask', 'colour_ids',
@@ -187,17 +187,6 @@ def pair_from_list(list_file: Path, image_dir: Path, mask_dir: Path, img_suffix:
     return pairs
 
 
-def _image_size(path: Path) -> tuple[int, int]:
-    """(H, W) from the file header, without decoding the pixels."""
-    from PIL import Image
-    try:
-        with Image.open(path) as im:
-            w, h = im.size
-    except (OSError, ValueError) as e:
-        raise SegmentationDataError(f'{path}: could not read the file ({e})') from None
-    return h, w
-
-
 def file_records(pairs: Sequence[tuple[Path, Path]], read_labels: Callable[[Path], np.ndarray],
                  check_sizes: bool = True) -> list[Record]:
     """Records of (image, mask) file pairs; ``read_labels(mask_path)`` reads a mask as (H, W) int64 class ids
@@ -207,7 +196,7 @@ def file_records(pairs: Sequence[tuple[Path, Path]], read_labels: Callable[[Path
     records = []
     for img, mask in pairs:
         if check_sizes:
-            hi, hm = _image_size(img), _image_size(mask)
+            hi, hm = image_size(img, SegmentationDataError), image_size(mask, SegmentationDataError)
             if hi != hm:
                 raise SegmentationDataError(f'{mask}: mask is {hm[1]}x{hm[0]} but its image {img.name} is '
                                             f'{hi[1]}x{hi[0]} (W x H)')
