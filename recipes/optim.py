@@ -95,7 +95,7 @@ class WarmupCosine(torch.optim.lr_scheduler.LambdaLR):
 
     Args:
         warmup_epochs: linear warm-up length in epochs (fractions allowed), converted with the run's steps.
-        warmup_steps: the warm-up in optimizer steps instead (at least one step).
+        warmup_steps: the warm-up in optimizer steps instead (0 or None: ``warmup_epochs``).
         min_lr: the floor as an absolute learning rate (divided by the optimizer's lr), or
         min_lr_ratio: the floor as a fraction of the lr.
 
@@ -120,8 +120,8 @@ class WarmupCosine(torch.optim.lr_scheduler.LambdaLR):
     def bind(self, trainer) -> 'WarmupCosine':
         """Size the schedule from the run and set the learning rates of the current step."""
         self.total = trainer.max_steps if trainer.max_steps > 0 else max(1, int(trainer.estimated_stepping_batches))
-        if self.warmup_steps is not None:
-            self.warmup = max(1, min(self.warmup_steps, self.total))
+        if self.warmup_steps:  # 0 as well as None means "by epochs": the CLI's parser fills the unset value with 0
+            self.warmup = min(self.warmup_steps, self.total)
         else:
             epochs = trainer.max_epochs if trainer.max_epochs and trainer.max_epochs > 0 else 1
             self.warmup = min(self.total - 1, round(self.warmup_epochs * self.total / epochs))

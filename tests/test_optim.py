@@ -32,6 +32,16 @@ def test_warmup_cosine():
     assert optim.warmup_cosine(50, 100) == pytest.approx(0.5)  # no warm-up: half way down at half way
 
 
+@pytest.mark.parametrize('warmup_steps', [None, 0])
+def test_warmup_cosine_scheduler_takes_the_epochs_when_no_steps_are_given(warmup_steps):
+    """A config's saved ``warmup_steps: 0`` (the parser's value for "unset") must not cut ``warmup_epochs`` to a step."""
+    opt = torch.optim.AdamW([torch.nn.Parameter(torch.zeros(1))], lr=0.004)
+    sched = optim.WarmupCosine(opt, warmup_epochs=1, warmup_steps=warmup_steps)
+    sched.bind(types.SimpleNamespace(max_steps=-1, estimated_stepping_batches=500, max_epochs=5))
+    assert sched.warmup == 100 and opt.param_groups[0]['lr'] == pytest.approx(0.004 / 101)
+    assert optim.WarmupCosine(opt, warmup_steps=7).bind(types.SimpleNamespace(max_steps=50)).warmup == 7
+
+
 def test_tnt_position_embeddings_and_class_token_get_no_weight_decay():
     """The optimizer ImageClassifier builds for TNT: pos embeddings and the class token at weight_decay 0."""
     system = zoo.recipes.ImageClassifier('tnt_tiny', num_classes=3,

@@ -48,6 +48,8 @@ def _data_overrides(cfg: dict, tmp_path: Path) -> list[str]:
         from test_segmentation_data import write_ade
         write_ade(tmp_path / 'ade')
         return ['--data.root', str(tmp_path / 'ade'), '--data.num_workers', '0', '--data.batch_size', '2']
+    if data.endswith(('ShapesSegDataModule', 'DigitsSegDataModule')):  # workers draw every image in setup first
+        return ['--data.num_workers', '0']
     if data.endswith('ImageFolderDataModule'):
         from test_datasets import _write_images
         _write_images(tmp_path / 'images')
