@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import socket
+import time
 import subprocess
 import sys
 from pathlib import Path
@@ -189,6 +190,29 @@ def test_a_killed_run_is_marked_crashed_when_the_store_is_next_opened(zoo_db):
     assert df.loc['victim', 'status'] == 'crashed' and df.loc['victim', 'pid'] != os.getpid()
     assert 'killed' in df.loc['victim', 'error']
     assert df.loc['alive', 'status'] == 'running' and alive
+
+
+def test_a_killed_but_unreaped_process_on_this_host_is_crashed(zoo_db):
+    """A SIGKILLed run whose parent died too waits as a zombie until init reaps it (a container's init may never):
+    it is dead all the same (``zoo benchmark run`` after a power-cut kill of the runner relies on it)."""
+    import signal
+    import subprocess
+    db = R.open_db()
+    proc = subprocess.Popen(['sleep', '60'])
+    with open(f'/proc/{proc.pid}/stat') as f:  # the kernel's start time: the store tells a recycled pid by it
+        started = f.read().rsplit(')', 1)[1].split()[19]
+    db.start_run('zombie', host=socket.gethostname(), pid=proc.pid, proc_start=started)
+    os.kill(proc.pid, signal.SIGKILL)
+    try:
+        for _ in range(100):                   # until the kernel has made it a zombie (not reaped: no wait yet)
+            with open(f'/proc/{proc.pid}/stat') as f:
+                if f.read().rsplit(')', 1)[1].split()[0] == 'Z':
+                    break
+            time.sleep(0.05)
+        assert db.mark_crashed() == 1
+    finally:
+        proc.wait()
+    assert db.runs().set_index('model').status['zombie'] == 'crashed'
 
 
 def test_a_run_elsewhere_is_crashed_once_its_heartbeat_is_stale(zoo_db):

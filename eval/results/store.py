@@ -39,13 +39,19 @@ def utcnow() -> _dt.datetime:
     return _dt.datetime.now(_dt.timezone.utc).replace(tzinfo=None)
 
 
-def _proc_start(pid: int) -> str | None:
-    """The kernel's start time of ``pid`` (Linux), to tell a live run from a recycled pid."""
+def _proc_stat(pid: int) -> list[str] | None:
+    """The fields of ``/proc/<pid>/stat`` after the command name (Linux): state first, start time at 19."""
     try:
         with open(f'/proc/{pid}/stat') as f:
-            return f.read().rsplit(')', 1)[1].split()[19]
+            return f.read().rsplit(')', 1)[1].split()
     except (OSError, IndexError):
         return None
+
+
+def _proc_start(pid: int) -> str | None:
+    """The kernel's start time of ``pid`` (Linux), to tell a live run from a recycled pid."""
+    stat = _proc_stat(pid)
+    return stat[19] if stat and len(stat) > 19 else None
 
 
 def _pid_alive(pid: int, proc_start: str | None) -> bool:
@@ -55,7 +61,10 @@ def _pid_alive(pid: int, proc_start: str | None) -> bool:
         return False
     except PermissionError:
         pass                                    # exists, owned by someone else
-    return proc_start is None or _proc_start(pid) in (None, proc_start)
+    stat = _proc_stat(pid)
+    if stat and stat[0] in ('Z', 'X'):         # killed, not yet reaped (an orphan waits for an init that may never reap it)
+        return False
+    return proc_start is None or stat is None or stat[19] == proc_start
 
 
 class ResultsDB:
