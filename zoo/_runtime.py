@@ -313,15 +313,17 @@ def optimize(model: nn.Module, runtime: str = 'compile', example: torch.Tensor |
     model.eval()
     dense = is_dense(model)
     if runtime in ('eager', 'compile'):
-        net = _Eager(_Raw(model) if dense else model, dtype, runtime)
+        inner = _Raw(model) if dense else model
         if runtime == 'compile':
             from torch._inductor import list_mode_options
             options = {**(list_mode_options(mode) if mode else {}), 'freezing': True}
-            compiled = torch.compile(net, options=options)
-            compiled.runtime = 'compile'
-            net = compiled
-            if example is not None:
-                net(example)  # compile now, not on the caller's first timed call
+            # the model itself is compiled (its own forward's code, its own cache of graphs), called under
+            # no_grad by _Eager: a shared wrapper's forward compiled for every model would share one cache, and
+            # after dynamo's recompile limit (8) every further model would silently run eager
+            inner = torch.compile(inner, options=options)
+        net = _Eager(inner, dtype, runtime)
+        if runtime == 'compile' and example is not None:
+            net(example)  # compile now, not on the caller's first timed call
         if not dense:
             return net
         return _DenseRuntime(_Runtime(net, _tuple_spec(len(model.strides)), runtime), model)
