@@ -150,19 +150,19 @@ def test_bad_runtime_and_format():
         zoo.optimize(model, 'onnxruntime', dtype=torch.bfloat16)
 
 
-def test_compile_gives_each_model_its_own_graphs(monkeypatch):
+def test_compile_gives_each_model_its_own_graphs():
     """zoo.optimize compiles the model itself: two models never share one compiled frame, whose recompile limit
     (8 by default, 1 here) would otherwise leave every model after the limit silently running eager."""
     import torch._dynamo
     from torch._dynamo.utils import counters
     torch._dynamo.reset()
-    monkeypatch.setattr(torch._dynamo.config, 'recompile_limit', 1)
-    for name in ('dncnn_tiny', 'vgg_tiny'):
-        before = counters['stats']['unique_graphs']
-        model = zoo.create(name).eval()
-        x = example_input(name, 2)
-        fast = zoo.optimize(model, 'compile', example=x)
-        assert counters['stats']['unique_graphs'] > before, f'{name} was not compiled'
-        with torch.no_grad():
-            assert _rel(fast(x), model(x)) <= REL
+    with torch._dynamo.config.patch(recompile_limit=1):
+        for name in ('dncnn_tiny', 'vgg_tiny'):
+            before = counters['stats']['unique_graphs']
+            model = zoo.create(name).eval()
+            x = example_input(name, 2)
+            fast = zoo.optimize(model, 'compile', example=x)
+            assert counters['stats']['unique_graphs'] > before, f'{name} was not compiled'
+            with torch.no_grad():
+                assert _rel(fast(x), model(x)) <= REL
     torch._dynamo.reset()
