@@ -278,7 +278,10 @@ def test_ddp_on_cpu_trains_and_reduces_metrics_across_ranks(tmp_path):
     """Two gloo processes; the logged val/acc1 is the accuracy over the whole validation set,
     not over rank 0's half (an even-sized validation split, so DistributedSampler pads nothing)."""
     env = {**os.environ, 'ZOO_RUNS': str(tmp_path / 'runs'), 'PYTHONPATH': str(ROOT), 'OMP_NUM_THREADS': '1'}
-    env.pop('ZOO_RUN_DIR', None)
+    # a launch's own variables only: an address or port left in this process's environment by an earlier in-process
+    # run (its store may still listen there) would make the two ranks rendezvous on a port already taken
+    for var in ('ZOO_RUN_DIR', 'MASTER_ADDR', 'MASTER_PORT', 'RANK', 'LOCAL_RANK', 'WORLD_SIZE', 'NODE_RANK'):
+        env.pop(var, None)
     cmd = [sys.executable, '-m', 'zoo.recipes.main', 'fit', '-c', str(DEMO), '--trainer.strategy', 'ddp',
            '--trainer.devices', '2', '--trainer.accelerator', 'cpu', '--trainer.max_epochs', '1',
            '--trainer.limit_train_batches', '3', '--data.val_fraction', '0.2003', '--data.test_fraction', '0.1', *QUIET]
