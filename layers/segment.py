@@ -131,7 +131,7 @@ class SegHead(nn.Module):
         self.aux, self.aux_weight = aux, aux_weight
 
     def features(self, maps: Sequence[torch.Tensor]) -> torch.Tensor:
-        raise NotImplementedError
+        raise NotImplementedError(f'{type(self).__name__} must define features (its fusion of the levels)')
 
     def forward(self, maps: Sequence[torch.Tensor]) -> list[torch.Tensor]:
         """[logits at the finest level (B, nc, H0, W0)] + [auxiliary logits] in training mode with an aux head."""

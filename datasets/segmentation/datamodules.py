@@ -144,7 +144,7 @@ class _ProceduralSeg(SegmentationDataModule):
         self.data_seed, self.max_objects, self.min_px, self.max_px = data_seed, max_objects, min_px, max_px
 
     def _record(self, i: int, split: str) -> Record:
-        raise NotImplementedError  # each generator draws its own images
+        raise NotImplementedError(f'{type(self).__name__} must define _record (each generator draws its own images)')
 
     def setup(self, stage: str | None = None) -> None:
         if self.train_set is not None:
@@ -236,7 +236,7 @@ class _FileSeg(SegmentationDataModule):
     _read_labels: Callable[[Path], np.ndarray]
 
     def _pairs(self, which: str) -> tuple[list[tuple[Path, Path]], str]:
-        raise NotImplementedError
+        raise NotImplementedError(f'{type(self).__name__} must define _pairs (its folder layout)')
 
     @property
     def palette(self) -> list[tuple[int, int, int]]:
