@@ -100,6 +100,7 @@ class ZooCLI(LightningCLI):
     def __init__(self, *args, trial=None, result: CLIRun | None = None, **kwargs):
         self.trial, self.result, self.run_dir, self.results_logger = trial, result or CLIRun(0), None, None
         self._ckpt = self._resolved = None
+        self._rank0 = True  # this process is the job's global rank 0 (set with the run folder)
         super().__init__(*args, **kwargs)
 
     def parse_arguments(self, parser, args) -> None:
@@ -165,6 +166,9 @@ class ZooCLI(LightningCLI):
         existed = [p for p in (Path(cfg.run_root) / stem, Path(cfg.run_root)) if p.exists()]
         inherited = os.environ.get(runs.RUN_DIR_ENV)
         launch = runs.external_launch()
+        # Rank as the launcher gave it: srun sets SLURM_PROCID but no LOCAL_RANK, so only the cluster
+        # environment tells rank 1 from rank 0 there; the ranks Lightning launches itself have LOCAL_RANK.
+        self._rank0 = (launch.global_rank() if launch is not None else int(os.environ.get('LOCAL_RANK', '0'))) == 0
         if launch is not None:
             runs.check_world_size(cfg, launch)
             self.run_dir = runs.shared_run_dir(launch, lambda: runs.new_run_dir(cfg.run_root, stem),
@@ -223,7 +227,7 @@ class ZooCLI(LightningCLI):
         if self._ckpt is not None:
             check_weights_fit(self._ckpt, kwargs.get('ckpt_path'), self.model)
             self._ckpt = None  # the trainer reads the file itself
-        rank0 = int(os.environ.get('LOCAL_RANK', '0')) == 0 and self.run_dir is not None
+        rank0 = self._rank0 and self.run_dir is not None
         if rank0 and self._resolved:
             print(f'zoo {command}: {self._resolved}', file=sys.stderr)
         if rank0:

@@ -9,6 +9,7 @@ itself, several nodes and a shared file system between them are not exercised).
 """
 from __future__ import annotations
 
+import json
 import os
 import socket
 import subprocess
@@ -64,8 +65,11 @@ def _srun(tmp_path: Path, args: list[str] = ARGS, check: bool = True) -> list[tu
                               env={**env, 'SLURM_PROCID': str(r), 'SLURM_LOCALID': str(r)},
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for r in range(2)]
     outs = [(p.communicate(timeout=600)[1], p.returncode) for p in procs]
-    for err, code in outs:
-        assert code == 0 or not check, err[-3000:]
+    for rank, (err, code) in enumerate(outs):
+        assert code == 0 or not check, f'rank {rank} exited {code}: ' + err[-3000:]
+    if check:  # rank 0 alone writes the manifest (srun sets no LOCAL_RANK: both ranks once raced on its file)
+        newest = max((tmp_path / 'runs').rglob('run.json'), key=lambda m: m.parent.name)
+        assert json.loads(newest.read_text())['pid'] == procs[0].pid, newest
     return [(code, err) for err, code in outs]
 
 
