@@ -151,18 +151,20 @@ def test_bad_runtime_and_format():
 
 
 def test_compile_gives_each_model_its_own_graphs():
-    """zoo.optimize compiles the model itself: two models never share one compiled frame, whose recompile limit
-    (8 by default, 1 here) would otherwise leave every model after the limit silently running eager."""
+    """zoo.optimize gives every model a compiled frame of its own: models sharing one forward never share the
+    frame's recompile limit (8 by default, 1 here), which would otherwise leave every model after the limit
+    silently running eager."""
     import torch._dynamo
     from torch._dynamo.utils import counters
     torch._dynamo.reset()
     with torch._dynamo.config.patch(recompile_limit=1):
-        for name in ('dncnn_tiny', 'vgg_tiny'):
+        # two families sharing ClassifierBase.forward, a second instance, two dense models sharing forward_raw
+        for name in ('poolformer_tiny', 'stripmlp_tiny', 'poolformer_tiny', 'semfpn_seg_tiny', 'yolo_det_tiny'):
             before = counters['stats']['unique_graphs']
             model = zoo.create(name).eval()
             x = example_input(name, 2)
             fast = zoo.optimize(model, 'compile', example=x)
             assert counters['stats']['unique_graphs'] > before, f'{name} was not compiled'
             with torch.no_grad():
-                assert _rel(fast(x), model(x)) <= REL
+                assert _rel(model_output(fast, x), model_output(model, x)) <= REL
     torch._dynamo.reset()

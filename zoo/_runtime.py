@@ -68,15 +68,29 @@ def example_input(model: nn.Module, batch: int = 2, size: int | tuple | None = N
     return torch.randn(batch, *shape)
 
 
-class _Raw(nn.Module):
-    """A dense model's network alone: ``forward_raw`` as a tuple of maps (what the exporters capture)."""
+def _compiled(fn, options: dict):
+    """``torch.compile(fn)`` behind a code object of its own, called under no_grad by ``_Eager``.
 
-    def __init__(self, model: nn.Module):
+    Dynamo keeps compiled graphs, and counts recompilations against its limit (8), per code object; past the
+    limit the code runs eagerly. Models that share one forward (every ``ClassifierBase`` family, every dense
+    model's ``forward_raw``) would share one limit, and the ninth family optimised in a process would silently
+    run eager. A fresh copy of the calling function's code gives each ``optimize`` its own cache and limit."""
+    def call(x):
+        return fn(x)
+    call.__code__ = call.__code__.replace()  # an equal but distinct code object
+    return torch.compile(call, options=options)
+
+
+class _Raw(nn.Module):
+    """A dense model's network alone: ``forward_raw`` as a tuple of maps (what the exporters capture).
+    ``forward_raw``: the model's own method, or that method compiled."""
+
+    def __init__(self, model: nn.Module, forward_raw=None):
         super().__init__()
-        self.model = model
+        self.model, self._forward_raw = model, forward_raw or model.forward_raw
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        return tuple(self.model.forward_raw(x))
+        return tuple(self._forward_raw(x))
 
 
 class _Deploy(nn.Module):
@@ -317,16 +331,13 @@ def optimize(model: nn.Module, runtime: str = 'compile', example: torch.Tensor |
         if runtime == 'compile':
             from torch._inductor import list_mode_options
             options = {**(list_mode_options(mode) if mode else {}), 'freezing': True}
-            # the model itself is compiled (its own forward's code, its own cache of graphs), called under
-            # no_grad by _Eager: a shared wrapper's forward compiled for every model would share one cache, and
-            # after dynamo's recompile limit (8) every further model would silently run eager
-            inner = torch.compile(inner, options=options)
+            inner = _Raw(model, _compiled(model.forward_raw, options)) if dense else _compiled(model, options)
         net = _Eager(inner, dtype, runtime)
         if runtime == 'compile' and example is not None:
             net(example)  # compile now, not on the caller's first timed call
         if not dense:
             return net
-        return _DenseRuntime(_Runtime(net, _tuple_spec(len(model.strides)), runtime), model)
+        return _DenseRuntime(net, model)  # net gives _Raw's tuple of maps (one per level, or one for a segmenter)
     if dtype not in (None, torch.float32):
         raise ValueError(f'runtime {runtime!r} runs float32 only; got dtype={dtype}')
     example = _batch2(example if example is not None else example_input(model))
@@ -341,11 +352,6 @@ def optimize(model: nn.Module, runtime: str = 'compile', example: torch.Tensor |
         run = _ort_session(path) if runtime == 'onnxruntime' else _openvino(path)
     net = _Runtime(run, spec, runtime, keep=model)
     return _DenseRuntime(net, model) if dense else net
-
-
-def _tuple_spec(n: int):
-    from torch.utils._pytree import tree_flatten
-    return tree_flatten(tuple(range(n)))[1]
 
 
 def _bad_dtype(name: str):
