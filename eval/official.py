@@ -88,13 +88,30 @@ def import_source(source: str):
         while (root / '__init__.py').is_file():  # climb to the top package so absolute imports resolve
             parts.insert(0, root.name)
             root = root.parent
-        if str(root) not in sys.path:
-            sys.path.insert(0, str(root))
+        # official repositories reuse package names (``models``, ``libs``): one imported earlier from another
+        # checkout would be found in sys.modules and its file silently used instead of this one
+        for key in [k for k in sys.modules if k == parts[0] or k.startswith(parts[0] + '.')]:
+            if not _inside(sys.modules[key], root):
+                del sys.modules[key]
+        if str(root) in sys.path:
+            sys.path.remove(str(root))
+        sys.path.insert(0, str(root))
         source = '.'.join(parts)
+    else:
+        path = None
     try:
-        return importlib.import_module(source)
+        module = importlib.import_module(source)
     except ImportError as e:  # a ValueError, so that the command line exits with 2 and this message
         raise ValueError(f'could not import the official implementation {source!r}: {e}') from e
+    if path is not None and Path(getattr(module, '__file__', '') or '').resolve() != path:
+        raise ValueError(f'{source!r} was imported from {module.__file__}, not from {path}')
+    return module
+
+
+def _inside(module, root: Path) -> bool:
+    """Whether an imported module (or namespace package) comes from under ``root``."""
+    files = [getattr(module, '__file__', None), *getattr(module, '__path__', [])]
+    return any(f and Path(f).resolve().is_relative_to(root) for f in files)
 
 
 def build_official(spec: str, model: nn.Module, atol_rel: float = 1e-4) -> nn.Module:
