@@ -78,16 +78,16 @@ def test_an_official_model_with_other_keys_or_other_logits_is_refused(tmp_path, 
 
 @pytest.mark.parametrize('family, body', [
     # the official GRN is the identity while its gamma and beta are 0 (their initial values)
-    ('stripmlp', 'from reference_stripmlp import GRN, StripMLPNet as _S\n\n'
-                 'def StripMLPNet(**kwargs):\n    m = _S(**kwargs)\n'
-                 '    for g in m.modules():\n        if isinstance(g, GRN):\n            g.forward = lambda x: x\n'
-                 '    return m\n'),
+    ('stripmlp', ('from reference_stripmlp import GRN, StripMLPNet as _S\n\n'
+                  'def StripMLPNet(**kwargs):\n    m = _S(**kwargs)\n'
+                  '    for g in m.modules():\n        if isinstance(g, GRN):\n            g.forward = lambda x: x\n'
+                  '    return m\n')),
     # a LayerNorm whose affine part is dropped is the same while its weight is 1 and its bias 0
-    ('raftmlp', 'from torch import nn\nfrom reference_raftmlp import RaftMLP as _R\n\n'
-                'def RaftMLP(**kwargs):\n    m = _R(**kwargs)\n'
-                '    for n in m.modules():\n        if isinstance(n, nn.LayerNorm):\n'
-                '            n.forward = lambda x, n=n: nn.functional.layer_norm(x, n.normalized_shape, eps=n.eps)\n'
-                '    return m\n'),
+    ('raftmlp', ('from torch import nn\nfrom reference_raftmlp import RaftMLP as _R\n\n'
+                 'def RaftMLP(**kwargs):\n    m = _R(**kwargs)\n'
+                 '    for n in m.modules():\n        if isinstance(n, nn.LayerNorm):\n'
+                 '            n.forward = lambda x, n=n: nn.functional.layer_norm(x, n.normalized_shape, eps=n.eps)\n'
+                 '    return m\n')),
 ])
 def test_a_difference_hidden_by_initial_weights_is_found(family, body, tmp_path):
     """The check runs with every weight and statistic perturbed first: with the initial values these official
