@@ -8,7 +8,9 @@ The official code is never a dependency of zoo and is never shipped: the user po
 2. builds the official model with the zoo model's configuration (``CALLABLE`` defaults to the official
    class name of the family, e.g. ``RaftMLP`` or ``StripMLPNet``);
 3. copies the zoo model's weights into it through the family's ``to_official`` key mapping (strict:
-   every official key must be filled) and checks that both compute the same logits.
+   every official key must be filled) and checks that both compute the same logits, first with every weight
+   and statistic perturbed off its initial value (``perturbed``: a LayerNorm weight of ones, a zero GRN gamma
+   or fresh BatchNorm statistics would hide a wrong mapping of that tensor), then with the model's own.
 
 Examples (with the official repositories cloned to /src)::
 
@@ -86,13 +88,30 @@ def import_source(source: str):
         while (root / '__init__.py').is_file():  # climb to the top package so absolute imports resolve
             parts.insert(0, root.name)
             root = root.parent
-        if str(root) not in sys.path:
-            sys.path.insert(0, str(root))
+        # official repositories reuse package names (``models``, ``libs``): one imported earlier from another
+        # checkout would be found in sys.modules and its file silently used instead of this one
+        for key in [k for k in sys.modules if k == parts[0] or k.startswith(parts[0] + '.')]:
+            if not _inside(sys.modules[key], root):
+                del sys.modules[key]
+        if str(root) in sys.path:
+            sys.path.remove(str(root))
+        sys.path.insert(0, str(root))
         source = '.'.join(parts)
+    else:
+        path = None
     try:
-        return importlib.import_module(source)
+        module = importlib.import_module(source)
     except ImportError as e:  # a ValueError, so that the command line exits with 2 and this message
         raise ValueError(f'could not import the official implementation {source!r}: {e}') from e
+    if path is not None and Path(getattr(module, '__file__', '') or '').resolve() != path:
+        raise ValueError(f'{source!r} was imported from {module.__file__}, not from {path}')
+    return module
+
+
+def _inside(module, root: Path) -> bool:
+    """Whether an imported module (or namespace package) comes from under ``root``."""
+    files = [getattr(module, '__file__', None), *getattr(module, '__path__', [])]
+    return any(f and Path(f).resolve().is_relative_to(root) for f in files)
 
 
 def build_official(spec: str, model: nn.Module, atol_rel: float = 1e-4) -> nn.Module:
@@ -116,19 +135,48 @@ def build_official(spec: str, model: nn.Module, atol_rel: float = 1e-4) -> nn.Mo
         official = getattr(module, attr)(**kwargs)
     except Exception as e:  # noqa: BLE001 (whatever the foreign constructor raises, say what was asked of it)
         raise ValueError(f'{attr} from {source} could not be built as {name} ({kwargs}): {e}') from e
-    state = model.to_official(model.state_dict())
+    state = {k: v.clone() for k, v in model.state_dict().items()}
+    # first with every weight and statistic moved off its initial value (a LayerNorm's weight of ones, a zero GRN
+    # gamma, BatchNorm's running mean 0 and variance 1 hide a wrong mapping of that tensor), then the model's own
+    size = zoo.model_info(name).input_size
+    x = torch.randn(2, *size, generator=torch.Generator().manual_seed(0))
+    official.eval()
+    model.eval()
+    try:
+        for what, weights in (('perturbed weights', perturbed(state)), ('weights', state)):
+            model.load_state_dict(weights)
+            _load(official, model.to_official(weights), attr, source, name)
+            with torch.inference_mode():
+                ours, ref = model(x), official(x)
+            diff = (ours - ref).abs().max().item()
+            if not diff <= atol_rel * ref.abs().max().item() + 1e-6:
+                raise ValueError(f'{attr} from {source} with {name}\'s {what} gives other logits (max |Δ| '
+                                 f'{diff:.3g}); not the same network')
+    finally:
+        model.load_state_dict(state)  # the model keeps its own weights whatever happened
+    return official
+
+
+def _load(official: nn.Module, state: dict, attr: str, source: str, name: str) -> None:
     missing, unexpected = official.load_state_dict(state, strict=False)
     if missing or unexpected:
         raise ValueError(f'{attr} from {source} does not take {name}\'s weights: missing {missing[:4]}, '
                          f'unexpected {unexpected[:4]}')
-    official.eval()
-    model.eval()
-    size = zoo.model_info(name).input_size
-    x = torch.randn(2, *size, generator=torch.Generator().manual_seed(0))
-    with torch.inference_mode():
-        ours, ref = model(x), official(x)
-    diff = (ours - ref).abs().max().item()
-    if not diff <= atol_rel * ref.abs().max().item() + 1e-6:
-        raise ValueError(f'{attr} from {source} with {name}\'s weights gives other logits (max |Δ| {diff:.3g}); '
-                         'not the same network')
-    return official
+
+
+def perturbed(state: dict, scale: float = 0.2, seed: int = 0) -> dict:
+    """``state`` with every floating tensor moved by seeded noise (``scale`` times its spread, or ``scale`` for a
+    constant tensor such as a norm's weight of ones); running variances multiplied by factors in [0.5, 1.5] so
+    they stay positive. Integer buffers (``num_batches_tracked``) are kept."""
+    g = torch.Generator().manual_seed(seed)
+    out = {}
+    for k, v in state.items():
+        if not v.is_floating_point():
+            out[k] = v
+        elif k.endswith('running_var'):
+            out[k] = v * (0.5 + torch.rand(v.shape, generator=g, dtype=v.dtype))
+        else:
+            spread = v.float().std().item() if v.numel() > 1 else 0.0
+            noise = torch.randn(v.shape, generator=g, dtype=v.dtype)
+            out[k] = v + scale * (spread if spread > 0 else 1.0) * noise
+    return out

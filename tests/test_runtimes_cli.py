@@ -173,3 +173,30 @@ def test_test_in_onnxruntime_is_recorded_beside_eager_and_export_writes_graph_an
     capsys.readouterr()
     assert main(['export', '-c', str(DEMO), '--ckpt_path', 'best', '--out', str(tmp_path / 'c.onnx')]) == 2
     assert 'holds a resnet_tiny model but the config builds poolformer_tiny' in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_bench_compiles_each_graph_once_and_never_while_timing(monkeypatch):
+    """The compiled graph is the one timed: compiled under inference_mode as it is timed (a graph compiled under
+    no_grad alone compiled again on its first inference_mode call), and after the exports (an export lets einops
+    cache the tracer's tensor types, a global the compiled RaftMLP guards on: it recompiled on its first timed call,
+    outside the reported compile time)."""
+    from torch._dynamo.utils import counters
+
+    from zoo.eval import bench
+
+    real, during = bench.benchmark, []
+
+    def spy(*args, **kwargs):
+        before = counters['frames']['total']
+        out = real(*args, **kwargs)
+        during.append(counters['frames']['total'] - before)
+        return out
+
+    monkeypatch.setattr(bench, 'benchmark', spy)
+    start = counters['frames']['total']
+    rows = bench.run(['raftmlp_tiny'], runtimes='compile,onnxruntime', batch_sizes=(1,), repeats=1, warmup=0,
+                     budget_s=0)
+    assert during == [0] and counters['frames']['total'] - start == 1
+    comp = next(r for r in rows if r['runtime'] == 'compile')
+    assert comp['compile_s'] > 0 and comp['max_abs_diff_eager'] < 1e-4
