@@ -3,6 +3,8 @@ Runtime with eager's outputs; zoo.optimize keeps eager's outputs and a detector'
 gives a deployable detector with eager's boxes."""
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 from conftest import example_input, model_output
@@ -158,8 +160,8 @@ def test_compile_gives_each_model_its_own_graphs():
     from torch._dynamo.utils import counters
     torch._dynamo.reset()
     with torch._dynamo.config.patch(recompile_limit=1):
-        # two families sharing ClassifierBase.forward, a second instance, two dense models sharing forward_raw
-        for name in ('poolformer_tiny', 'stripmlp_tiny', 'poolformer_tiny', 'semfpn_seg_tiny', 'yolo_det_tiny'):
+        # two families sharing ClassifierBase.forward, two dense models sharing forward_raw
+        for name in ('poolformer_tiny', 'stripmlp_tiny', 'semfpn_seg_tiny', 'yolo_det_tiny'):
             before = counters['stats']['unique_graphs']
             model = zoo.create(name).eval()
             x = example_input(name, 2)
@@ -168,3 +170,20 @@ def test_compile_gives_each_model_its_own_graphs():
             with torch.no_grad():
                 assert _rel(model_output(fast, x), model_output(model, x)) <= REL
     torch._dynamo.reset()
+
+
+def test_compile_freezes_the_weights():
+    """``zoo.optimize(..., 'compile')`` promises inductor's freezing: the weights are folded into the graph as
+    constants (``_frozen_param``), not passed as inputs. Asked for through ``torch.compile(options=...)`` alone,
+    freezing is silently ignored (torch 2.14), and every convolution ran unpacked."""
+    from torch._inductor.utils import run_and_get_code
+    model = zoo.create('poolformer_tiny').eval()
+    x = example_input('poolformer_tiny', 2)
+    fast = zoo.optimize(model, 'compile')
+    with torch.no_grad():
+        out, code = run_and_get_code(fast, x)
+        assert _rel(out, model(x)) <= REL
+    code = '\n'.join(code)
+    assert '_frozen_param' in code and 'def call(self, args)' in code
+    call_args = code.split('def call(self, args)')[1].splitlines()[1]
+    assert len(re.findall(r'arg\d+_1', call_args)) == 1, call_args      # the input alone: no weight is an argument

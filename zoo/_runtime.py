@@ -69,16 +69,29 @@ def example_input(model: nn.Module, batch: int = 2, size: int | tuple | None = N
 
 
 def _compiled(fn, options: dict):
-    """``torch.compile(fn)`` behind a code object of its own, called under no_grad by ``_Eager``.
+    """``torch.compile(fn)`` with inductor's freezing, behind a code object of its own; called under no_grad
+    by ``_Eager``.
+
+    Freezing (weights folded in as constants, convolutions pre-packed for oneDNN) is decided from the global
+    inductor config when a graph is compiled: passed in ``torch.compile(options=...)`` it is silently ignored
+    (torch 2.14: the weights stay graph inputs and every convolution runs unpacked), so every call runs under
+    ``config.patch(freezing=True)``, which covers the first compilation and any later one.
 
     Dynamo keeps compiled graphs, and counts recompilations against its limit (8), per code object; past the
     limit the code runs eagerly. Models that share one forward (every ``ClassifierBase`` family, every dense
     model's ``forward_raw``) would share one limit, and the ninth family optimised in a process would silently
     run eager. A fresh copy of the calling function's code gives each ``optimize`` its own cache and limit."""
+    from torch._inductor import config as inductor_config
+
     def call(x):
         return fn(x)
     call.__code__ = call.__code__.replace()  # an equal but distinct code object
-    return torch.compile(call, options=options)
+    compiled = torch.compile(call, options=options)
+
+    def frozen(x):
+        with inductor_config.patch(freezing=True):
+            return compiled(x)
+    return frozen
 
 
 class _Raw(nn.Module):
@@ -330,7 +343,7 @@ def optimize(model: nn.Module, runtime: str = 'compile', example: torch.Tensor |
         inner = _Raw(model) if dense else model
         if runtime == 'compile':
             from torch._inductor import list_mode_options
-            options = {**(list_mode_options(mode) if mode else {}), 'freezing': True}
+            options = list_mode_options(mode) if mode else None
             inner = _Raw(model, _compiled(model.forward_raw, options)) if dense else _compiled(model, options)
         net = _Eager(inner, dtype, runtime)
         if runtime == 'compile' and example is not None:
