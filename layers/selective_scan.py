@@ -298,9 +298,8 @@ def _position_major(x: torch.Tensor) -> torch.Tensor:
 @torch.library.custom_op('zoo::selective_scan', mutates_args=())
 def _scan_op(u: torch.Tensor, delta: torch.Tensor, A: torch.Tensor, B: torch.Tensor, C: torch.Tensor,
              D: torch.Tensor | None, delta_bias: torch.Tensor | None, delta_softplus: bool,
-             chunk: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """The chunked scan as one operator (compute dtype, B/C grouped (B, G, N, L)): returns y (B, KD, L),
-    position-major, and the state entering every chunk (nc, B, G, N, Dg), kept for the backward.
+             chunk: int) -> torch.Tensor:
+    """The chunked scan as one operator (compute dtype, B/C grouped (B, G, N, L)): y (B, KD, L), position-major.
 
     Pass 1 runs every chunk but the last from a zero state to its end state; the carry turns those into the
     states entering the chunks; pass 2 re-runs every chunk from its true entering state and reads y."""
@@ -310,25 +309,23 @@ def _scan_op(u: torch.Tensor, delta: torch.Tensor, A: torch.Tensor, B: torch.Ten
     y = _position_major(_from_steps(_chunk_states(d, du, Bs, Cs, A2, enter), length))
     if D is not None:
         y.addcmul_(u, D[:, None])
-    return y, enter
+    return y
 
 
 @_scan_op.register_fake
 def _(u, delta, A, B, C, D, delta_bias, delta_softplus, chunk):
-    bsz, kd, length = u.shape
-    groups, n = B.shape[1], A.shape[1]
-    y = u.new_empty((length, bsz, kd)).movedim(0, -1)
-    return y, u.new_empty((-(-length // chunk), bsz, groups, n, kd // groups))
+    return u.new_empty((u.shape[-1],) + u.shape[:-1]).movedim(0, -1)
 
 
 @torch.library.custom_op('zoo::selective_scan_backward', mutates_args=())
 def _scan_backward_op(gy: torch.Tensor, u: torch.Tensor, delta: torch.Tensor, A: torch.Tensor, B: torch.Tensor,
-                      C: torch.Tensor, D: torch.Tensor | None, delta_bias: torch.Tensor | None, enter: torch.Tensor,
+                      C: torch.Tensor, D: torch.Tensor | None, delta_bias: torch.Tensor | None,
                       delta_softplus: bool, chunk: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor,
                                                                  torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """The hand-written backward of ``zoo::selective_scan``: gradients of u, delta, A, B, C, D, delta_bias (the
-    last two zeros when the input is None). The step layouts are recomputed (copies); the entering states come
-    from the forward.
+    last two zeros when the input is None). The step layouts and the states entering the chunks are recomputed
+    (copies and pass 1: a fraction of the backward's work, and the forward keeps one output, which ONNX export
+    can decompose).
 
     It recomputes the states h_t (one (L, N, KD) buffer) and runs the adjoint, itself a linear recurrence in
     reverse, gh_t = C_t gy_t + exp(d_{t+1} A) gh_{t+1}, chunked the same way, reading every gradient per step:
@@ -336,6 +333,7 @@ def _scan_backward_op(gy: torch.Tensor, u: torch.Tensor, delta: torch.Tensor, A:
     dd_t = sum_n A w_t and dA = sum_t d_t w_t; then the chain through du = d u, softplus and the D skip."""
     length, groups = u.shape[-1], B.shape[1]
     us, d, du, Bs, Cs, A2, span = _layout(u, delta, A, B, C, delta_bias, delta_softplus, chunk)
+    enter = _carry(_chunk_ends(d[:, :-1], du[:, :-1], Bs[:, :-1], A2), span[:-1])
     g = _steps(gy, chunk, groups)                                # (T, nc, B, G, 1, Dg)
     states = d.new_empty((d.shape[0],) + enter.shape)           # (T, nc, B, G, N, Dg): every h_t
     _chunk_states(d, du, Bs, Cs, A2, enter, states)
@@ -380,7 +378,7 @@ def _scan_backward_op(gy: torch.Tensor, u: torch.Tensor, delta: torch.Tensor, A:
 
 
 @_scan_backward_op.register_fake
-def _(gy, u, delta, A, B, C, D, delta_bias, enter, delta_softplus, chunk):
+def _(gy, u, delta, A, B, C, D, delta_bias, delta_softplus, chunk):
     def pm(x):
         return x.new_empty((x.shape[-1],) + x.shape[:-1]).movedim(0, -1)
     kd = u.shape[1]
@@ -389,14 +387,13 @@ def _(gy, u, delta, A, B, C, D, delta_bias, enter, delta_softplus, chunk):
 
 def _scan_setup(ctx, inputs, output):
     u, delta, A, B, C, D, delta_bias, delta_softplus, chunk = inputs
-    ctx.mark_non_differentiable(output[1])
-    ctx.save_for_backward(u, delta, A, B, C, D, delta_bias, output[1])
+    ctx.save_for_backward(u, delta, A, B, C, D, delta_bias)
     ctx.setup = delta_softplus, chunk
 
 
-def _scan_backward(ctx, gy, _):
-    u, delta, A, B, C, D, delta_bias, enter = ctx.saved_tensors
-    grads = torch.ops.zoo.selective_scan_backward(gy, u, delta, A, B, C, D, delta_bias, enter, *ctx.setup)
+def _scan_backward(ctx, gy):
+    u, delta, A, B, C, D, delta_bias = ctx.saved_tensors
+    grads = torch.ops.zoo.selective_scan_backward(gy, u, delta, A, B, C, D, delta_bias, *ctx.setup)
     return (*grads[:5], grads[5] if D is not None else None, grads[6] if delta_bias is not None else None, None, None)
 
 
@@ -418,7 +415,7 @@ def selective_scan_chunked(u, delta, A, B, C, D=None, delta_bias=None, delta_sof
     u, delta, A, B, C, D, bias = _check(u, delta, A, B, C, D, delta_bias)
     bsz, kd, length = u.shape
     chunk = min(chunk_size or _auto_chunk(length), length)
-    return torch.ops.zoo.selective_scan(u, delta, A, B, C, D, bias, delta_softplus, chunk)[0].to(out_dtype)
+    return torch.ops.zoo.selective_scan(u, delta, A, B, C, D, bias, delta_softplus, chunk).to(out_dtype)
 
 
 def selective_scan_chunked_autograd(u, delta, A, B, C, D=None, delta_bias=None, delta_softplus=False, chunk_size=None):
@@ -535,6 +532,18 @@ def selective_scan_parallel(u, delta, A, B, C, D=None, delta_bias=None, delta_so
     # (B, G, nc, T, Dg) -> (B, G*Dg, nc*T)
     y = y.permute(0, 1, 4, 2, 3).reshape(bsz, kd, nc * chunk)[..., :length]
     return _finish(y, u0, D, out_dtype)
+
+
+
+def _scan_graph(u, delta, A, B, C, D, delta_bias, delta_softplus, chunk):
+    """``zoo::selective_scan`` as plain tensor ops, for exporters that cannot keep the operator (ONNX): the
+    log-depth form at its own chunk size (the eager ``chunk`` is no concern of a graph)."""
+    return selective_scan_parallel(u, delta, A, B, C, D, delta_bias, delta_softplus)
+
+
+def graph_decompositions() -> dict:
+    """``ExportedProgram.run_decompositions`` table that turns the scan operator into plain tensor ops."""
+    return {torch.ops.zoo.selective_scan.default: _scan_graph}
 
 
 _METHODS = {'chunked': selective_scan_chunked, 'parallel': selective_scan_parallel, 'chunked_autograd': selective_scan_chunked_autograd,
