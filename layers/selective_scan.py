@@ -40,7 +40,7 @@ import torch
 import torch.nn.functional as F
 
 __all__ = ['selective_scan', 'selective_scan_ref', 'selective_scan_chunked', 'selective_scan_chunked_autograd',
-           'selective_scan_segsum', 'selective_scan_parallel']
+           'selective_scan_segsum']
 
 
 def _auto_chunk(length: int) -> int:
@@ -413,7 +413,7 @@ def selective_scan_chunked(u, delta, A, B, C, D=None, delta_bias=None, delta_sof
     """
     out_dtype = u.dtype
     u, delta, A, B, C, D, bias = _check(u, delta, A, B, C, D, delta_bias)
-    bsz, kd, length = u.shape
+    length = u.shape[-1]
     chunk = min(chunk_size or _auto_chunk(length), length)
     return torch.ops.zoo.selective_scan(u, delta, A, B, C, D, bias, delta_softplus, chunk).to(out_dtype)
 
@@ -480,73 +480,7 @@ def selective_scan_segsum(u, delta, A, B, C, D=None, delta_bias=None, delta_soft
     return _finish(y, u, D, out_dtype)
 
 
-def _linear_scan(w: torch.Tensor, h: torch.Tensor, dim: int, need_w: bool = True):
-    """Inclusive scan of h_t <- exp(w_t) h_{t-1} + h_t along ``dim`` in ceil(log2 n) steps (Hillis-Steele).
-
-    Before step k, h_t sums the inputs of the window (t - k, t] and w_t the log-decays of that window (clipped at
-    the start), so h_t + exp(w_t) h_{t-k} covers (t - 2k, t]. Every decay is exp of a window sum of log-decays
-    (never a difference of cumulative sums: no cancellation, all <= 1 here). Returns (w, h): the log-decay from
-    the start to t (if ``need_w``) and the states."""
-    n, k = h.shape[dim], 1
-    while k < n:
-        head = (h.narrow(dim, 0, k),)
-        h = torch.cat(head + (torch.addcmul(h.narrow(dim, k, n - k), torch.exp(w.narrow(dim, k, n - k)),
-                                            h.narrow(dim, 0, n - k)),), dim)
-        if need_w or 2 * k < n:
-            w = torch.cat((w.narrow(dim, 0, k), w.narrow(dim, k, n - k) + w.narrow(dim, 0, n - k)), dim)
-        k *= 2
-    return w, h
-
-
-def selective_scan_parallel(u, delta, A, B, C, D=None, delta_bias=None, delta_softplus=False, chunk_size=None):
-    """Exact scan as a fixed, small graph (the form ``torch.compile``, ``torch.export`` and ONNX capture).
-
-    The chunked scan's Python loops (2 T + L / T steps) unroll into thousands of graph nodes when traced. Here
-    both levels are log-depth scans of plain tensor ops: inside chunks of T (all chunks at once), then across the
-    chunks' end states, then one update of every position from its chunk's entering state; about
-    3 (log2 T + log2 (L / T)) ops whatever L. It materialises the (B, KD, N, L) states (several copies during the
-    in-chunk scan), so its memory grows with the batch: the eager default stays ``'chunked'``.
-    """
-    out_dtype = u.dtype
-    u, delta, A, B, C, D, groups = _prepare(u, delta, A, B, C, D, delta_bias, delta_softplus)
-    u0 = u
-    bsz, kd, length = u.shape
-    n, dg = A.shape[1], kd // groups
-    chunk = min(chunk_size or 16, length)
-    pad = (-length) % chunk
-    if pad:  # delta = 0 on the padding: decay 1, input 0, after every real position
-        u, delta, B, C = (F.pad(t, (0, pad)) for t in (u, delta, B, C))
-    nc = (length + pad) // chunk
-    # (B, G*Dg, nc*T) -> (B, G, nc, T, Dg, 1); (B, G, N, nc*T) -> (B, G, nc, T, 1, N)
-    d = delta.reshape(bsz, groups, dg, nc, chunk).permute(0, 1, 3, 4, 2).unsqueeze(-1)
-    du = (delta * u).reshape(bsz, groups, dg, nc, chunk).permute(0, 1, 3, 4, 2).unsqueeze(-1)
-    Bs = B.reshape(bsz, groups, n, nc, chunk).permute(0, 1, 3, 4, 2).unsqueeze(-2)
-    Cs = C.reshape(bsz, groups, n, nc, chunk).permute(0, 1, 3, 4, 2).unsqueeze(-1)     # (B, G, nc, T, N, 1)
-    w = d * A.reshape(groups, 1, 1, dg, n)                      # log-decay per step (B, G, nc, T, Dg, N), <= 0
-    S, h = _linear_scan(w, du * Bs, dim=3)                      # from each chunk's start (zero state)
-    # the state at the end of every chunk, carried across chunks; the state entering chunk c is the one before
-    _, ends = _linear_scan(S[:, :, :, -1], h[:, :, :, -1], dim=2, need_w=False)   # (B, G, nc, Dg, N)
-    enter = F.pad(ends[:, :, :-1], (0, 0, 0, 0, 1, 0))          # chunk 0 enters from zero
-    h = torch.addcmul(h, torch.exp(S), enter.unsqueeze(3))      # (B, G, nc, T, Dg, N)
-    y = torch.matmul(h, Cs).squeeze(-1)                         # sum_n h C: (B, G, nc, T, Dg)
-    # (B, G, nc, T, Dg) -> (B, G*Dg, nc*T)
-    y = y.permute(0, 1, 4, 2, 3).reshape(bsz, kd, nc * chunk)[..., :length]
-    return _finish(y, u0, D, out_dtype)
-
-
-
-def _scan_graph(u, delta, A, B, C, D, delta_bias, delta_softplus, chunk):
-    """``zoo::selective_scan`` as plain tensor ops, for exporters that cannot keep the operator (ONNX): the
-    log-depth form at its own chunk size (the eager ``chunk`` is no concern of a graph)."""
-    return selective_scan_parallel(u, delta, A, B, C, D, delta_bias, delta_softplus)
-
-
-def graph_decompositions() -> dict:
-    """``ExportedProgram.run_decompositions`` table that turns the scan operator into plain tensor ops."""
-    return {torch.ops.zoo.selective_scan.default: _scan_graph}
-
-
-_METHODS = {'chunked': selective_scan_chunked, 'parallel': selective_scan_parallel, 'chunked_autograd': selective_scan_chunked_autograd,
+_METHODS = {'chunked': selective_scan_chunked, 'chunked_autograd': selective_scan_chunked_autograd,
             'sequential': selective_scan_ref, 'segsum': selective_scan_segsum}
 
 

@@ -14,10 +14,10 @@ from zoo.layers.selective_scan import (
     selective_scan,
     selective_scan_chunked,
     selective_scan_chunked_autograd,
-    selective_scan_parallel,
     selective_scan_ref,
     selective_scan_segsum,
 )
+from zoo.layers.selective_scan_graph import selective_scan_loop, selective_scan_parallel
 
 
 def _inputs(b=2, groups=4, dg=3, n=5, length=64, dtype=torch.float64, a_scale=1.0, seed=0, grad=False):
@@ -37,7 +37,7 @@ def _inputs(b=2, groups=4, dg=3, n=5, length=64, dtype=torch.float64, a_scale=1.
 
 
 FAST = [('chunked', selective_scan_chunked), ('chunked_autograd', selective_scan_chunked_autograd),
-        ('segsum', selective_scan_segsum), ('parallel', selective_scan_parallel)]
+        ('segsum', selective_scan_segsum), ('parallel', selective_scan_parallel), ('loop', selective_scan_loop)]
 
 
 @pytest.mark.parametrize('name,fn', FAST)

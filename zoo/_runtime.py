@@ -203,13 +203,14 @@ def _onnx_program(net: nn.Module, example: torch.Tensor, dynamic_batch: bool = T
 
     from onnx_ir.passes import common
     from onnxscript.optimizer import fold_constants_ir
-    from zoo.layers.selective_scan import graph_decompositions
+
+    from zoo.layers.selective_scan_graph import decompose
     with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):
         warnings.simplefilter('ignore')
         if not isinstance(net, torch.export.ExportedProgram):
             net = torch.export.export(net, (example,), dynamic_shapes=_dynamic(dynamic_batch))
         # zoo's operators (the selective scan) have no ONNX meaning: written out as plain tensor ops first
-        program = torch.onnx.export(net.run_decompositions(graph_decompositions()), (example,), dynamo=True,
+        program = torch.onnx.export(decompose(net), (example,), dynamo=True,
                                     input_names=['input'], verbose=False, report=False, optimize=False)
     model = program.model
     common.InlinePass()(model)
