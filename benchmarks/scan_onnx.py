@@ -21,17 +21,16 @@ import warnings
 from unittest import mock
 
 import torch
-
 from zoo.eval.profile import interleave
-from zoo.layers.selective_scan import selective_scan
 from zoo.layers import selective_scan_graph
+from zoo.layers.selective_scan import selective_scan
 from zoo.layers.selective_scan_graph import selective_scan_loop, selective_scan_parallel
 
 # (L, K*D) of mamba_yolo_t's SS2D scans at 640 px (K = 4 directions, N = 16, G = 4 groups of B/C)
 STAGES = ((25600, 256), (6400, 512), (1600, 1024), (400, 2048))
-CANDIDATES = {'parallel/16': (selective_scan_parallel, 16), 'loop/16': (selective_scan_loop, 16),
-              'loop/32': (selective_scan_loop, 32), 'loop/64': (selective_scan_loop, 64),
-              'loop/128': (selective_scan_loop, 128)}
+# form and chunk; None: the eager scan's chunk (``_auto_chunk``: 2 sqrt(L) within [16, 256], what ONNX export uses)
+CANDIDATES = {'parallel/16': (selective_scan_parallel, 16), 'loop/32': (selective_scan_loop, 32),
+              'loop/64': (selective_scan_loop, 64), 'loop/auto': (selective_scan_loop, None)}
 
 
 class _Scan(torch.nn.Module):
@@ -45,17 +44,17 @@ class _Scan(torch.nn.Module):
 
 def _inputs(length, kd, n=16, groups=4, seed=0):
     g = torch.Generator().manual_seed(seed)
-    return dict(u=torch.randn(1, kd, length, generator=g), delta=torch.randn(1, kd, length, generator=g) - 2,
-                B=torch.randn(1, groups, n, length, generator=g), C=torch.randn(1, groups, n, length, generator=g),
-                A=-torch.exp(torch.rand(kd, n, generator=g)), D=torch.randn(kd, generator=g),
-                bias=torch.randn(kd, generator=g) * 0.5)
+    return {'u': torch.randn(1, kd, length, generator=g), 'delta': torch.randn(1, kd, length, generator=g) - 2,
+            'B': torch.randn(1, groups, n, length, generator=g), 'C': torch.randn(1, groups, n, length, generator=g),
+            'A': -torch.exp(torch.rand(kd, n, generator=g)), 'D': torch.randn(kd, generator=g),
+            'bias': torch.randn(kd, generator=g) * 0.5}
 
 
 def _session(module, args, form, chunk, path):
     import onnxruntime as ort
 
-    def decomposed(u, delta, A, B, C, D, delta_bias, delta_softplus, _chunk):
-        return form(u, delta, A, B, C, D, delta_bias, delta_softplus, chunk_size=chunk)
+    def decomposed(u, delta, A, B, C, D, delta_bias, delta_softplus, auto):
+        return form(u, delta, A, B, C, D, delta_bias, delta_softplus, chunk_size=chunk or auto)
     with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):
         warnings.simplefilter('ignore')
         ep = torch.export.export(module, args)
@@ -73,10 +72,11 @@ def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
     parser.add_argument('--smoke', action='store_true')
     parser.add_argument('--repeats', type=int, default=7)
-    parser.add_argument('--only', nargs='*', default=list(CANDIDATES))
+    parser.add_argument('--only', nargs='*', default=list(CANDIDATES), choices=list(CANDIDATES))
+    parser.add_argument('--stages', nargs='*', type=int, default=[0, 1, 2, 3], help='indices into STAGES')
     a = parser.parse_args(argv)
     torch.set_num_threads(2)
-    stages, repeats = (((40, 16), (7, 32)), 1) if a.smoke else (STAGES, a.repeats)
+    stages, repeats = (((40, 16), (7, 32)), 1) if a.smoke else ([STAGES[i] for i in a.stages], a.repeats)
     print('| L | K*D | ' + ' | '.join(['eager chunked', *a.only]) + ' |  (ms, medians; max |delta| vs float64)')
     for length, kd in stages:
         t = _inputs(length, kd)
