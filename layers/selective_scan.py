@@ -19,15 +19,18 @@ head" matrix form does not apply. Candidates (measured in ``eval/scan_bench.py``
   every chunk at once (T steps on tensors holding all chunks) to get each chunk's end state, the states
   are carried across chunks (L/T cheap steps), and a second pass re-runs the chunks from their true
   entering states, reading y. Decays and inputs are formed per step (cache-sized), in place, on
-  position-major slabs; a custom autograd Function with a hand-written backward (the adjoint is a reverse
-  linear recurrence, chunked the same way). About 2 sqrt(L) steps.
+  position-major slabs. About 2 sqrt(L) steps. It is one operator, ``torch.ops.zoo.selective_scan``
+  (``torch.library.custom_op``, with a fake implementation), whose backward is a second one,
+  ``zoo::selective_scan_backward``, written by hand (the adjoint is a reverse linear recurrence, chunked the
+  same way). ``torch.compile`` (with or without freezing, training included) and ``torch.export`` capture the
+  scan as that one opaque node: the eager code runs inside the graph, its loops are never traced, and a pt2 file
+  holds the node (the operators are registered when ``zoo.layers`` is imported). ONNX cannot hold it: ONNX export
+  writes it out first as the ``'loop'`` form of :mod:`zoo.layers.selective_scan_graph` (the same two passes as
+  ``torch.scan`` loops, ONNX ``Scan``; the ``'parallel'`` log-depth form is there too).
 - ``'chunked_autograd'``: the same passes as plain tensor ops under autograd (the previous default; the
   A/B baseline of the benchmark and a check of the hand-written backward).
 - ``'segsum'``: inside a chunk, ``h_t = sum_{s<=t} exp(S_t - S_s) * dBu_s`` as a masked (T x T) product
   (exponents never positive); same carry. Work grows with T.
-- ``'parallel'``: log-depth (Hillis-Steele) scans inside chunks and across them, plain tensor ops: a graph of
-  a few dozen nodes whatever L. What ``torch.compile``, ``torch.export`` and ONNX capture: ``'chunked'``
-  switches to it while compiling or exporting (its loops would unroll into thousands of nodes).
 
 VMamba's ``selective_scan_easy`` computes ``exp(S_t) * cumsum(dBu_s / exp(S_s))``: the division
 overflows (exp(-S) -> inf) on long chunks or large |A| and yields NaN. Nothing here divides by a decay.
