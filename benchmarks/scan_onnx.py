@@ -57,9 +57,8 @@ def _session(module, args, form, chunk, path):
         return form(u, delta, A, B, C, D, delta_bias, delta_softplus, chunk_size=chunk or auto)
     with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):
         warnings.simplefilter('ignore')
-        ep = torch.export.export(module, args)
         with mock.patch.object(selective_scan_graph, '_scan_graph', decomposed):
-            ep = selective_scan_graph.decompose(ep)
+            ep = selective_scan_graph.decompose(torch.export.export(module, args), args)
         torch.onnx.export(ep, args, dynamo=True, optimize=False, verbose=False, report=False).save(path)
     opts = ort.SessionOptions()
     opts.intra_op_num_threads = 2

@@ -403,6 +403,9 @@ def _scan_backward(ctx, gy):
 _scan_op.register_autograd(_scan_backward, setup_context=_scan_setup)
 
 
+_GRAPH_FORM = None  # set by zoo.layers.selective_scan_graph while exporting a graph without zoo's operators
+
+
 def selective_scan_chunked(u, delta, A, B, C, D=None, delta_bias=None, delta_softplus=False, chunk_size=None):
     """Exact chunked scan (the default): a pass inside all chunks at once, a carry across chunks, a second pass.
 
@@ -418,6 +421,8 @@ def selective_scan_chunked(u, delta, A, B, C, D=None, delta_bias=None, delta_sof
     u, delta, A, B, C, D, bias = _check(u, delta, A, B, C, D, delta_bias)
     length = u.shape[-1]
     chunk = min(chunk_size or _auto_chunk(length), length)
+    if _GRAPH_FORM is not None:  # exporting for ONNX (selective_scan_graph.decompose): plain tensor ops
+        return _GRAPH_FORM(u, delta, A, B, C, D, bias, delta_softplus, chunk).to(out_dtype)
     return torch.ops.zoo.selective_scan(u, delta, A, B, C, D, bias, delta_softplus, chunk).to(out_dtype)
 
 

@@ -1,8 +1,8 @@
 """The selective scan as a graph of plain tensor ops, for exporters that cannot keep zoo's scan operator (ONNX).
 
 ``torch.compile`` and ``torch.export`` capture the eager chunked scan (:mod:`zoo.layers.selective_scan`) as one
-operator, ``torch.ops.zoo.selective_scan``. An ONNX file cannot hold it: :func:`decompose` writes it out as
-``'loop'`` in an ``ExportedProgram`` first. Both are exact
+operator, ``torch.ops.zoo.selective_scan``. An ONNX file cannot hold it: :func:`decompose` exports the model with
+the operator written out as ``'loop'``. Both are exact
 (equal to ``selective_scan_ref`` within float32 rounding) and never divide by a decay.
 
 - ``'loop'`` (what ONNX export writes): the eager chunked scan's two passes as ``torch.scan`` loops (ONNX
@@ -16,6 +16,8 @@ Paper and semantics as :mod:`zoo.layers.selective_scan` (Gu & Dao, arXiv 2312.00
 https://github.com/state-spaces/mamba; https://github.com/HZAI-ZJNU/Mamba-YOLO).
 """
 from __future__ import annotations
+
+import contextlib
 
 import torch
 import torch.nn.functional as F
@@ -128,26 +130,30 @@ def _scan_graph(u, delta, A, B, C, D, delta_bias, delta_softplus, chunk):
     return selective_scan_loop(u, delta, A, B, C, D, delta_bias, delta_softplus)
 
 
-def decompose(program: torch.export.ExportedProgram) -> torch.export.ExportedProgram:
-    """``program`` with zoo's scan operator written out as :func:`selective_scan_loop` (for ONNX export).
+@contextlib.contextmanager
+def _written_out():
+    """Within: :func:`zoo.layers.selective_scan.selective_scan_chunked` traces as ``'loop'``, not the operator."""
+    from . import selective_scan
+    selective_scan._GRAPH_FORM = _scan_graph
+    try:
+        yield
+    finally:
+        selective_scan._GRAPH_FORM = None
 
-    ``run_decompositions`` traces the loops' bodies with the shapes specialised, and passes the body's unused
-    shape symbols as int inputs of the ``scan`` node, which the ONNX exporter cannot translate: they are dropped.
+
+def decompose(model, args: tuple, dynamic_shapes=None) -> torch.export.ExportedProgram:
+    """``torch.export`` of ``model`` (a module, or an ``ExportedProgram`` such as a loaded pt2 file) with zoo's scan
+    operator written out as :func:`selective_scan_loop`: what ONNX export takes.
+
+    Traced by dynamo (``torch.export``): ``run_decompositions`` of the operator into ``torch.scan`` loops fails with a
+    dynamic batch (torch 2.14). A program's graph is traced again with its scan nodes calling the loop form.
     """
-    program = program.run_decompositions({torch.ops.zoo.selective_scan.default: _scan_graph})
-    gm = program.graph_module
-    for node in gm.graph.find_nodes(op='call_function', target=torch.ops.higher_order.scan):
-        body_node, init, xs, extra = node.args
-        drop = [i for i, x in enumerate(extra) if not isinstance(x, torch.fx.Node)]
-        if not drop:
-            continue
-        body = getattr(gm, body_node.target)
-        inputs = body.graph.find_nodes(op='placeholder')[len(init) + len(xs):]
-        if any(inputs[i].users for i in drop):
-            continue  # a body that reads a shape: leave it to the exporter
-        for i in drop:
-            body.graph.erase_node(inputs[i])
-        body.recompile()
-        node.args = (body_node, init, xs, tuple(x for i, x in enumerate(extra) if i not in drop))
-    gm.recompile()
-    return program
+    if isinstance(model, torch.export.ExportedProgram):
+        if all(n.target is not torch.ops.zoo.selective_scan.default for n in model.graph.nodes):
+            return model
+        model = model.module()
+        for node in model.graph.find_nodes(op='call_function', target=torch.ops.zoo.selective_scan.default):
+            node.target = _scan_graph
+        model.recompile()
+    with _written_out():
+        return torch.export.export(model, args, dynamic_shapes=dynamic_shapes)

@@ -219,8 +219,8 @@ def test_the_scan_operator_passes_opcheck():
 
 def test_export_captures_one_operator_and_onnx_writes_it_out_as_loops():
     """torch.export keeps the eager chunked scan as one node, ``zoo::selective_scan`` (its Python loops would
-    unroll into thousands of nodes); ``decompose`` (what ONNX export runs first) writes it out as two ``scan``
-    loops and a log-depth carry: a graph whose size does not grow with L. Both equal the eager scan."""
+    unroll into thousands of nodes); ``decompose`` (what ONNX export runs first) exports it written out as two
+    ``scan`` loops and a log-depth carry: a graph whose size does not grow with L. Both equal the eager scan."""
     from zoo.layers.selective_scan_graph import decompose
     nodes = {}
     for length in (64, 2048):
@@ -230,7 +230,7 @@ def test_export_captures_one_operator_and_onnx_writes_it_out_as_loops():
         assert len(ep.graph.nodes) < 40
         ref = m(*args)
         torch.testing.assert_close(ep.module()(*args), ref, rtol=0, atol=0)
-        graph = decompose(ep)
+        graph = decompose(ep, args)
         targets = _targets(graph.graph)
         assert torch.ops.zoo.selective_scan.default not in targets
         assert targets.count(torch.ops.higher_order.scan) == 2

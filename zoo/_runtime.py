@@ -207,10 +207,8 @@ def _onnx_program(net: nn.Module, example: torch.Tensor, dynamic_batch: bool = T
     from zoo.layers.selective_scan_graph import decompose
     with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):
         warnings.simplefilter('ignore')
-        if not isinstance(net, torch.export.ExportedProgram):
-            net = torch.export.export(net, (example,), dynamic_shapes=_dynamic(dynamic_batch))
-        # zoo's operators (the selective scan) have no ONNX meaning: written out as plain tensor ops first
-        program = torch.onnx.export(decompose(net), (example,), dynamo=True,
+        # zoo's operators (the selective scan) have no ONNX meaning: exported written out as plain tensor ops
+        program = torch.onnx.export(decompose(net, (example,), _dynamic(dynamic_batch)), (example,), dynamo=True,
                                     input_names=['input'], verbose=False, report=False, optimize=False)
     model = program.model
     common.InlinePass()(model)
