@@ -7,7 +7,8 @@ the operator written out as ``'loop'``. Both are exact
 
 - ``'loop'`` (what ONNX export writes): the eager chunked scan's two passes as ``torch.scan`` loops (ONNX
   ``Scan``): every step advances one position of all chunks at once, so no (B, K*D, N, L) state tensor is ever
-  formed; the carry across the chunks' end states is log-depth. 2 T loop steps of a few ops, T = 32.
+  formed; the carry across the chunks' end states is log-depth. 2 T loop steps of a few ops, at the eager
+  scan's T (about 2 sqrt(L)).
 - ``'parallel'``: log-depth (Hillis-Steele) scans inside chunks of 16 and across them, then one update of every
   position from its chunk's entering state: a graph of a few dozen nodes with no loop, but it materialises the
   (B, K*D, N, L) states several times (several times the loop's arithmetic and memory traffic).
@@ -126,8 +127,9 @@ def selective_scan_loop(u, delta, A, B, C, D=None, delta_bias=None, delta_softpl
 
 
 def _scan_graph(u, delta, A, B, C, D, delta_bias, delta_softplus, chunk):
-    """``zoo::selective_scan`` as plain tensor ops (its eager ``chunk`` is no concern of a graph)."""
-    return selective_scan_loop(u, delta, A, B, C, D, delta_bias, delta_softplus)
+    """``zoo::selective_scan`` as plain tensor ops: ``'loop'`` at the eager scan's chunk (2 sqrt(L) within
+    [16, 256]; in ONNX Runtime faster than 32 or 64 at L = 6400 and 25600, equal at 1600, benchmarks/scan_onnx.py)."""
+    return selective_scan_loop(u, delta, A, B, C, D, delta_bias, delta_softplus, chunk_size=chunk)
 
 
 @contextlib.contextmanager
