@@ -139,7 +139,7 @@ def test_auto_chunk_and_errors():
 @pytest.mark.parametrize('kw', [dict(), dict(delta_softplus=False), dict(delta_bias=None, D=None), dict(groups=1),
                                 dict(chunk=16)])
 def test_gradcheck_hand_written_backward_options(kw):
-    """The chunked scan's backward is written by hand (``_ChunkedScan``): gradcheck it in float64 with the
+    """The chunked scan's backward is written by hand (``zoo::selective_scan_backward``): gradcheck it in float64 with the
     options off one at a time, a chunk that does not divide L (padding), one chunk (no first pass, no carry)
     and B/C given as one (B, N, L) group."""
     groups, chunk = kw.pop('groups', 2), kw.pop('chunk', 4)
