@@ -2,11 +2,11 @@
 
 ``torch.compile`` and ``torch.export`` capture the eager chunked scan (:mod:`zoo.layers.selective_scan`) as one
 operator, ``torch.ops.zoo.selective_scan``. An ONNX file cannot hold it: :func:`decompose` exports the model with
-the operator written out as ``'loop'``. Both are exact
-(equal to ``selective_scan_ref`` within float32 rounding) and never divide by a decay.
+the operator written out as ``'loop'``. Both forms here are exact (equal to ``selective_scan_ref`` within float32
+rounding) and never divide by a decay.
 
-- ``'loop'`` (what ONNX export writes): the eager chunked scan's two passes as ``torch.scan`` loops (ONNX
-  ``Scan``): every step advances one position of all chunks at once, so no (B, K*D, N, L) state tensor is ever
+- ``'loop'`` (what ONNX export writes): the eager chunked scan's two passes as ``torch.scan`` loops
+  (``torch._higher_order_ops.scan``, a prototype in torch 2.14; ONNX ``Scan``): every step advances one position of all chunks at once, so no (B, K*D, N, L) state tensor is ever
   formed; the carry across the chunks' end states is log-depth. 2 T loop steps of a few ops, at the eager
   scan's T (about 2 sqrt(L)).
 - ``'parallel'``: log-depth (Hillis-Steele) scans inside chunks of 16 and across them, then one update of every
@@ -34,6 +34,7 @@ def _pad_chunks(u, delta, B, C, chunk):
     if pad:
         u, delta, B, C = (F.pad(t, (0, pad)) for t in (u, delta, B, C))
     return u, delta, B, C, u.shape[-1] // chunk
+
 
 def _linear_scan(w: torch.Tensor, h: torch.Tensor, dim: int, need_w: bool = True):
     """Inclusive scan of h_t <- exp(w_t) h_{t-1} + h_t along ``dim`` in ceil(log2 n) steps (Hillis-Steele).
