@@ -271,3 +271,17 @@ def test_compiled_training_uses_the_hand_written_backward_and_equals_eager():
     assert len(fw) < 60 and len(bw) < 60, (len(fw), len(bw))
     for name, a, b in zip(t, grads['eager'], grads['compiled']):
         torch.testing.assert_close(b, a, rtol=1e-12, atol=1e-12, msg=name)
+
+
+def test_the_mac_counter_sees_the_scan_operator():
+    """FlopCounterMode cannot look inside the operator: zoo.eval.profile teaches it the products the eager scan runs,
+    so an SS2D block counts the same MACs with the operator ('chunked') as with plain ops ('chunked_autograd')."""
+    from zoo.eval.profile import count_macs
+    from zoo.layers.mamba import SS2D
+
+    block = SS2D(16, d_state=4)
+    macs = {}
+    for method in ('chunked', 'chunked_autograd'):
+        block.scan_method = method
+        macs[method] = count_macs(block, example=torch.randn(2, 16, 9, 7))
+    assert macs['chunked'] == macs['chunked_autograd'] > 0
