@@ -60,6 +60,7 @@ def register_cpu_sdpa_flops() -> None:
     yourself before using ``FlopCounterMode`` directly. Idempotent."""
     from torch.utils import flop_counter
 
+    _register_scan_flops(flop_counter)
     op = getattr(torch.ops.aten, '_scaled_dot_product_flash_attention_for_cpu', None)
     if op is None or op in flop_counter.flop_registry or op.default in flop_counter.flop_registry:
         return
@@ -67,6 +68,30 @@ def register_cpu_sdpa_flops() -> None:
     @flop_counter.register_flop_formula(op, get_raw=True)
     def _cpu_flash_flop(query, key, value, *args, out_val=None, **kwargs) -> int:
         return flop_counter.sdpa_flop_count(query.shape, key.shape, value.shape)
+
+
+def _register_scan_flops(flop_counter) -> None:
+    """zoo's selective-scan operators (``zoo::selective_scan`` and its backward) are opaque to FlopCounterMode: count
+    the batched products their eager code runs, as the counter saw them before they were operators: y_t = C_t . h_t
+    (B KD N per position, padded to whole chunks) forward, three such products per position backward."""
+    import zoo.layers.selective_scan  # noqa: F401  (registers the operators)
+
+    fwd, bwd = torch.ops.zoo.selective_scan, torch.ops.zoo.selective_scan_backward
+    if fwd in flop_counter.flop_registry or fwd.default in flop_counter.flop_registry:
+        return
+
+    def macs(u_shape, a_shape, chunk):
+        bsz, kd, length = u_shape
+        return bsz * kd * a_shape[1] * -(-length // chunk) * chunk
+
+    @flop_counter.register_flop_formula(fwd)
+    def _scan_flop(u, delta, A, B, C, D, delta_bias, delta_softplus, chunk, *args, out_shape=None, **kwargs) -> int:
+        return 2 * macs(u, A, chunk)
+
+    @flop_counter.register_flop_formula(bwd)
+    def _scan_backward_flop(gy, u, delta, A, B, C, D, delta_bias, delta_softplus, chunk, *args, out_shape=None,
+                            **kwargs) -> int:
+        return 3 * 2 * macs(u, A, chunk)
 
 
 @dataclass

@@ -17,6 +17,6 @@ __all__ = ['KINDS', 'LayerRecord', 'get', 'layout_of', 'list_layers', 'name_of',
            'DropPath', 'LayerScale', 'drop_path', 'linear_drop_path_rates']
 from . import tnt  # noqa: F401  (TNT blocks, token_mixer/tnt)
 from . import deform_attn, piip  # noqa: F401  (PIIP: pure-PyTorch deformable cross-attention and interaction units, issue 18)
-from . import selective_scan, mamba  # noqa: F401  (Mamba-YOLO's selective scan and SS2D blocks, issue 17)
+from . import selective_scan, selective_scan_graph, mamba  # noqa: F401  (Mamba-YOLO's selective scan and SS2D blocks)
 from . import detect  # noqa: F401  (YOLOv8-style neck and head blocks, issue 16)
 from . import segment  # noqa: F401  (Semantic FPN and UperNet necks and heads, issue 28)

@@ -19,15 +19,18 @@ head" matrix form does not apply. Candidates (measured in ``eval/scan_bench.py``
   every chunk at once (T steps on tensors holding all chunks) to get each chunk's end state, the states
   are carried across chunks (L/T cheap steps), and a second pass re-runs the chunks from their true
   entering states, reading y. Decays and inputs are formed per step (cache-sized), in place, on
-  position-major slabs; a custom autograd Function with a hand-written backward (the adjoint is a reverse
-  linear recurrence, chunked the same way). About 2 sqrt(L) steps.
+  position-major slabs. About 2 sqrt(L) steps. It is one operator, ``torch.ops.zoo.selective_scan``
+  (``torch.library.custom_op``, with a fake implementation), whose backward is a second one,
+  ``zoo::selective_scan_backward``, written by hand (the adjoint is a reverse linear recurrence, chunked the
+  same way). ``torch.compile`` (with or without freezing, training included) and ``torch.export`` capture the
+  scan as that one opaque node: the eager code runs inside the graph, its loops are never traced, and a pt2 file
+  holds the node (the operators are registered when ``zoo.layers`` is imported). ONNX cannot hold it: ONNX export
+  writes it out first as the ``'loop'`` form of :mod:`zoo.layers.selective_scan_graph` (the same two passes as
+  ``torch.scan`` loops, ONNX ``Scan``; the ``'parallel'`` log-depth form is there too).
 - ``'chunked_autograd'``: the same passes as plain tensor ops under autograd (the previous default; the
   A/B baseline of the benchmark and a check of the hand-written backward).
 - ``'segsum'``: inside a chunk, ``h_t = sum_{s<=t} exp(S_t - S_s) * dBu_s`` as a masked (T x T) product
   (exponents never positive); same carry. Work grows with T.
-- ``'parallel'``: log-depth (Hillis-Steele) scans inside chunks and across them, plain tensor ops: a graph of
-  a few dozen nodes whatever L. What ``torch.compile``, ``torch.export`` and ONNX capture: ``'chunked'``
-  switches to it while compiling or exporting (its loops would unroll into thousands of nodes).
 
 VMamba's ``selective_scan_easy`` computes ``exp(S_t) * cumsum(dBu_s / exp(S_s))``: the division
 overflows (exp(-S) -> inf) on long chunks or large |A| and yields NaN. Nothing here divides by a decay.
@@ -40,7 +43,7 @@ import torch
 import torch.nn.functional as F
 
 __all__ = ['selective_scan', 'selective_scan_ref', 'selective_scan_chunked', 'selective_scan_chunked_autograd',
-           'selective_scan_segsum', 'selective_scan_parallel']
+           'selective_scan_segsum']
 
 
 def _auto_chunk(length: int) -> int:
@@ -270,87 +273,137 @@ def _softplus_(x: torch.Tensor) -> torch.Tensor:
     return torch.maximum(x, t, out=x)
 
 
-class _ChunkedScan(torch.autograd.Function):
-    """Mamba's selective scan (bias, softplus, grouped B/C, D skip) chunked, with a hand-written backward.
+def _layout(u, delta, A, B, C, delta_bias, delta_softplus: bool, chunk: int):
+    """The inputs in step layout (compute dtype, B/C grouped): the step sizes d (bias, softplus, zero on the
+    padding: decay 1, input 0), u, d u, B, C, A log2 e as (G, N, Dg), and the decay across each whole chunk."""
+    groups = B.shape[1]
+    d = _steps(delta, chunk, groups)                             # (T, nc, B, G, 1, Dg)
+    if delta_bias is not None:
+        d.add_(delta_bias.view(groups, 1, -1))
+    if delta_softplus:
+        _softplus_(d)
+    _zero_padding_(d, u.shape[-1])
+    us = _steps(u, chunk, groups)
+    du = us * d
+    Bs, Cs = (_steps(x, chunk, groups, state=True) for x in (B, C))   # (T, nc, B, G, N, 1)
+    A2 = (A * _LOG2E).view(groups, -1, A.shape[1]).transpose(1, 2).contiguous()   # (G, N, Dg)
+    span = torch.exp2(d.sum(0) * A2)                            # (nc, B, G, N, Dg)
+    return us, d, du, Bs, Cs, A2, span
 
-    Inputs as :func:`selective_scan_chunked` (compute dtype, B and C grouped (B, G, N, L)). Saves only the
-    inputs in step layout and the small per-chunk entering states. The backward recomputes the states
-    h_t (one (L, N, KD) buffer) and runs the adjoint, itself a linear recurrence in reverse,
-    gh_t = C_t gy_t + exp(d_{t+1} A) gh_{t+1}, chunked the same way, reading every gradient per step:
+
+def _position_major(x: torch.Tensor) -> torch.Tensor:
+    """``x`` laid out as :func:`_from_steps` returns it (the last dim outermost in memory, the others contiguous),
+    copied only if it is not. The custom ops' outputs must have the strides their fake implementations promise."""
+    out = x.new_empty((x.shape[-1],) + x.shape[:-1]).movedim(0, -1)
+    return x if x.stride() == out.stride() else out.copy_(x)
+
+
+@torch.library.custom_op('zoo::selective_scan', mutates_args=())
+def _scan_op(u: torch.Tensor, delta: torch.Tensor, A: torch.Tensor, B: torch.Tensor, C: torch.Tensor,
+             D: torch.Tensor | None, delta_bias: torch.Tensor | None, delta_softplus: bool,
+             chunk: int) -> torch.Tensor:
+    """The chunked scan as one operator (compute dtype, B/C grouped (B, G, N, L)): y (B, KD, L), position-major.
+
+    Pass 1 runs every chunk but the last from a zero state to its end state; the carry turns those into the
+    states entering the chunks; pass 2 re-runs every chunk from its true entering state and reads y."""
+    length = u.shape[-1]
+    _, d, du, Bs, Cs, A2, span = _layout(u, delta, A, B, C, delta_bias, delta_softplus, chunk)
+    enter = _carry(_chunk_ends(d[:, :-1], du[:, :-1], Bs[:, :-1], A2), span[:-1])
+    y = _position_major(_from_steps(_chunk_states(d, du, Bs, Cs, A2, enter), length))
+    if D is not None:
+        y.addcmul_(u, D[:, None])
+    return y
+
+
+@_scan_op.register_fake
+def _(u, delta, A, B, C, D, delta_bias, delta_softplus, chunk):
+    return u.new_empty((u.shape[-1],) + u.shape[:-1]).movedim(0, -1)
+
+
+@torch.library.custom_op('zoo::selective_scan_backward', mutates_args=())
+def _scan_backward_op(gy: torch.Tensor, u: torch.Tensor, delta: torch.Tensor, A: torch.Tensor, B: torch.Tensor,
+                      C: torch.Tensor, D: torch.Tensor | None, delta_bias: torch.Tensor | None,
+                      delta_softplus: bool, chunk: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor,
+                                                                 torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The hand-written backward of ``zoo::selective_scan``: gradients of u, delta, A, B, C, D, delta_bias (the
+    last two zeros when the input is None). The step layouts and the states entering the chunks are recomputed
+    (copies and pass 1: a fraction of the backward's work, and the forward keeps one output, which ONNX export
+    can decompose).
+
+    It recomputes the states h_t (one (L, N, KD) buffer) and runs the adjoint, itself a linear recurrence in
+    reverse, gh_t = C_t gy_t + exp(d_{t+1} A) gh_{t+1}, chunked the same way, reading every gradient per step:
     dC_t = sum_d gy h_t; d(du)_t = sum_n B_t gh_t; dB_t = sum_d gh_t du_t; with w_t = gh_t exp(d_t A) h_{t-1},
-    dd_t = sum_n A w_t and dA = sum_t d_t w_t; then the chain through du = d u, softplus and the D skip.
-    """
+    dd_t = sum_n A w_t and dA = sum_t d_t w_t; then the chain through du = d u, softplus and the D skip."""
+    length, groups = u.shape[-1], B.shape[1]
+    us, d, du, Bs, Cs, A2, span = _layout(u, delta, A, B, C, delta_bias, delta_softplus, chunk)
+    enter = _carry(_chunk_ends(d[:, :-1], du[:, :-1], Bs[:, :-1], A2), span[:-1])
+    g = _steps(gy, chunk, groups)                                # (T, nc, B, G, 1, Dg)
+    states = d.new_empty((d.shape[0],) + enter.shape)           # (T, nc, B, G, N, Dg): every h_t
+    _chunk_states(d, du, Bs, Cs, A2, enter, states)
+    # reverse pass 1: the adjoint each chunk passes to the left, from zero beyond its end (chunk 0's is never
+    # used). k is the adjoint arriving at position t from the right; gh_t = k + C_t gy_t, then k = exp(d_t A) gh_t
+    k, e = torch.zeros_like(enter[1:]), torch.empty_like(enter[1:])
+    if len(k):
+        for d_t, c_t, g_t in zip(d[:, 1:].unbind(0)[::-1], Cs[:, 1:].unbind(0)[::-1], g[:, 1:].unbind(0)[::-1]):
+            k.addcmul_(c_t, g_t).mul_(_decay(d_t, A2, e))
+    k, e = _carry(k, span[1:], reverse=True), torch.empty_like(enter)
+    gh, w, dA = torch.empty_like(k), torch.empty_like(k), torch.zeros_like(k)
+    g_d, g_du, g_B, g_C = torch.empty_like(d), torch.empty_like(du), torch.empty_like(Bs), torch.empty_like(Cs)
+    ghm = _mats(gh)
+    per_step = zip(d.unbind(0), Cs.unbind(0), g.unbind(0), _mats(Bs, transpose=True).unbind(0),
+                   _mats(du, transpose=True).unbind(0), _mats(states).unbind(0), _mats(g, transpose=True).unbind(0),
+                   (enter,) + states.unbind(0)[:-1], _mats(g_du).unbind(0), _mats(g_B).unbind(0),
+                   _mats(g_C).unbind(0), g_d.unbind(0))
+    for d_t, c_t, g_t, bm_t, dum_t, sm_t, gm_t, h_prev, g_du_t, g_B_t, g_C_t, g_d_t in list(per_step)[::-1]:
+        _decay(d_t, A2, e)
+        torch.addcmul(k, c_t, g_t, out=gh)                       # gh_t, the whole adjoint of h_t
+        torch.bmm(bm_t, ghm, out=g_du_t)                         # sum_n B_t[n] gh_t[n, :]
+        torch.bmm(ghm, dum_t, out=g_B_t)                         # sum_d gh_t[:, d] du_t[d]
+        torch.bmm(sm_t, gm_t, out=g_C_t)                         # sum_d h_t[:, d] gy_t[d]
+        torch.mul(gh, e, out=k)                                  # passed on to position t - 1
+        torch.mul(k, h_prev, out=w)                              # gh_t exp(d_t A) h_{t-1}
+        dA.addcmul_(w, d_t)
+        torch.sum(w.mul_(A2), dim=-2, keepdim=True, out=g_d_t)
+    # d exp2(d A2) / dd = ln2 A2 exp2(d A2); du = d u
+    g_d.mul_(_LN2).addcmul_(g_du, us)
+    g_u = _position_major(_from_steps(g_du.mul_(d), length))
+    if D is not None:
+        g_u.addcmul_(gy, D[:, None])
+    if delta_softplus:  # softplus' = sigmoid = 1 - exp(-softplus), 1 above the threshold
+        g_d.mul_(torch.where(d > 20, 1.0, -torch.exp(-d) + 1))
+    g_A = (dA.sum((0, 1)) * (_LN2 * _LOG2E)).transpose(1, 2).reshape(-1, A2.shape[1])  # g n d -> (g d) n
+    g_bias = g_d.sum((0, 1, 2)).reshape(-1) if delta_bias is not None else u.new_zeros(u.shape[1])
+    g_D = (gy * u).sum((0, 2)) if D is not None else u.new_zeros(u.shape[1])
+    # (B, G N, L) -> (B, G, N, L), position-major
+    g_B, g_C = (_position_major(_from_steps(x, length).unflatten(1, (groups, -1))) for x in (g_B, g_C))
+    return (g_u, _position_major(_from_steps(g_d, length)), g_A.contiguous(), g_B, g_C, g_D.contiguous(),
+            g_bias.contiguous())
 
-    @staticmethod
-    def forward(ctx, u, delta, A, B, C, D, delta_bias, delta_softplus: bool, chunk: int):
-        bsz, kd, length = u.shape
-        groups = B.shape[1]
-        d = _steps(delta, chunk, groups)                         # (T, nc, B, G, 1, Dg)
-        if delta_bias is not None:
-            d.add_(delta_bias.view(groups, 1, -1))
-        if delta_softplus:
-            _softplus_(d)
-        _zero_padding_(d, length)                                # padded positions: decay 1, input 0
-        us = _steps(u, chunk, groups)
-        du = us * d
-        Bs, Cs = (_steps(x, chunk, groups, state=True) for x in (B, C))   # (T, nc, B, G, N, 1)
-        A2 = (A * _LOG2E).view(groups, -1, A.shape[1]).transpose(1, 2).contiguous()   # (G, N, Dg)
-        span = torch.exp2(d.sum(0) * A2)                        # decay across each whole chunk
-        # the last chunk's end state is never used: pass 1 runs on the others (not at all for one chunk)
-        enter = _carry(_chunk_ends(d[:, :-1], du[:, :-1], Bs[:, :-1], A2), span[:-1])
-        y = _from_steps(_chunk_states(d, du, Bs, Cs, A2, enter), length)
-        if D is not None:
-            y.addcmul_(u, D[:, None])
-        ctx.save_for_backward(u, us, d, du, Bs, Cs, A2, enter, span, D)
-        ctx.setup = (delta_bias is not None, delta_softplus, chunk, length)
-        return y
 
-    @staticmethod
-    def backward(ctx, gy):
-        u, us, d, du, Bs, Cs, A2, enter, span, D = ctx.saved_tensors
-        has_bias, softplus, chunk, length = ctx.setup
-        groups = Bs.shape[3]
-        g = _steps(gy, chunk, groups)                            # (T, nc, B, G, 1, Dg)
-        steps = d.shape[0]
-        states = d.new_empty((steps,) + enter.shape)            # (T, nc, B, G, N, Dg): every h_t
-        _chunk_states(d, du, Bs, Cs, A2, enter, states)
-        # reverse pass 1: the adjoint each chunk passes to the left, from zero beyond its end (chunk 0's
-        # is never used). k is the adjoint arriving at position t from the right; gh_t = k + C_t gy_t, then
-        # k = exp(d_t A) gh_t
-        k, e = torch.zeros_like(enter[1:]), torch.empty_like(enter[1:])
-        if len(k):
-            for d_t, c_t, g_t in zip(d[:, 1:].unbind(0)[::-1], Cs[:, 1:].unbind(0)[::-1], g[:, 1:].unbind(0)[::-1]):
-                k.addcmul_(c_t, g_t).mul_(_decay(d_t, A2, e))
-        k, e = _carry(k, span[1:], reverse=True), torch.empty_like(enter)
-        gh, w, dA = torch.empty_like(k), torch.empty_like(k), torch.zeros_like(k)
-        g_d, g_du, g_B, g_C = torch.empty_like(d), torch.empty_like(du), torch.empty_like(Bs), torch.empty_like(Cs)
-        ghm = _mats(gh)
-        per_step = zip(d.unbind(0), Cs.unbind(0), g.unbind(0), _mats(Bs, transpose=True).unbind(0),
-                       _mats(du, transpose=True).unbind(0), _mats(states).unbind(0), _mats(g, transpose=True).unbind(0),
-                       (enter,) + states.unbind(0)[:-1], _mats(g_du).unbind(0), _mats(g_B).unbind(0),
-                       _mats(g_C).unbind(0), g_d.unbind(0))
-        for d_t, c_t, g_t, bm_t, dum_t, sm_t, gm_t, h_prev, g_du_t, g_B_t, g_C_t, g_d_t in list(per_step)[::-1]:
-            _decay(d_t, A2, e)
-            torch.addcmul(k, c_t, g_t, out=gh)                   # gh_t, the whole adjoint of h_t
-            torch.bmm(bm_t, ghm, out=g_du_t)                     # sum_n B_t[n] gh_t[n, :]
-            torch.bmm(ghm, dum_t, out=g_B_t)                     # sum_d gh_t[:, d] du_t[d]
-            torch.bmm(sm_t, gm_t, out=g_C_t)                     # sum_d h_t[:, d] gy_t[d]
-            torch.mul(gh, e, out=k)                              # passed on to position t - 1
-            torch.mul(k, h_prev, out=w)                          # gh_t exp(d_t A) h_{t-1}
-            dA.addcmul_(w, d_t)
-            torch.sum(w.mul_(A2), dim=-2, keepdim=True, out=g_d_t)
-        # d exp2(d A2) / dd = ln2 A2 exp2(d A2); du = d u
-        g_d.mul_(_LN2).addcmul_(g_du, us)
-        g_u = _from_steps(g_du.mul_(d), length)
-        if D is not None:
-            g_u.addcmul_(gy, D[:, None])
-        if softplus:  # softplus' = sigmoid = 1 - exp(-softplus), 1 above the threshold
-            g_d.mul_(torch.where(d > 20, 1.0, -torch.exp(-d) + 1))
-        g_A = (dA.sum((0, 1)) * (_LN2 * _LOG2E)).transpose(1, 2).reshape(-1, A2.shape[1])  # g n d -> (g d) n
-        g_bias = g_d.sum((0, 1, 2)).reshape(-1) if has_bias else None
-        g_D = (gy * u).sum((0, 2)) if D is not None else None
-        g_B, g_C = (_from_steps(x, length).view(-1, groups, A2.shape[1], length) for x in (g_B, g_C))
-        return g_u, _from_steps(g_d, length), g_A, g_B, g_C, g_D, g_bias, None, None
+@_scan_backward_op.register_fake
+def _(gy, u, delta, A, B, C, D, delta_bias, delta_softplus, chunk):
+    def pm(x):
+        return x.new_empty((x.shape[-1],) + x.shape[:-1]).movedim(0, -1)
+    kd = u.shape[1]
+    return pm(u), pm(u), A.new_empty(A.shape), pm(B), pm(B), u.new_empty(kd), u.new_empty(kd)
+
+
+def _scan_setup(ctx, inputs, output):
+    u, delta, A, B, C, D, delta_bias, delta_softplus, chunk = inputs
+    ctx.save_for_backward(u, delta, A, B, C, D, delta_bias)
+    ctx.setup = delta_softplus, chunk
+
+
+def _scan_backward(ctx, gy):
+    u, delta, A, B, C, D, delta_bias = ctx.saved_tensors
+    grads = torch.ops.zoo.selective_scan_backward(gy, u, delta, A, B, C, D, delta_bias, *ctx.setup)
+    return (*grads[:5], grads[5] if D is not None else None, grads[6] if delta_bias is not None else None, None, None)
+
+
+_scan_op.register_autograd(_scan_backward, setup_context=_scan_setup)
+
+
+_GRAPH_FORM = None  # set by zoo.layers.selective_scan_graph while exporting a graph without zoo's operators
 
 
 def selective_scan_chunked(u, delta, A, B, C, D=None, delta_bias=None, delta_softplus=False, chunk_size=None):
@@ -360,14 +413,17 @@ def selective_scan_chunked(u, delta, A, B, C, D=None, delta_bias=None, delta_sof
     entering each chunk (L / T small steps, with the chunk's total decay exp(A sum d)); pass 2 re-runs
     every chunk from its true entering state and reads y. Each step advances one position of all chunks
     together on (nc, B, G, N, Dg) slabs (cache-sized; no (B, KD, L, N) tensor in the forward), written in
-    place. 2 T + L / T Python steps; only decays in (0, 1] are multiplied. The backward is hand-written
-    (:class:`_ChunkedScan`).
+    place. 2 T + L / T Python steps; only decays in (0, 1] are multiplied. One operator,
+    ``torch.ops.zoo.selective_scan``, with a hand-written backward (``zoo::selective_scan_backward``): what
+    ``torch.compile`` and ``torch.export`` capture, as one opaque node.
     """
     out_dtype = u.dtype
     u, delta, A, B, C, D, bias = _check(u, delta, A, B, C, D, delta_bias)
-    bsz, kd, length = u.shape
+    length = u.shape[-1]
     chunk = min(chunk_size or _auto_chunk(length), length)
-    return _ChunkedScan.apply(u, delta, A, B, C, D, bias, delta_softplus, chunk).to(out_dtype)
+    if _GRAPH_FORM is not None:  # exporting for ONNX (selective_scan_graph.decompose): plain tensor ops
+        return _GRAPH_FORM(u, delta, A, B, C, D, bias, delta_softplus, chunk).to(out_dtype)
+    return torch.ops.zoo.selective_scan(u, delta, A, B, C, D, bias, delta_softplus, chunk).to(out_dtype)
 
 
 def selective_scan_chunked_autograd(u, delta, A, B, C, D=None, delta_bias=None, delta_softplus=False, chunk_size=None):
@@ -432,61 +488,7 @@ def selective_scan_segsum(u, delta, A, B, C, D=None, delta_bias=None, delta_soft
     return _finish(y, u, D, out_dtype)
 
 
-def _linear_scan(w: torch.Tensor, h: torch.Tensor, dim: int, need_w: bool = True):
-    """Inclusive scan of h_t <- exp(w_t) h_{t-1} + h_t along ``dim`` in ceil(log2 n) steps (Hillis-Steele).
-
-    Before step k, h_t sums the inputs of the window (t - k, t] and w_t the log-decays of that window (clipped at
-    the start), so h_t + exp(w_t) h_{t-k} covers (t - 2k, t]. Every decay is exp of a window sum of log-decays
-    (never a difference of cumulative sums: no cancellation, all <= 1 here). Returns (w, h): the log-decay from
-    the start to t (if ``need_w``) and the states."""
-    n, k = h.shape[dim], 1
-    while k < n:
-        head = (h.narrow(dim, 0, k),)
-        h = torch.cat(head + (torch.addcmul(h.narrow(dim, k, n - k), torch.exp(w.narrow(dim, k, n - k)),
-                                            h.narrow(dim, 0, n - k)),), dim)
-        if need_w or 2 * k < n:
-            w = torch.cat((w.narrow(dim, 0, k), w.narrow(dim, k, n - k) + w.narrow(dim, 0, n - k)), dim)
-        k *= 2
-    return w, h
-
-
-def selective_scan_parallel(u, delta, A, B, C, D=None, delta_bias=None, delta_softplus=False, chunk_size=None):
-    """Exact scan as a fixed, small graph (the form ``torch.compile``, ``torch.export`` and ONNX capture).
-
-    The chunked scan's Python loops (2 T + L / T steps) unroll into thousands of graph nodes when traced. Here
-    both levels are log-depth scans of plain tensor ops: inside chunks of T (all chunks at once), then across the
-    chunks' end states, then one update of every position from its chunk's entering state; about
-    3 (log2 T + log2 (L / T)) ops whatever L. It materialises the (B, KD, N, L) states (several copies during the
-    in-chunk scan), so its memory grows with the batch: the eager default stays ``'chunked'``.
-    """
-    out_dtype = u.dtype
-    u, delta, A, B, C, D, groups = _prepare(u, delta, A, B, C, D, delta_bias, delta_softplus)
-    u0 = u
-    bsz, kd, length = u.shape
-    n, dg = A.shape[1], kd // groups
-    chunk = min(chunk_size or 16, length)
-    pad = (-length) % chunk
-    if pad:  # delta = 0 on the padding: decay 1, input 0, after every real position
-        u, delta, B, C = (F.pad(t, (0, pad)) for t in (u, delta, B, C))
-    nc = (length + pad) // chunk
-    # (B, G*Dg, nc*T) -> (B, G, nc, T, Dg, 1); (B, G, N, nc*T) -> (B, G, nc, T, 1, N)
-    d = delta.reshape(bsz, groups, dg, nc, chunk).permute(0, 1, 3, 4, 2).unsqueeze(-1)
-    du = (delta * u).reshape(bsz, groups, dg, nc, chunk).permute(0, 1, 3, 4, 2).unsqueeze(-1)
-    Bs = B.reshape(bsz, groups, n, nc, chunk).permute(0, 1, 3, 4, 2).unsqueeze(-2)
-    Cs = C.reshape(bsz, groups, n, nc, chunk).permute(0, 1, 3, 4, 2).unsqueeze(-1)     # (B, G, nc, T, N, 1)
-    w = d * A.reshape(groups, 1, 1, dg, n)                      # log-decay per step (B, G, nc, T, Dg, N), <= 0
-    S, h = _linear_scan(w, du * Bs, dim=3)                      # from each chunk's start (zero state)
-    # the state at the end of every chunk, carried across chunks; the state entering chunk c is the one before
-    _, ends = _linear_scan(S[:, :, :, -1], h[:, :, :, -1], dim=2, need_w=False)   # (B, G, nc, Dg, N)
-    enter = F.pad(ends[:, :, :-1], (0, 0, 0, 0, 1, 0))          # chunk 0 enters from zero
-    h = torch.addcmul(h, torch.exp(S), enter.unsqueeze(3))      # (B, G, nc, T, Dg, N)
-    y = torch.matmul(h, Cs).squeeze(-1)                         # sum_n h C: (B, G, nc, T, Dg)
-    # (B, G, nc, T, Dg) -> (B, G*Dg, nc*T)
-    y = y.permute(0, 1, 4, 2, 3).reshape(bsz, kd, nc * chunk)[..., :length]
-    return _finish(y, u0, D, out_dtype)
-
-
-_METHODS = {'chunked': selective_scan_chunked, 'parallel': selective_scan_parallel, 'chunked_autograd': selective_scan_chunked_autograd,
+_METHODS = {'chunked': selective_scan_chunked, 'chunked_autograd': selective_scan_chunked_autograd,
             'sequential': selective_scan_ref, 'segsum': selective_scan_segsum}
 
 
@@ -516,8 +518,5 @@ def selective_scan(u, delta, A, B, C, D=None, delta_bias=None, delta_softplus=Tr
         return fn(u, delta, A, B, C, D, None, delta_bias, delta_softplus)
     if method not in _METHODS:
         raise ValueError(f"unknown scan method {method!r}; expected one of {', '.join([*_METHODS, 'cuda'])}")
-    if method == 'chunked' and torch.compiler.is_compiling():
-        # compile/export capture the log-depth form (the chunked loops would unroll), at its own chunk size
-        method, chunk_size = 'parallel', None
     kw = {} if method == 'sequential' else {'chunk_size': chunk_size or (16 if method == 'segsum' else None)}
     return _METHODS[method](u, delta, A, B, C, D, delta_bias, delta_softplus, **kw)

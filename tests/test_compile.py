@@ -92,3 +92,28 @@ def test_freezing_compile_of_a_onednn_family_matches_eager():
         compiled = torch.compile(model)(x)
     torch.testing.assert_close(compiled, eager, atol=1e-4, rtol=1e-4)
     torch._dynamo.reset()
+
+
+def test_mamba_yolo_captures_the_scan_as_one_operator():
+    """Mamba-YOLO in eval: dynamo sees one graph (no break) in which every selective scan is one
+    ``zoo::selective_scan`` node (the eager chunked scan, opaque: no unrolled loop, no log-depth rewrite);
+    an SS2D block compiled with inductor's freezing equals eager."""
+    from torch._inductor import config
+    from zoo.layers.mamba import SS2D
+
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    model = zoo.create('mamba_yolo_tiny').eval()
+    x = torch.randn(2, 3, 32, 32)
+    with torch.no_grad():
+        explained = torch._dynamo.explain(model.forward_raw)(x)
+    assert explained.graph_break_count == 0, [str(r.reason)[:300] for r in explained.break_reasons]
+    scans = [n for g in explained.graphs for n in g.graph.nodes if n.target is torch.ops.zoo.selective_scan]
+    assert len(scans) == sum(isinstance(m, SS2D) for m in model.modules()) > 0
+    torch._dynamo.reset()
+    block, xb = SS2D(16, d_state=4).eval(), torch.randn(2, 16, 9, 7)
+    with torch.no_grad(), config.patch(freezing=True):
+        eager = block(xb)
+        compiled = torch.compile(block)(xb)
+    torch.testing.assert_close(compiled, eager, atol=1e-5, rtol=1e-5)
+    torch._dynamo.reset()

@@ -14,10 +14,10 @@ from zoo.layers.selective_scan import (
     selective_scan,
     selective_scan_chunked,
     selective_scan_chunked_autograd,
-    selective_scan_parallel,
     selective_scan_ref,
     selective_scan_segsum,
 )
+from zoo.layers.selective_scan_graph import selective_scan_loop, selective_scan_parallel
 
 
 def _inputs(b=2, groups=4, dg=3, n=5, length=64, dtype=torch.float64, a_scale=1.0, seed=0, grad=False):
@@ -37,7 +37,7 @@ def _inputs(b=2, groups=4, dg=3, n=5, length=64, dtype=torch.float64, a_scale=1.
 
 
 FAST = [('chunked', selective_scan_chunked), ('chunked_autograd', selective_scan_chunked_autograd),
-        ('segsum', selective_scan_segsum), ('parallel', selective_scan_parallel)]
+        ('segsum', selective_scan_segsum), ('parallel', selective_scan_parallel), ('loop', selective_scan_loop)]
 
 
 @pytest.mark.parametrize('name,fn', FAST)
@@ -139,7 +139,7 @@ def test_auto_chunk_and_errors():
 @pytest.mark.parametrize('kw', [dict(), dict(delta_softplus=False), dict(delta_bias=None, D=None), dict(groups=1),
                                 dict(chunk=16)])
 def test_gradcheck_hand_written_backward_options(kw):
-    """The chunked scan's backward is written by hand (``_ChunkedScan``): gradcheck it in float64 with the
+    """The chunked scan's backward is written by hand (``zoo::selective_scan_backward``): gradcheck it in float64 with the
     options off one at a time, a chunk that does not divide L (padding), one chunk (no first pass, no carry)
     and B/C given as one (B, N, L) group."""
     groups, chunk = kw.pop('groups', 2), kw.pop('chunk', 4)
@@ -191,22 +191,97 @@ def test_scan_bench_rows_and_share_are_consistent():
     assert 0 < share['scan_share'] <= share['ss2d_share'] <= 1
 
 
-def test_compile_and_export_capture_a_compact_exact_scan():
-    """Traced, the default scan is the log-depth 'parallel' form: a graph that grows with log L (the chunked loops
-    unrolled into thousands of nodes), equal to the eager chunked scan."""
+class _Scan(torch.nn.Module):
+    def forward(self, u, delta, B, C):
+        return selective_scan(u, delta, self.A, B, C, self.D, self.bias, delta_softplus=True)
 
-    class Scan(torch.nn.Module):
-        def forward(self, u, delta, B, C):
-            return selective_scan(u, delta, self.A, B, C, self.D, self.bias, delta_softplus=True)
 
+def _scan_module(length, dtype=torch.float32):
+    t = _inputs(length=length, dtype=dtype)
+    m = _Scan()
+    m.A, m.D, m.bias = t['A'], t['D'], t['delta_bias']
+    return m, (t['u'], t['delta'], t['B'], t['C'])
+
+
+def _targets(graph):
+    return [n.target for n in graph.nodes if n.op == 'call_function']
+
+
+def test_the_scan_operator_passes_opcheck():
+    """torch.library.opcheck: schema, fake (meta) implementation with the real strides, autograd registration and
+    AOT dispatch with dynamic shapes; with and without D, bias and softplus, a padded last chunk and one chunk."""
+    from zoo.layers.selective_scan import _check
+    for length, chunk in ((11, 4), (9, 9)):
+        u, delta, A, B, C, D, bias = _check(*_inputs(b=2, groups=2, dg=2, n=3, length=length, grad=True).values())
+        for args in ((u, delta, A, B, C, D, bias, True, chunk), (u, delta, A, B, C, None, None, False, chunk)):
+            torch.library.opcheck(torch.ops.zoo.selective_scan, args)
+
+
+def test_export_captures_one_operator_and_onnx_writes_it_out_as_loops():
+    """torch.export keeps the eager chunked scan as one node, ``zoo::selective_scan`` (its Python loops would
+    unroll into thousands of nodes); ``decompose`` (what ONNX export runs first) exports it written out as two
+    ``scan`` loops and a log-depth carry: a graph whose size does not grow with L. Both equal the eager scan."""
+    from zoo.layers.selective_scan_graph import decompose
     nodes = {}
-    for length in (64, 2048):
-        t = _inputs(length=length, dtype=torch.float32)
-        m = Scan()
-        m.A, m.D, m.bias = t['A'], t['D'], t['delta_bias']
-        args = (t['u'], t['delta'], t['B'], t['C'])
+    for length in (256, 4096):  # chunks of 32 and 128 (the eager scan's): 8 and 32 chunks
+        m, args = _scan_module(length)
         ep = torch.export.export(m, args)
-        nodes[length] = len(ep.graph.nodes)
-        out, ref = ep.module()(*args), m(*args)
+        assert _targets(ep.graph).count(torch.ops.zoo.selective_scan.default) == 1
+        assert len(ep.graph.nodes) < 40
+        ref = m(*args)
+        torch.testing.assert_close(ep.module()(*args), ref, rtol=0, atol=0)
+        graph = decompose(ep, args)
+        targets = _targets(graph.graph)
+        assert torch.ops.zoo.selective_scan.default not in targets
+        assert targets.count(torch.ops.higher_order.scan) == 2
+        nodes[length] = len(graph.graph.nodes)
+        out = graph.module()(*args)
         assert torch.allclose(out, ref, rtol=1e-5, atol=1e-5), (out - ref).abs().max()
-    assert nodes[2048] < 250 and nodes[2048] - nodes[64] <= 15 * 5, nodes  # a few ops per doubling of L
+    assert nodes[4096] < 200 and nodes[4096] - nodes[256] <= 16 * 2, nodes  # log-depth carry: ~14 ops per doubling
+
+
+def test_compiled_training_uses_the_hand_written_backward_and_equals_eager():
+    """torch.compile (inductor) of a forward + backward in float64: the forward and backward operators are opaque
+    nodes (no unrolled loop), and every gradient equals the eager operator's (and so the reference's)."""
+    t = _inputs(b=2, groups=2, dg=2, n=3, length=37, a_scale=2.0)
+    w = torch.randn(2, 4, 37, dtype=torch.float64, generator=torch.Generator().manual_seed(5))
+
+    def loss(u, delta, A, B, C, D, delta_bias):
+        return (selective_scan(u, delta, A, B, C, D, delta_bias, chunk_size=8) * w).sum()
+
+    graphs = []
+
+    def backend(gm, example_inputs):
+        from torch._dynamo.backends.common import aot_autograd
+        from torch._inductor.compile_fx import compile_fx_inner
+
+        def keep(g, ex):
+            graphs.append(g)
+            return compile_fx_inner(g, ex)
+        return aot_autograd(fw_compiler=keep, bw_compiler=keep)(gm, example_inputs)
+
+    grads = {}
+    for name, fn in (('eager', loss), ('compiled', torch.compile(loss, backend=backend, fullgraph=True))):
+        args = [v.clone().requires_grad_(True) for v in t.values()]
+        fn(*args).backward()
+        grads[name] = [a.grad for a in args]
+    torch._dynamo.reset()
+    fw, bw = (_targets(g.graph) for g in graphs)
+    assert torch.ops.zoo.selective_scan.default in fw and torch.ops.zoo.selective_scan_backward.default in bw
+    assert len(fw) < 60 and len(bw) < 60, (len(fw), len(bw))
+    for name, a, b in zip(t, grads['eager'], grads['compiled']):
+        torch.testing.assert_close(b, a, rtol=1e-12, atol=1e-12, msg=name)
+
+
+def test_the_mac_counter_sees_the_scan_operator():
+    """FlopCounterMode cannot look inside the operator: zoo.eval.profile teaches it the products the eager scan runs,
+    so an SS2D block counts the same MACs with the operator ('chunked') as with plain ops ('chunked_autograd')."""
+    from zoo.eval.profile import count_macs
+    from zoo.layers.mamba import SS2D
+
+    block = SS2D(16, d_state=4)
+    macs = {}
+    for method in ('chunked', 'chunked_autograd'):
+        block.scan_method = method
+        macs[method] = count_macs(block, example=torch.randn(2, 16, 9, 7))
+    assert macs['chunked'] == macs['chunked_autograd'] > 0

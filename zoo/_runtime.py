@@ -230,11 +230,12 @@ def _onnx_program(net: nn.Module, example: torch.Tensor, dynamic_batch: bool = T
 
     from onnx_ir.passes import common
     from onnxscript.optimizer import fold_constants_ir
+
+    from zoo.layers.selective_scan_graph import decompose
     with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):
         warnings.simplefilter('ignore')
-        program = torch.onnx.export(net, (example,), dynamo=True,
-                                    dynamic_shapes=None if isinstance(net, torch.export.ExportedProgram)
-                                    else _dynamic(dynamic_batch),
+        # zoo's operators (the selective scan) have no ONNX meaning: exported written out as plain tensor ops
+        program = torch.onnx.export(decompose(net, (example,), _dynamic(dynamic_batch)), (example,), dynamo=True,
                                     input_names=['input'], verbose=False, report=False, optimize=False)
     model = program.model
     common.InlinePass()(model)
