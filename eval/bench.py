@@ -133,8 +133,14 @@ def _prepare(model, runtime: str, x, dtype, compile_mode: str | None, net=None):
             net = zoo.optimize(model, runtime, x, dtype=dtype if runtime in ('eager', 'compile') else None,
                                mode=compile_mode if runtime == 'compile' else None)
     with torch.inference_mode():
-        out = net(x)
+        out = _compared(net, x)
     return net, out, time.perf_counter() - t0
+
+
+def _compared(net, x):
+    """The output the runtimes are compared on: a dense model's network maps (its detections after NMS may
+    be empty, or differ in count), else the model's output."""
+    return net.forward_raw(x) if hasattr(net, 'forward_raw') else net(x)
 
 
 def run(names: list[str], vs: str | None = None, batch_sizes=(1,), img_size: int | None = None,
@@ -198,7 +204,7 @@ def run(names: list[str], vs: str | None = None, batch_sizes=(1,), img_size: int
                     prepared[n, rt] = net
                     if rt == 'eager':       # the reference of every runtime: eager float32
                         with torch.inference_mode():
-                            eager_out[n] = m.eval()(inputs[n]) if d is not None else out
+                            eager_out[n] = _compared(m.eval(), inputs[n]) if d is not None else out
                     done[n, rt] = (n, rt, net, _max_diff(out, eager_out[n]) if n in eager_out else None, secs)
             for (n, rt), (_, _, net, d_eager, secs) in done.items():
                 if rt == 'compile':         # a recompile caused by anything prepared after it counts as compile time
