@@ -39,6 +39,8 @@ SMOKE = {
     'benchmarks.scan_bench': [(['--threads', '1', 'scan', '--size', '32', '--chunks', '4', '8', '--repeats', '1',
                                 '--modes', 'inference'],
                                ['case=sequential', 'case=chunked/4', 'case=chunked/8', 'case=chunked_autograd'])],
+    'benchmarks.scan_onnx': [(['--smoke', '--only', 'parallel/16', 'loop/auto'],
+                              ['| L | K*D | eager chunked | parallel/16 | loop/auto |', '| 40 | 16 |', '| 7 | 32 |'])],
     'benchmarks.weighted_bench': [(['--repeats', '1', '--settings', '32:cifar:2'],
                                    ['ResNet-18 cifar stem 32x32 batch 2', 'ratio'])],
     'experiments.canon_probe': [(['copy', '--N', '4', '--steps', '4', '--batch', '2', '--warmup', '1', '--eval-every',
