@@ -105,20 +105,24 @@ def _use_onednn(x: torch.Tensor, weight: torch.Tensor, grad: bool = False) -> bo
 # ---- first-use self-test ------------------------------------------------------------------------------------
 
 # kind of fused call -> True (checked, equal) or False (failed: plain ops from then on); absent: not yet run.
-_CHECKED: dict[str, bool] = {}
+_CHECKED: dict[tuple[str, torch.dtype], bool] = {}
 
 
 def _close(fast: torch.Tensor, plain: torch.Tensor) -> bool:
-    """Equal to float rounding: max |fast - plain| <= 1e-4 * max |plain| (+ 1e-5), shapes equal."""
+    """Equal to the dtype's rounding: max |fast - plain| <= rel * max |plain| (+ 1e-5), shapes equal; rel is 1e-4
+    in float32, 4 eps in a lower precision (bfloat16 rounds at 2^-8 relative: two correct kernels differ there)."""
     if fast.shape != plain.shape:
         return False
-    return plain.numel() == 0 or bool((fast - plain).abs().max() <= 1e-4 * plain.abs().max() + 1e-5)
+    rel = max(1e-4, 4 * torch.finfo(plain.dtype).eps) if plain.dtype.is_floating_point else 1e-4
+    return plain.numel() == 0 or bool((fast - plain).abs().float().max() <= rel * plain.abs().float().max() + 1e-5)
 
 
-def _checked(kind: str, fast: Callable[[], torch.Tensor], plain: Callable[[], torch.Tensor]) -> torch.Tensor:
-    """``fast()``, compared once per process and ``kind`` with ``plain()``; after a mismatch or an error, a
-    warning and ``plain()`` for good."""
-    state = _CHECKED.get(kind)
+def _checked(kind: str, fast: Callable[[], torch.Tensor], plain: Callable[[], torch.Tensor],
+             dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """``fast()``, compared once per process, ``kind`` and ``dtype`` (the input's) with ``plain()``; after a
+    mismatch or an error, a warning and ``plain()`` for good, for that kind and dtype."""
+    key = (kind, dtype)
+    state = _CHECKED.get(key)
     if state:
         return fast()
     if state is False:
@@ -132,7 +136,7 @@ def _checked(kind: str, fast: Callable[[], torch.Tensor], plain: Callable[[], to
             else f'shape {tuple(y.shape)} instead of {tuple(reference.shape)}')
     except Exception as error:  # noqa: BLE001 - any failure of a private kernel means: do not use it
         why = f'{type(error).__name__}: {error}'
-    _CHECKED[kind] = why is None
+    _CHECKED[key] = why is None
     if why is None:
         return y
     warnings.warn(f'zoo.layers.onednn: the oneDNN {kind} kernel does not compute the plain ops\' result ({why}); '
@@ -208,10 +212,10 @@ def linear(x: torch.Tensor, layer: nn.Linear, gelu: bool = False) -> torch.Tenso
                 weight, = _prepared(layer, (weight,), (), lambda: (torch.ops.mkldnn._reorder_linear_weight(
                     layer.weight, x.numel() // x.shape[-1]),))
             return torch.ops.mkldnn._linear_pointwise(x.contiguous(), weight, layer.bias, attr, [], algorithm)
-        return _checked('linear+gelu' if gelu else 'linear', fast, lambda: _plain_linear(x, layer, gelu))
+        return _checked('linear+gelu' if gelu else 'linear', fast, lambda: _plain_linear(x, layer, gelu), x.dtype)
     if _use_onednn(x, layer.weight, grad=True):
         y = _checked('linear (autograd)', lambda: _Linear.apply(x.contiguous(), layer.weight, layer.bias),
-                     lambda: F.linear(x, layer.weight, layer.bias))
+                     lambda: F.linear(x, layer.weight, layer.bias), x.dtype)
         return F.gelu(y) if gelu else y
     return _plain_linear(x, layer, gelu)
 
@@ -266,7 +270,7 @@ def conv_bn_act(x: torch.Tensor, conv: nn.Conv2d, bn: nn.BatchNorm2d | None = No
                                      lambda: _pack_conv(conv, *_fold(conv, bn), list(xc.shape)))
         attr, algorithm = ('gelu', 'none') if gelu else ('none', '')
         return torch.ops.mkldnn._convolution_pointwise(xc, weight, bias, *_conv_args(conv), attr, [], algorithm)
-    return _checked('conv+gelu' if gelu else 'conv', fast, plain)
+    return _checked('conv+gelu' if gelu else 'conv', fast, plain, x.dtype)
 
 
 def conv_add(x: torch.Tensor, conv: nn.Conv2d, residual: torch.Tensor, scale: torch.Tensor | None = None) -> torch.Tensor:
@@ -292,7 +296,7 @@ def conv_add(x: torch.Tensor, conv: nn.Conv2d, residual: torch.Tensor, scale: to
         weight, bias = make() if conv.training else _prepared(conv, tensors, tuple(xc.shape), make)
         return torch.ops.mkldnn._convolution_pointwise.binary(xc, residual, weight, bias, *_conv_args(conv), 'add',
                                                               1.0, None, [], None)
-    return _checked('conv+add', fast, plain)
+    return _checked('conv+add', fast, plain, x.dtype)
 
 
 def _fold(conv: nn.Conv2d, bn: nn.BatchNorm2d | None) -> tuple[torch.Tensor, torch.Tensor | None]:

@@ -163,10 +163,10 @@ def test_a_kernel_that_fails_its_first_use_self_test_warns_once_and_falls_back(f
         with warnings.catch_warnings():
             warnings.simplefilter('error')  # no second warning
             assert torch.equal(linear(x, layer), F.linear(x, layer.weight, layer.bias))
-        assert onednn._CHECKED == {'linear': False}
+        assert onednn._CHECKED == {('linear', torch.float32): False}
         conv = nn.Conv2d(4, 4, 1).eval()
         conv_bn_act(torch.randn(1, 4, 3, 3), conv, gelu=True)  # another kind: still checked and used
-    assert onednn._CHECKED == {'linear': False, 'conv+gelu': True}
+    assert onednn._CHECKED == {('linear', torch.float32): False, ('conv+gelu', torch.float32): True}
 
 
 @needs_onednn
@@ -177,7 +177,7 @@ def test_a_kernel_that_passes_is_checked_once(monkeypatch):
     layer, x = nn.Linear(8, 4).eval(), torch.randn(3, 8)
     with torch.inference_mode():
         linear(x, layer, gelu=True)
-    assert onednn._CHECKED['linear+gelu'] is True
+    assert onednn._CHECKED['linear+gelu', torch.float32] is True
 
 
 def test_jit_trace_records_the_plain_ops():
@@ -224,3 +224,20 @@ def test_flop_counter_sees_the_plain_ops_in_inference_mode():
     with torch.inference_mode(), FlopCounterMode(display=False) as counter:
         model(x)
     assert counter.get_total_flops() == grad_counter.get_total_flops() > 0
+
+
+def test_the_self_test_follows_the_dtype(monkeypatch):
+    """bfloat16 rounds at 2^-8: two correct kernels differ by ~0.6 % there, which the float32 tolerance (1e-4)
+    called a wrong kernel, and the fallback then held for float32 too. Now the tolerance is 4 eps of the dtype
+    and the verdict is kept per dtype."""
+    from zoo.layers import onednn
+
+    monkeypatch.setattr(onednn, '_CHECKED', {})
+    plain = torch.linspace(-1, 1, 64, dtype=torch.bfloat16)
+    rounded = plain * (1 + 2 ** -8)                                    # one bfloat16 rounding step off
+    assert onednn._close(rounded, plain) and not onednn._close(rounded.float(), plain.float() * 1.01)
+    assert not onednn._close(plain * 1.1, plain)                       # a wrong kernel is still caught
+    with pytest.warns(RuntimeWarning, match='does not compute'):
+        onednn._checked('probe', lambda: plain * 2, lambda: plain, torch.bfloat16)
+    assert onednn._checked('probe', lambda: plain.float() * (1 + 1e-6), lambda: plain.float(), torch.float32) is not None
+    assert onednn._CHECKED == {('probe', torch.bfloat16): False, ('probe', torch.float32): True}
