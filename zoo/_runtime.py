@@ -68,7 +68,7 @@ def example_input(model: nn.Module, batch: int = 2, size: int | tuple | None = N
     return torch.randn(batch, *shape)
 
 
-def _compiled(fn, options: dict):
+def _compiled(fn, options: dict | None):
     """``torch.compile(fn)`` with inductor's freezing, behind a code object of its own; called under no_grad
     by ``_Eager``.
 
