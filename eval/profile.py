@@ -282,11 +282,18 @@ def make_step(model: nn.Module, x: torch.Tensor, mode: str) -> Callable[[], None
 
 def interleave(fns: dict[str, Callable[[], object]], repeats: int = 10, warmup: int = 3, *,
                budget_s: float | None = None, max_repeats: int | None = None,
-               warmup_s: float = 0.0) -> dict[str, list[float]]:
+               warmup_s: float = 0.0, settle: int | None = None) -> dict[str, list[float]]:
     """The one timer of every benchmark: call each function ``warmup`` times (and until ``warmup_s`` seconds
     have passed), then rounds of A, B, A, B, ... (interleaved, so machine noise hits all of them alike).
     Without ``budget_s``: exactly ``repeats`` rounds. With it: at least ``repeats`` rounds, then more until
-    ``budget_s`` seconds of rounds are spent or ``max_repeats`` rounds are done. Returns every call's ms."""
+    ``budget_s`` seconds of rounds are spent or ``max_repeats`` rounds are done. Returns every call's ms.
+
+    ``settle`` (default: 1 when several functions are timed, else 0): untimed calls of the same function right
+    before each timed one. Runtimes keep their worker threads spinning after a call (ONNX Runtime's pool,
+    libgomp's), and whatever runs next shares the cores with them: a compiled PoolFormer timed right after an
+    ONNX Runtime session took 2x its time. The settling call absorbs the previous function's spinning and each
+    function is timed as it runs back to back, alone in the process."""
+    settle = (1 if len(fns) > 1 else 0) if settle is None else settle
     times: dict[str, list[float]] = {name: [] for name in fns}
     start, n = time.perf_counter(), 0
     while n < warmup or time.perf_counter() - start < warmup_s:
@@ -297,6 +304,8 @@ def interleave(fns: dict[str, Callable[[], object]], repeats: int = 10, warmup: 
     start, n = time.perf_counter(), 0
     while n < cap and (n < repeats or time.perf_counter() - start < budget_s):
         for name, fn in fns.items():
+            for _ in range(settle):
+                fn()
             t0 = time.perf_counter()
             fn()
             times[name].append((time.perf_counter() - t0) * 1000.0)

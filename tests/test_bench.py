@@ -26,8 +26,14 @@ def zoo_db(tmp_path, monkeypatch):
 def test_interleave_repeats_budget_and_cap():
     calls = []
     fns = {'a': lambda: calls.append('a'), 'b': lambda: calls.append('b')}
-    t = interleave(fns, repeats=4, warmup=2)                       # no budget: exactly 4 rounds after 2 warm-ups
+    t = interleave(fns, repeats=4, warmup=2, settle=0)             # no budget: exactly 4 rounds after 2 warm-ups
     assert [len(v) for v in t.values()] == [4, 4] and calls[:4] == ['a', 'b', 'a', 'b'] and len(calls) == 12
+    calls.clear()                                                  # several functions: one settling call before each
+    t = interleave(fns, repeats=2, warmup=0)
+    assert [len(v) for v in t.values()] == [2, 2] and calls == ['a', 'a', 'b', 'b'] * 2
+    calls.clear()
+    interleave({'a': fns['a']}, repeats=3, warmup=0)               # alone: nothing to settle from
+    assert calls == ['a'] * 3
     t = interleave(fns, repeats=3, warmup=0, budget_s=60.0, max_repeats=50)   # budget left: up to the cap
     assert [len(v) for v in t.values()] == [50, 50]
     slow = {'s': lambda: time.sleep(0.02)}                         # each round outlasts the budget: the minimum
