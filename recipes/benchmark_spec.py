@@ -123,7 +123,7 @@ def override_args(overrides: dict) -> list[str]:
     out = []
     for k, v in overrides.items():
         if isinstance(v, (dict, list)):
-            v = yaml.safe_dump(v, default_flow_style=True, sort_keys=False).strip()
+            v = yaml.safe_dump(v, default_flow_style=True, sort_keys=False, width=2**31 - 1).strip()  # one line
         elif isinstance(v, bool):
             v = 'true' if v else 'false'
         elif v is None:

@@ -222,9 +222,9 @@ def test_paper_blocks_passes_the_dry_run(capsys):
                  '--db', 'none']) == 0
     out = capsys.readouterr().out
     for group in ('blocks_digits', 'blocks_shapes', 'detectors_shapes_det', 'canon_copy', 'dncnn_photos',
-                  'convbn_finetune'):
+                  'convbn_finetune', 'segmentation_upernet', 'segmentation_semfpn'):
         assert f'ok  {group}/' in out
-    assert 'paper_blocks: 6 groups' in out
+    assert 'paper_blocks: 8 groups' in out and '\n      ' not in out   # one line per job
 
 
 def test_claim_verdicts():
