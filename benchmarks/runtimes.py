@@ -8,6 +8,7 @@ zoo's fastest runtime to timm's fastest (> 1: zoo faster). Quote ratios from a q
 
     python -m benchmarks.runtimes --batch-sizes 1 16 --repeats 20
     python -m benchmarks.runtimes --pairs poolformer_s12:poolformer_s12 --runtimes eager compile onnxruntime
+    python -m benchmarks.runtimes --pairs poolformer_s12:poolformer_s12 --batch-sizes 1 --settle 0   # no settling
 """
 from __future__ import annotations
 
@@ -34,7 +35,8 @@ def _build(spec: str, side: str):
     return timm.create_model(spec, pretrained=False).eval()
 
 
-def run_pair(zoo_name: str, timm_name: str, runtimes, batch: int, img_size: int, repeats: int, warmup: int):
+def run_pair(zoo_name: str, timm_name: str, runtimes, batch: int, img_size: int, repeats: int, warmup: int,
+             settle: int | None = None):
     torch.manual_seed(0)
     x = torch.randn(batch, 3, img_size, img_size)
     fns, info = {}, {}
@@ -55,7 +57,7 @@ def run_pair(zoo_name: str, timm_name: str, runtimes, batch: int, img_size: int,
                 with torch.no_grad():
                     fast(x)
             fns[key] = step
-    times = interleave(fns, repeats=repeats, warmup=warmup)
+    times = interleave(fns, repeats=repeats, warmup=warmup, settle=settle)
     for key, t in times.items():
         info[key]['ms'] = statistics.median(t)
     return info
@@ -70,6 +72,9 @@ def main(argv=None) -> int:
     p.add_argument('--repeats', type=int, default=20)
     p.add_argument('--warmup', type=int, default=3)
     p.add_argument('--threads', type=int, default=None)
+    p.add_argument('--settle', type=int, default=None,
+                   help='untimed calls of a runtime before each timed one (default 1; 0 shows what the previous '
+                        "runtime's still-spinning threads cost the next)")
     args = p.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -80,7 +85,8 @@ def main(argv=None) -> int:
     for pair in args.pairs:
         zoo_name, _, timm_name = pair.partition(':')
         for bs in args.batch_sizes:
-            info = run_pair(zoo_name, timm_name, args.runtimes, bs, args.img_size, args.repeats, args.warmup)
+            info = run_pair(zoo_name, timm_name, args.runtimes, bs, args.img_size, args.repeats, args.warmup,
+                            args.settle)
             for rt in args.runtimes:
                 z, t = info[('zoo', rt)], info[('timm', rt)]
                 print(f"| {zoo_name} / {timm_name} | {bs} | {rt} | {z['ms']:.2f} | {t['ms']:.2f} | "
