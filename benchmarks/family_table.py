@@ -8,7 +8,7 @@ door (``zoo.layers.onednn``), eager with the door open against eager with ``ZOO_
 interleaved with each other (``zoo.eval.profile.benchmark``). Then fp32 GMAC/s (MACs per sample x batch / the
 fastest fp32 runtime's median) against the CPU's fp32 peak (``fp32_peak``: an estimate, see there).
 
-    python -m benchmarks.family_table --repeats 10                       # the whole table (see the README)
+    python -m benchmarks.family_table --repeats 10 --threads 2           # the whole table (docs/runtimes.md)
     python -m benchmarks.family_table --models poolformer_s12 tnt_s --batch-sizes 1 16 --repeats 10
     python -m benchmarks.family_table --models poolformer_tiny --batch-sizes 1 2 --repeats 1   # smoke
     python -m benchmarks.family_table --table a.jsonl b.jsonl           # print the table of earlier --out files
@@ -290,6 +290,9 @@ def main(argv=None) -> int:
         for path in args.table:
             with open(path) as f:
                 cells += [json.loads(ln) for ln in f if ln.strip()]
+        measured = sorted({f"{c.get('cpu', '?')}, {c['threads']} threads" for c in cells})
+        print(f"measured on: {'; '.join(measured)}" + (' (MIXED: do not compare across them)' if len(measured) > 1
+                                                       else ''))
         print(header(peak))
         print(table(cells, peak))
         print()
@@ -311,6 +314,9 @@ def main(argv=None) -> int:
     for spec, _ in specs:
         t1 = time.perf_counter()
         got = measure(spec, args.batch_sizes, args.runtimes, args.repeats, args.warmup, args.threads, warn)
+        cpu = machine()['cpu_model']
+        for c in got:
+            c['cpu'] = cpu
         cells += got
         if args.out:
             with open(args.out, 'a') as f:
