@@ -6,7 +6,8 @@ OpenVINO (when importable), bf16 eager and bf16 compile (CPU autocast), all thro
 interleaved in one process, the bf16 ones in a second ``run``); for the families whose code takes the oneDNN
 door (``zoo.layers.onednn``), eager with the door open against eager with ``ZOO_ONEDNN=0`` (read on every call),
 interleaved with each other (``zoo.eval.profile.benchmark``). Then fp32 GMAC/s (MACs per sample x batch / the
-fastest fp32 runtime's median) against the CPU's fp32 peak (``fp32_peak``: an estimate, see there).
+fastest fp32 runtime's median) against the CPU's fp32 peak (``fp32_peak``: an estimate, see there) and against what
+one large fp32 matrix product reaches on it (``gemm_roof``, measured).
 
     python -m benchmarks.family_table --repeats 10 --threads 2           # the whole table (docs/runtimes.md)
     python -m benchmarks.family_table --models poolformer_s12 tnt_s --batch-sizes 1 16 --repeats 10
@@ -25,6 +26,7 @@ import importlib.util
 import json
 import os
 import re
+import statistics
 import subprocess
 import sys
 import time
@@ -32,7 +34,7 @@ import time
 import torch
 from torch import nn
 from zoo.eval import bench
-from zoo.eval.profile import benchmark, example_input, machine, versions
+from zoo.eval.profile import benchmark, example_input, interleave, machine, versions
 
 import zoo
 
@@ -121,6 +123,15 @@ def fp32_peak(threads: int, clock_ghz: float | None = None) -> dict:
             'why': why, 'gmacs': gmacs, 'gflops': 2 * gmacs,
             'formula': f'{cores} cores x {clock_ghz:.2f} GHz ({src}) x {units} FMA x {bits // 32} fp32 lanes '
                        f'= {gmacs:.1f} GMAC/s = {2 * gmacs:.1f} GFLOP/s'}
+
+
+def gemm_roof(n: int = 2048, repeats: int = 5) -> float:
+    """GMAC/s of one large fp32 matrix product (n x n by n x n, n^3 MACs) at torch's thread count, median of
+    ``repeats`` calls under the one timer: what this CPU reaches in practice, beside the estimated peak (which a
+    virtual machine's under-reported clock can put below it)."""
+    a, b = torch.randn(n, n), torch.randn(n, n)
+    ms = statistics.median(interleave({'mm': lambda: torch.mm(a, b)}, repeats=repeats, warmup=2)['mm'])
+    return n ** 3 / (ms / 1e3) / 1e9
 
 
 def uptime() -> str:
@@ -224,7 +235,7 @@ def table(cells: list[dict], peak: dict) -> str:
     for c in cells:
         by.setdefault((c['model'], c['batch']), {})[c['column']] = c
     lines = ['| family | model | input | batch | GMAC / sample | ' + ' | '.join(COLUMNS)
-             + ' | fastest fp32 | fp32 GMAC/s | % of peak |', '|' + '---|' * (len(COLUMNS) + 8)]
+             + ' | fastest fp32 | fp32 GMAC/s | % of peak | % of GEMM |', '|' + '---|' * (len(COLUMNS) + 9)]
     for (model, bs), cols in by.items():
         any_cell = next(iter(cols.values()))
         macs = next((c['macs'] for c in cols.values() if c['macs']), None)
@@ -239,9 +250,10 @@ def table(cells: list[dict], peak: dict) -> str:
         best = min(fp32, key=fp32.get) if fp32 else None
         rate = macs * bs / (fp32[best] / 1e3) / 1e9 if best and macs else None
         pct = f'{100 * rate / peak["gmacs"]:.0f} %' if rate and peak['gmacs'] else '—'
+        gemm = f'{100 * rate / peak["gemm"]:.0f} %' if rate and peak.get('gemm') else '—'
         lines.append(f"| {any_cell['family']} | {model} | {'x'.join(map(str, any_cell['input']))} | {bs} | "
                      f"{'—' if macs is None else f'{macs / 1e9:.2f}'} | {' | '.join(cells_txt)} | {best or '—'} | "
-                     f"{'—' if rate is None else f'{rate:.1f}'} | {pct} |")
+                     f"{'—' if rate is None else f'{rate:.1f}'} | {pct} | {gemm} |")
     return '\n'.join(lines)
 
 
@@ -264,7 +276,9 @@ def header(peak: dict) -> str:
     v = versions()
     return (f"CPU: {m['cpu_model']} ({', '.join(m['isa']) or 'no AVX2'}); {torch.get_num_threads()} threads; "
             + ', '.join(f'{k} {val}' for k, val in v.items())
-            + f"\nfp32 peak (estimate): {peak['formula']}; {peak['why']}")
+            + f"\nfp32 peak (estimate): {peak['formula']}; {peak['why']}"
+            + (f"\nfp32 GEMM (measured, 2048^3 torch.mm): {peak['gemm']:.1f} GMAC/s = "
+               f"{100 * peak['gemm'] / peak['gmacs']:.0f} % of the estimate" if peak.get('gemm') else ''))
 
 
 def main(argv=None) -> int:
@@ -293,6 +307,8 @@ def main(argv=None) -> int:
         measured = sorted({f"{c.get('cpu', '?')}, {c['threads']} threads" for c in cells})
         print(f"measured on: {'; '.join(measured)}" + (' (MIXED: do not compare across them)' if len(measured) > 1
                                                        else ''))
+        roofs = [c['gemm_gmacs'] for c in cells if c.get('gemm_gmacs')]
+        peak['gemm'] = statistics.median(roofs) if roofs else None
         print(header(peak))
         print(table(cells, peak))
         print()
@@ -308,6 +324,7 @@ def main(argv=None) -> int:
     def warn(msg):
         notes.append(msg)
         print(msg, file=sys.stderr)
+    peak['gemm'] = gemm_roof()
     print(header(peak))
     print(f'uptime before: {uptime()}', flush=True)
     t0, cells = time.perf_counter(), []
@@ -316,7 +333,7 @@ def main(argv=None) -> int:
         got = measure(spec, args.batch_sizes, args.runtimes, args.repeats, args.warmup, args.threads, warn)
         cpu = machine()['cpu_model']
         for c in got:
-            c['cpu'] = cpu
+            c['cpu'], c['gemm_gmacs'] = cpu, peak['gemm']
         cells += got
         if args.out:
             with open(args.out, 'a') as f:

@@ -29,7 +29,7 @@ SMOKE = {
     'benchmarks.family_table': [(['--models', 'poolformer_tiny', 'vgg_tiny:2', '--runtimes', 'eager', 'onnxruntime',
                                   'bf16-eager', 'onednn-off', '--batch-sizes', '2', '--repeats', '1', '--warmup', '0',
                                   '--threads', '1', '--out', '{tmp}/table.jsonl'],
-                                 ['CPU: ', 'fp32 peak (estimate): 1 cores x', 'uptime before: ',
+                                 ['CPU: ', 'fp32 peak (estimate): 1 cores x', 'fp32 GEMM (measured', 'uptime before: ',
                                   '| poolformer | poolformer_tiny | 3x32x32 | 2 | 0.00 |', '| vgg | vgg_tiny | ',
                                   'x) |', '| onnxruntime |']),
                                 (['--table', '{tmp}/table.jsonl', '--threads', '1'],
