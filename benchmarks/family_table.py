@@ -324,6 +324,8 @@ def main(argv=None) -> int:
     def warn(msg):
         notes.append(msg)
         print(msg, file=sys.stderr)
+    if os.environ.get('ZOO_ONEDNN') == '0':
+        warn('ZOO_ONEDNN=0 is set for the whole run: the eager column is the door shut as well')
     peak['gemm'] = gemm_roof()
     print(header(peak))
     print(f'uptime before: {uptime()}', flush=True)
