@@ -17,7 +17,6 @@ process, and writes the rows (``source='bench'``): one command to refresh latenc
 """
 from __future__ import annotations
 
-import contextlib
 import sys
 import time
 
@@ -119,6 +118,13 @@ def error_summary(e: BaseException, limit: int = 300) -> str:
     return f'{type(e).__name__}: {text}'[:limit]
 
 
+def _set_threads(threads: int | None) -> None:
+    """The thread count before anything is prepared: a compiled graph guards on it (set later, by the timer, the
+    first timed call compiled again) and ONNX Runtime / OpenVINO sessions take it when they are created."""
+    if threads is not None:
+        torch.set_num_threads(threads)
+
+
 def _prepare(model, runtime: str, x, dtype, compile_mode: str | None, net=None):
     """``zoo.optimize`` of ``model`` in ``runtime`` (unless ``net`` is that already: the exported graphs have a
     dynamic batch, so one export serves every batch size) and its first call on ``x``: the runtime's module, its
@@ -127,11 +133,10 @@ def _prepare(model, runtime: str, x, dtype, compile_mode: str | None, net=None):
     if net is None and runtime == 'eager' and dtype is None:
         net = model.eval()
     elif net is None:
-        # compiled under inference_mode, as it is timed: a graph compiled under no_grad alone guards on the
-        # input's autograd dispatch key and compiles again on its first call under inference_mode
-        with torch.inference_mode() if runtime == 'compile' else contextlib.nullcontext():
-            net = zoo.optimize(model, runtime, x, dtype=dtype if runtime in ('eager', 'compile') else None,
-                               mode=compile_mode if runtime == 'compile' else None)
+        # the compiled graph serves any grad mode (zoo.optimize runs it outside inference_mode), so compiling
+        # here and timing under inference_mode compile once
+        net = zoo.optimize(model, runtime, x, dtype=dtype if runtime in ('eager', 'compile') else None,
+                           mode=compile_mode if runtime == 'compile' else None)
     with torch.inference_mode():
         out = _compared(net, x)
     return net, out, time.perf_counter() - t0
@@ -161,6 +166,7 @@ def run(names: list[str], vs: str | None = None, batch_sizes=(1,), img_size: int
     ``dtype`` bfloat16 runs eager and compile under autocast; ONNX Runtime and OpenVINO stay float32 (said once
     to ``warn``). A runtime that fails on a model (export or compile error) is reported to ``warn`` and left out."""
     warn = warn or (lambda msg: print(msg, file=sys.stderr))
+    _set_threads(threads)
     runtimes = parse_runtimes(runtimes)
     if mode != 'inference' and runtimes != ('eager',):
         raise ValueError(f'--mode {mode} times training steps, which only the eager runtime runs; '
@@ -291,6 +297,7 @@ def remeasure(db, task: str | None = None, dataset: str | None = None, model: st
     ``runtimes`` (default eager; others through ``zoo.optimize``, a runtime failing on a network is reported to
     ``warn`` and left out); one row per network, runtime and batch size, ready for ``record``."""
     warn = warn or (lambda msg: print(msg, file=sys.stderr))
+    _set_threads(threads)
     nets = recorded_networks(db, task, dataset, model, warn, run_ids)
     if not nets:
         raise ValueError('no finished run in the database matches'

@@ -172,6 +172,47 @@ def test_compile_gives_each_model_its_own_graphs():
     torch._dynamo.reset()
 
 
+def test_compile_reuses_one_graph_in_every_grad_mode():
+    """A compiled model called plainly, under no_grad, under inference_mode, and on a tensor made under
+    inference_mode runs the graph compiled by ``optimize(example=...)``: dynamo guards on the input's dispatch
+    keys, which the grad mode changes, and each of these calls once compiled a graph of its own (a user's ``with
+    torch.inference_mode(): y = fast(x)`` paid a second compilation)."""
+    import torch._dynamo
+    from torch._dynamo.utils import counters
+    torch._dynamo.reset()
+    model = zoo.create('vgg_tiny').eval()
+    x = example_input('vgg_tiny', 2)
+    before = counters['stats']['unique_graphs']
+    fast = zoo.optimize(model, 'compile', example=x)
+    assert counters['stats']['unique_graphs'] == before + 1
+    with torch.no_grad():
+        expected = model(x)
+    with torch.inference_mode():
+        made_inside = x.clone()
+    outs = [fast(x)]
+    with torch.no_grad():
+        outs.append(fast(x))
+    with torch.inference_mode():
+        outs += [fast(x), fast(made_inside)]
+    assert counters['stats']['unique_graphs'] == before + 1, 'a grad mode compiled a graph of its own'
+    for out in outs:
+        assert _rel(out, expected) <= REL
+    assert not outs[2].is_inference()  # usable outside inference_mode, as eager's no_grad output is
+    torch._dynamo.reset()
+
+
+def test_bf16_detector_predicts_in_float32():
+    """A detector optimised with ``dtype=torch.bfloat16`` runs its network under autocast and decodes the bfloat16
+    maps with the head's float32 weights (``zoo bench yolo_det --dtype bfloat16`` failed: input type BFloat16
+    and weight type Float)."""
+    model = zoo.create('yolo_det_tiny').eval()
+    x = example_input('yolo_det_tiny', 2)
+    fast = zoo.optimize(model, 'eager', dtype=torch.bfloat16)
+    assert fast.forward_raw(x)[0].dtype == torch.bfloat16
+    dets, ref = fast(x), model(x)
+    assert len(dets) == len(ref) == 2 and all(d.keys() == r.keys() for d, r in zip(dets, ref))
+
+
 def test_compile_freezes_the_weights():
     """``zoo.optimize(..., 'compile')`` promises inductor's freezing: the weights are folded into the graph as
     constants (``_frozen_param``), not passed as inputs. Asked for through ``torch.compile(options=...)`` alone,

@@ -177,8 +177,8 @@ def test_test_in_onnxruntime_is_recorded_beside_eager_and_export_writes_graph_an
 
 @pytest.mark.slow
 def test_bench_compiles_each_graph_once_and_never_while_timing(monkeypatch):
-    """The compiled graph is the one timed: compiled under inference_mode as it is timed (a graph compiled under
-    no_grad alone compiled again on its first inference_mode call), and after the exports (an export lets einops
+    """The compiled graph is the one timed: one graph serves no_grad and inference_mode (a graph compiled under
+    no_grad alone once compiled again on its first inference_mode call), and compiled after the exports (an export lets einops
     cache the tracer's tensor types, a global the compiled RaftMLP guards on: it recompiled on its first timed call,
     outside the reported compile time)."""
     from torch._dynamo.utils import counters
@@ -200,3 +200,23 @@ def test_bench_compiles_each_graph_once_and_never_while_timing(monkeypatch):
     assert during == [0] and counters['frames']['total'] - start == 1
     comp = next(r for r in rows if r['runtime'] == 'compile')
     assert comp['compile_s'] > 0 and comp['max_abs_diff_eager'] < 1e-4
+
+
+def test_bench_threads_are_set_before_compiling():
+    """``--threads`` is set before anything is prepared: a compiled graph guards on the thread count (set by the
+    timer alone, the first timed call compiled again, outside the reported compile time) and the ONNX Runtime
+    session takes it when it is created."""
+    from torch._dynamo.utils import counters
+
+    from zoo.eval import bench
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        start = counters['frames']['total']
+        rows = bench.run(['vgg_tiny'], runtimes='compile', batch_sizes=(1,), repeats=1, warmup=0, budget_s=0,
+                         threads=1)
+        assert counters['frames']['total'] - start == 1, 'the timed call compiled again'
+        assert {r['threads'] for r in rows} == {1}
+    finally:
+        torch.set_num_threads(threads)

@@ -69,8 +69,8 @@ def example_input(model: nn.Module, batch: int = 2, size: int | tuple | None = N
 
 
 def _compiled(fn, options: dict | None):
-    """``torch.compile(fn)`` with inductor's freezing, behind a code object of its own; called under no_grad
-    by ``_Eager``.
+    """``torch.compile(fn)`` with inductor's freezing, behind a code object of its own; every call runs under
+    no_grad and outside inference_mode, so one graph serves callers in any grad mode (below).
 
     Freezing (weights folded in as constants, convolutions pre-packed for oneDNN) is decided from the global
     inductor config when a graph is compiled: passed in ``torch.compile(options=...)`` it is silently ignored
@@ -89,7 +89,14 @@ def _compiled(fn, options: dict | None):
     compiled = torch.compile(call, options=options)
 
     def frozen(x):
-        with inductor_config.patch(freezing=True):
+        # One graph whatever mode the caller is in. Dynamo guards on the input's dispatch keys as the grad mode
+        # leaves them: a plain or no_grad call sees autograd keys, a call under inference_mode does not, and a
+        # tensor made under inference_mode has none, so each of the three compiled a graph of its own (a user's
+        # ``with torch.inference_mode(): y = fast(x)`` compiled again). Every call runs outside inference_mode
+        # under no_grad, with an inference tensor copied to a normal one (the input only).
+        with torch.inference_mode(False), torch.no_grad(), inductor_config.patch(freezing=True):
+            if isinstance(x, torch.Tensor) and x.is_inference():
+                x = x.clone()
             return compiled(x)
     return frozen
 
@@ -276,7 +283,8 @@ class _DenseRuntime(nn.Module):
 
     @torch.no_grad()
     def forward(self, x: torch.Tensor, metas=None) -> list[dict]:
-        return self.head.predict(self.forward_raw(x), metas)
+        # the head's float32 weights decode the maps: a network run in bfloat16 (autocast) hands over float32
+        return self.head.predict([m.float() for m in self.forward_raw(x)], metas)
 
 
 class _Eager(nn.Module):
