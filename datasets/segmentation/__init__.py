@@ -34,12 +34,11 @@ from .datamodules import (VOC_CLASSES, ADE20KDataModule, DigitsSegDataModule, Fo
 from .formats import Record, SegmentationDataError, read_class_names, read_mask, voc_palette
 from .synthetic import draw_digits_seg, draw_shapes_seg, generate_digits_seg, generate_shapes_seg
 from .transforms import (IGNORE_INDEX, NO_AUGMENT, CatMaxRandomCrop, PhotoMetricDistortion, RandomResizeRatio,
-                         SegmentationAugment, collate, segmentation_transforms, window_class_counts)
+                         SegmentationAugment, collate, segmentation_transforms)
 
 __all__ = ['SegmentationDataError', 'SegmentationDataset', 'SegmentationDataModule', 'ShapesSegDataModule',
            'DigitsSegDataModule', 'ADE20KDataModule', 'VOCSegDataModule', 'FolderSegDataModule', 'VOC_CLASSES',
            'SegmentationAugment', 'NO_AUGMENT', 'IGNORE_INDEX', 'RandomResizeRatio',
-           'CatMaxRandomCrop', 'window_class_counts', 'PhotoMetricDistortion', 'segmentation_transforms', 'collate',
-           'Record', 'read_mask',
+           'CatMaxRandomCrop', 'PhotoMetricDistortion', 'segmentation_transforms', 'collate', 'Record', 'read_mask',
            'read_class_names', 'voc_palette', 'draw_shapes_seg', 'draw_digits_seg', 'generate_shapes_seg',
            'generate_digits_seg']

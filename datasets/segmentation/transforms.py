@@ -17,7 +17,6 @@ from torchvision.transforms import v2
 from torchvision.transforms.v2 import functional as F
 
 __all__ = ['IGNORE_INDEX', 'SegmentationAugment', 'NO_AUGMENT', 'RandomResizeRatio', 'CatMaxRandomCrop',
-           'window_class_counts',
            'PhotoMetricDistortion', 'segmentation_transforms', 'collate']
 
 IGNORE_INDEX = 255  # mmseg's, torchvision's VOC: pixels no loss or metric counts
@@ -26,21 +25,6 @@ IGNORE_INDEX = 255  # mmseg's, torchvision's VOC: pixels no loss or metric count
 def _fill(mean: Sequence[float], ignore_index: int) -> dict:
     """Padding values by type: the image's mean colour (uint8), the mask's ignore index."""
     return {tv_tensors.Image: [round(255 * m) for m in mean], tv_tensors.Mask: ignore_index}
-
-
-def window_class_counts(mask: torch.Tensor, tops: torch.Tensor, lefts: torch.Tensor, size: int,
-                        ignore_index: int = IGNORE_INDEX) -> torch.Tensor:
-    """Pixels of each class present in ``mask`` (H, W) inside each ``size`` x ``size`` window at (``tops[i]``,
-    ``lefts[i]``) (clipped to the mask), ignored pixels left out: (n, C) counts from one integral image of the
-    one-hot mask, so every window costs four look-ups instead of a histogram of its pixels."""
-    classes, ids = torch.unique(mask, return_inverse=True)  # (C,), (H, W) compact ids 0..C-1
-    onehot = torch.nn.functional.one_hot(ids, len(classes)).to(torch.int32)  # (H, W, C)
-    onehot[..., classes == ignore_index] = 0
-    integral = torch.nn.functional.pad(onehot.cumsum(0).cumsum(1), (0, 0, 1, 0, 1, 0))  # (H+1, W+1, C), 0 row/col
-    h, w = mask.shape
-    bottoms, rights = (tops + size).clamp(max=h), (lefts + size).clamp(max=w)
-    return (integral[bottoms, rights] - integral[tops, rights] - integral[bottoms, lefts]
-            + integral[tops, lefts])  # (n, C)
 
 
 class RandomResizeRatio(v2.Transform):
@@ -65,11 +49,9 @@ class RandomResizeRatio(v2.Transform):
 
 class CatMaxRandomCrop(v2.Transform):
     """mmseg's ``RandomCrop(crop_size, cat_max_ratio)``: a random ``size`` x ``size`` window (the whole side where the
-    image is smaller, then padded to ``size``); of ``tries`` windows drawn at once, the first in which no single class
-    covers ``cat_max_ratio`` or more of the labelled (not ignored) pixels and at least two classes are present is taken
-    (mmseg's sequential tries; the last window when none qualifies). The windows' class counts come from one integral
-    image (:func:`window_class_counts`), not a histogram per try. ``cat_max_ratio=1``, or an image no larger than the
-    crop (one possible window), takes the first window without counting."""
+    image is smaller, then padded to ``size``); up to 10 windows are drawn until no single class covers
+    ``cat_max_ratio`` or more of the window's labelled (not ignored) pixels and at least two classes are present.
+    ``cat_max_ratio=1`` takes the first window."""
 
     def __init__(self, size: int, cat_max_ratio: float = 0.75, ignore_index: int = IGNORE_INDEX,
                  fill: dict | None = None, tries: int = 10):
@@ -79,19 +61,25 @@ class CatMaxRandomCrop(v2.Transform):
         self.size, self.cat_max_ratio, self.ignore_index, self.tries = size, cat_max_ratio, ignore_index, tries
         self.fill = fill if fill is not None else {tv_tensors.Image: 0, tv_tensors.Mask: ignore_index}
 
+    def _window(self, h: int, w: int) -> tuple[int, int]:
+        top = int(torch.randint(max(h - self.size, 0) + 1, ()))
+        left = int(torch.randint(max(w - self.size, 0) + 1, ()))
+        return top, left
+
     def make_params(self, flat_inputs: list) -> dict:
         h, w = v2.query_size(flat_inputs)
-        span_h, span_w = max(h - self.size, 0) + 1, max(w - self.size, 0) + 1  # possible top / left offsets
+        top, left = self._window(h, w)
         mask = next((x for x in flat_inputs if isinstance(x, tv_tensors.Mask)), None)
-        n = self.tries if mask is not None and self.cat_max_ratio < 1 and span_h * span_w > 1 else 1
-        tops, lefts = torch.randint(span_h, (n,)), torch.randint(span_w, (n,))  # the candidate windows, in order
-        pick = 0
-        if n > 1:
-            counts = window_class_counts(mask.as_subclass(torch.Tensor).reshape(h, w), tops, lefts, self.size,
-                                         self.ignore_index)  # (n, classes present)
-            ok = ((counts > 0).sum(1) > 1) & (counts.max(1).values < self.cat_max_ratio * counts.sum(1))
-            pick = int(ok.int().argmax()) if bool(ok.any()) else n - 1  # the first good window, else the last drawn
-        top, left = int(tops[pick]), int(lefts[pick])
+        if mask is not None and self.cat_max_ratio < 1:
+            mask = mask.as_subclass(torch.Tensor).reshape(h, w)  # a plain tensor: no tv_tensor dispatch per try
+            for _ in range(self.tries - 1):
+                window = mask[top:top + self.size, left:left + self.size].reshape(-1)
+                counts = torch.bincount(window, minlength=self.ignore_index + 1)
+                counts[self.ignore_index] = 0  # ignored pixels do not count
+                counts = counts[counts > 0]
+                if len(counts) > 1 and counts.max() < self.cat_max_ratio * counts.sum():
+                    break
+                top, left = self._window(h, w)
         ch, cw = min(h, self.size), min(w, self.size)
         return dict(top=top, left=left, h=ch, w=cw, pad=[0, 0, self.size - cw, self.size - ch])  # pad right, bottom
 
