@@ -86,6 +86,22 @@ def test_loss_ignores_255_and_weighs_the_auxiliary_head():
         head.loss(out, torch.full((2, 32, 32), 7))
 
 
+
+def test_class_weight_is_the_weighted_mean_over_labelled_pixels():
+    torch.manual_seed(0)
+    logits = torch.randn(2, 3, 16, 16)
+    masks = torch.randint(0, 3, (2, 16, 16))
+    masks[:, :4] = 255
+    w = (0.2, 1.0, 3.0)
+    loss = SemFPNHead((8,), 3, (1,), channels=8, class_weight=w).loss([logits], masks)[0]
+    keep = masks != 255
+    per_pixel = F.cross_entropy(logits.permute(0, 2, 3, 1)[keep], masks[keep], reduction='none')
+    weights = torch.tensor(w)[masks[keep]]
+    assert torch.allclose(loss, (weights * per_pixel).sum() / weights.sum(), atol=1e-6)
+    assert not torch.allclose(loss, SemFPNHead((8,), 3, (1,), channels=8).loss([logits], masks)[0])
+    with pytest.raises(ValueError, match='one weight >= 0 per class'):
+        SemFPNHead((8,), 3, (1,), channels=8, class_weight=(1.0, 2.0))
+
 # -------------------------------------------------------------------------------------------------- metric
 def test_miou_sums_over_the_split_ignores_255_and_skips_absent_classes():
     from zoo.recipes.segmentation import SegmentationMetric
