@@ -283,12 +283,14 @@ class UperNetHead(SegHead):
 
     def __init__(self, in_channels: Sequence[int], num_classes: int, strides: Sequence[int], channels: int = 512,
                  pool_scales: Sequence[int] = (1, 2, 3, 6), dropout: float = 0.1, ignore_index: int = IGNORE_INDEX,
-                 aux_channels: int | None = 256, aux_index: int = 2, aux_weight: float = 0.4, conv_layer=None):
+                 aux_channels: int | None = 256, aux_index: int = 2, aux_weight: float = 0.4, conv_layer=None,
+                 class_weight: Sequence[float] | None = None):
         aux = None
         if aux_channels:
             aux = FCNHead(in_channels, num_classes, strides, aux_channels, in_index=aux_index, dropout=dropout,
                           ignore_index=ignore_index, conv_layer=conv_layer)
-        super().__init__(in_channels, num_classes, strides, channels, dropout, ignore_index, aux, aux_weight)
+        super().__init__(in_channels, num_classes, strides, channels, dropout, ignore_index, aux, aux_weight,
+                         class_weight)
         *lower, top = self.in_channels
         self.psp_modules = PPM(pool_scales, top, channels)
         self.bottleneck = ConvBNReLU(top + len(pool_scales) * channels, channels, 3, conv_layer=conv_layer)
