@@ -112,13 +112,15 @@ class SegHead(nn.Module):
 
     Subclasses build their layers and define ``features(maps) -> (B, channels, H0, W0)`` on the finest level.
     ``aux`` is an optional auxiliary head (``forward(maps) -> logits``) trained with weight ``aux_weight``.
+    ``class_weight`` (one float per class) weights each class's pixels in the cross-entropy, as mmseg's
+    ``CrossEntropyLoss(class_weight=...)``: the loss is the weighted mean over the labelled pixels.
     """
 
     fused = True  # one output map for all levels (the dense-block tests read this)
 
     def __init__(self, in_channels: Sequence[int], num_classes: int, strides: Sequence[int], channels: int,
                  dropout: float = 0.1, ignore_index: int = IGNORE_INDEX, aux: nn.Module | None = None,
-                 aux_weight: float = 0.4):
+                 aux_weight: float = 0.4, class_weight: Sequence[float] | None = None):
         super().__init__()
         if len(in_channels) != len(strides):
             raise ValueError(f'{type(self).__name__}: {len(in_channels)} input levels but {len(strides)} strides')
@@ -129,6 +131,10 @@ class SegHead(nn.Module):
         self.dropout = nn.Dropout2d(dropout) if dropout > 0 else nn.Identity()
         self.conv_seg = nn.Conv2d(channels, num_classes, 1)
         self.aux, self.aux_weight = aux, aux_weight
+        if class_weight is not None and (len(class_weight) != num_classes or any(w < 0 for w in class_weight)):
+            raise ValueError(f'{type(self).__name__}: class_weight needs one weight >= 0 per class ({num_classes}), '
+                             f'got {list(class_weight)}')
+        self.class_weight = None if class_weight is None else tuple(float(w) for w in class_weight)
 
     def features(self, maps: Sequence[torch.Tensor]) -> torch.Tensor:
         raise NotImplementedError(f'{type(self).__name__} must define features (its fusion of the levels)')
@@ -155,7 +161,8 @@ class SegHead(nn.Module):
         if bad.any():  # cross-entropy would fail with a device-side assert on CUDA instead
             raise ValueError(f'a mask holds class {int(masks[bad][0])} >= num_classes={self.num_classes} '
                              f'(the ignore value {self.ignore_index} aside)')
-        ce = lambda logits: _ce(resize_logits(logits, masks.shape[-2:]), masks, self.ignore_index)
+        weight = None if self.class_weight is None else torch.tensor(self.class_weight, device=masks.device)
+        ce = lambda logits: _ce(resize_logits(logits, masks.shape[-2:]), masks, self.ignore_index, weight)
         main = ce(out[0])
         parts = {'ce': main.detach()}
         total = main
@@ -197,11 +204,13 @@ def _masks(targets, device) -> torch.Tensor:
     return torch.stack([t['mask'] for t in targets]).to(device=device, dtype=torch.long).as_subclass(torch.Tensor)
 
 
-def _ce(logits: torch.Tensor, masks: torch.Tensor, ignore_index: int) -> torch.Tensor:
-    """Mean cross-entropy over the labelled pixels; 0 (keeping the graph) when a batch has none."""
+def _ce(logits: torch.Tensor, masks: torch.Tensor, ignore_index: int, weight: torch.Tensor | None = None
+        ) -> torch.Tensor:
+    """Mean cross-entropy over the labelled pixels (weighted by their classes' ``weight``); 0 (keeping the graph)
+    when a batch has none."""
     if not (masks != ignore_index).any():
         return logits.sum() * 0
-    return F.cross_entropy(logits.float(), masks, ignore_index=ignore_index)
+    return F.cross_entropy(logits.float(), masks, weight=weight, ignore_index=ignore_index)
 
 
 @register('dense_head', 'semfpn', example=dict(in_channels=(8, 8, 8, 8), num_classes=3, strides=(4, 8, 16, 32),
@@ -215,11 +224,14 @@ class SemFPNHead(SegHead):
         num_classes, strides: classes (no background class unless the data has one) and each level's stride.
         channels: the head's width (128).
         dropout, ignore_index: before the classifier (0.1); the unlabelled value of the masks (255).
+        class_weight: one cross-entropy weight per class (None: all 1), as mmseg's ``class_weight``.
     """
 
     def __init__(self, in_channels: Sequence[int], num_classes: int, strides: Sequence[int], channels: int = 128,
-                 dropout: float = 0.1, ignore_index: int = IGNORE_INDEX, conv_layer=None):
-        super().__init__(in_channels, num_classes, strides, channels, dropout, ignore_index)
+                 dropout: float = 0.1, ignore_index: int = IGNORE_INDEX, conv_layer=None,
+                 class_weight: Sequence[float] | None = None):
+        super().__init__(in_channels, num_classes, strides, channels, dropout, ignore_index,
+                         class_weight=class_weight)
         self.scale_heads = nn.ModuleList()
         for c, s in zip(self.in_channels, self.strides):
             n = max(1, int(math.log2(s) - math.log2(self.strides[0])))
@@ -271,12 +283,14 @@ class UperNetHead(SegHead):
 
     def __init__(self, in_channels: Sequence[int], num_classes: int, strides: Sequence[int], channels: int = 512,
                  pool_scales: Sequence[int] = (1, 2, 3, 6), dropout: float = 0.1, ignore_index: int = IGNORE_INDEX,
-                 aux_channels: int | None = 256, aux_index: int = 2, aux_weight: float = 0.4, conv_layer=None):
+                 aux_channels: int | None = 256, aux_index: int = 2, aux_weight: float = 0.4, conv_layer=None,
+                 class_weight: Sequence[float] | None = None):
         aux = None
         if aux_channels:
             aux = FCNHead(in_channels, num_classes, strides, aux_channels, in_index=aux_index, dropout=dropout,
                           ignore_index=ignore_index, conv_layer=conv_layer)
-        super().__init__(in_channels, num_classes, strides, channels, dropout, ignore_index, aux, aux_weight)
+        super().__init__(in_channels, num_classes, strides, channels, dropout, ignore_index, aux, aux_weight,
+                         class_weight)
         *lower, top = self.in_channels
         self.psp_modules = PPM(pool_scales, top, channels)
         self.bottleneck = ConvBNReLU(top + len(pool_scales) * channels, channels, 3, conv_layer=conv_layer)

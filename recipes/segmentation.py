@@ -91,6 +91,8 @@ class Segmentation(ZooSystem):
     """
 
     task = 'segmentation'
+    ema_warmup = True  # with ``ema_decay``: timm's warm-up of the decay, so a short from-scratch run's EMA does not
+    # hold the initial weights for its first ~1/(1-decay) steps (the CPU recipe evaluates the EMA after a few hundred)
 
     def __init__(self, name: str = 'semfpn_seg', plot_images: int = 4,
                  optimizer: OptimizerCallable = lambda params: torch.optim.AdamW(params, lr=2e-4, weight_decay=1e-4),

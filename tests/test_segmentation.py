@@ -86,6 +86,22 @@ def test_loss_ignores_255_and_weighs_the_auxiliary_head():
         head.loss(out, torch.full((2, 32, 32), 7))
 
 
+
+def test_class_weight_is_the_weighted_mean_over_labelled_pixels():
+    torch.manual_seed(0)
+    logits = torch.randn(2, 3, 16, 16)
+    masks = torch.randint(0, 3, (2, 16, 16))
+    masks[:, :4] = 255
+    w = (0.2, 1.0, 3.0)
+    loss = SemFPNHead((8,), 3, (1,), channels=8, class_weight=w).loss([logits], masks)[0]
+    keep = masks != 255
+    per_pixel = F.cross_entropy(logits.permute(0, 2, 3, 1)[keep], masks[keep], reduction='none')
+    weights = torch.tensor(w)[masks[keep]]
+    assert torch.allclose(loss, (weights * per_pixel).sum() / weights.sum(), atol=1e-6)
+    assert not torch.allclose(loss, SemFPNHead((8,), 3, (1,), channels=8).loss([logits], masks)[0])
+    with pytest.raises(ValueError, match='one weight >= 0 per class'):
+        SemFPNHead((8,), 3, (1,), channels=8, class_weight=(1.0, 2.0))
+
 # -------------------------------------------------------------------------------------------------- metric
 def test_miou_sums_over_the_split_ignores_255_and_skips_absent_classes():
     from zoo.recipes.segmentation import SegmentationMetric
@@ -256,16 +272,19 @@ def test_predict_writes_palette_label_pngs_at_file_size_and_overlays(runs):
     assert Image.open(overlays[0]).size == (128, 64)  # ground truth | prediction
 
 
-def _trunk_growth(lr: float, weight_decay: float, steps: int = 12) -> float:
-    """How much the std of semfpn_seg's coarsest backbone map grows over ``steps`` AdamW steps on shapes_seg."""
+def _trunk_growth(lr: float, weight_decay: float, warmup: int = 0, steps: int = 12, model_args: dict | None = None
+                  ) -> float:
+    """How much the std of semfpn_seg's coarsest backbone map grows over ``steps`` AdamW steps on shapes_seg, the lr
+    warmed up linearly over ``warmup`` steps (``optim.scheduler``, the recipe's warm-up cosine)."""
     from zoo.datasets import ShapesSegDataModule
     from zoo.recipes import optim
     torch.manual_seed(0)
     dm = ShapesSegDataModule(img_size=64, batch_size=4, num_samples=20, augment=None)
     dm.setup('fit')
     x, masks = next(iter(dm.val_dataloader()))
-    model = zoo.create('semfpn_seg', num_classes=dm.num_classes)
+    model = zoo.create('semfpn_seg', num_classes=dm.num_classes, **(model_args or {}))
     opt = torch.optim.AdamW(optim.param_groups(model, weight_decay), lr=lr)
+    schedule = optim.scheduler(opt, total=1000, warmup=warmup)
 
     def scale() -> float:
         with torch.no_grad():
@@ -277,19 +296,23 @@ def _trunk_growth(lr: float, weight_decay: float, steps: int = 12) -> float:
         opt.zero_grad()
         loss.backward()
         opt.step()
+        schedule.step()
     return scale() / before
 
 
 def test_cpu_recipe_lr_keeps_the_poolformer_trunk_bounded(one_thread):
-    """PoolFormer's trunk (stem, downsampling convs, residual sums) has no normalisation: at AdamW lr 4e-3 (the CPU
-    recipe's old setting) its maps grow by orders of magnitude within a few steps and the backbone stops learning;
-    the shipped recipe's lr keeps them at their scale."""
+    """PoolFormer's trunk (stem, downsampling convs, residual sums) has no normalisation: at AdamW lr 4e-3 without
+    warm-up (the CPU recipe's first setting) its maps grow by orders of magnitude within a few steps and the
+    backbone stops learning; the shipped recipe's lr and warm-up keep them at their scale past the warm-up."""
     from pathlib import Path
 
     import yaml
     cfg = yaml.safe_load((Path(__file__).parents[1] / 'recipes/configs/segmentation/'
                           'semfpn_poolformer_tiny_shapes_seg.yaml').read_text())
-    args = cfg['model']['init_args']['optimizer']['init_args']
-    shipped = _trunk_growth(args['lr'], args['weight_decay'])
+    system = cfg['model']['init_args']
+    args = system['optimizer']['init_args']
+    warmup = system['lr_scheduler']['init_args']['warmup_steps']
+    model_args = system.get('model_args')
+    shipped = _trunk_growth(args['lr'], args['weight_decay'], warmup, steps=warmup + 20, model_args=model_args)
     too_high = _trunk_growth(4e-3, args['weight_decay'])
-    assert shipped < 10 and too_high > 50, (shipped, too_high)  # measured: 3.6 and 170
+    assert shipped < 10 and too_high > 50, (shipped, too_high)  # measured: 1.5 (lr 2e-3, 100 warm-up) and 170

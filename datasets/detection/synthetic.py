@@ -15,18 +15,28 @@ __all__ = ['texture', 'shape_colour', 'shape_mask', 'digit_patch', 'paste', 'dra
 
 
 def texture(rng: np.random.Generator, size: int) -> np.ndarray:
-    """A dark textured background: a colour gradient, low-frequency blobs and pixel noise, (S, S, 3) float."""
-    yy, xx = np.mgrid[0:size, 0:size] / size
+    """A dark textured background: a colour gradient, low-frequency blobs and pixel noise, (S, S, 3) float.
+
+    Built from 1-d profiles (a Gaussian blob is the outer product of two, a plane wave the sum of two such
+    products), so no per-pixel ``exp`` or ``sin`` is evaluated; the random draws are those of the per-pixel form,
+    in the same order, and the image equals it up to float rounding."""
+    t = np.arange(size) / size  # the pixel grid's coordinates along one axis, in [0, 1)
     base = rng.uniform(0, 90, 3)
     grad = rng.uniform(-40, 40, (2, 3))
-    img = base + xx[..., None] * grad[0] + yy[..., None] * grad[1]
+    blobs = []
     for _ in range(3):  # soft blobs
         cy, cx, r = rng.uniform(0, 1, 2).tolist() + [rng.uniform(0.1, 0.4)]
-        img += np.exp(-((yy - cy) ** 2 + (xx - cx) ** 2) / (2 * r * r))[..., None] * rng.uniform(-30, 30, 3)
+        blobs.append((cy, cx, r, rng.uniform(-30, 30, 3)))
+    cy, cx, r, colour = (np.array(v) for v in zip(*blobs))  # (3,) (3,) (3,) (3, 3): one row per blob
+    gy = np.exp(-(t[None] - cy[:, None]) ** 2 / (2 * r[:, None] ** 2))  # (blob, S) vertical profiles
+    gx = np.exp(-(t[None] - cx[:, None]) ** 2 / (2 * r[:, None] ** 2))  # (blob, S) horizontal profiles
+    img = np.einsum('ky,kx,kc->yxc', gy, gx, colour)  # sum over blobs of gy (x) gx times the blob's colour
+    img += base + t[None, :, None] * grad[0] + t[:, None, None] * grad[1]
     img += rng.normal(0, rng.uniform(3, 15), (size, size, 1))
-    if rng.random() < 0.5:  # stripes
+    if rng.random() < 0.5:  # stripes: sin(u + v) = sin u cos v + cos u sin v, u along x and v along y
         f, a = rng.uniform(4, 20), rng.uniform(0, math.pi)
-        img += (8 * np.sin(2 * math.pi * f * (xx * math.cos(a) + yy * math.sin(a))))[..., None]
+        u, v = 2 * math.pi * f * t * math.cos(a), 2 * math.pi * f * t * math.sin(a)
+        img += (8 * (np.outer(np.cos(v), np.sin(u)) + np.outer(np.sin(v), np.cos(u))))[..., None]
     return img
 
 
