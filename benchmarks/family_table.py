@@ -37,6 +37,7 @@ from zoo.eval import bench
 from zoo.eval.profile import benchmark, example_input, interleave, machine, versions
 
 import zoo
+from benchmarks.runtimes import cpu_model
 
 # One full-size model per family, at its registered input size unless @IMG says otherwise. PIIP-TSB (17 GMAC at
 # 368 px, 144 M parameters) at batch 1 only: at batch 16 one call is ~280 GMAC, several seconds in each of six
@@ -272,9 +273,8 @@ def setup_table(cells: list[dict]) -> str:
 
 
 def header(peak: dict) -> str:
-    m = machine()
     v = versions()
-    return (f"CPU: {m['cpu_model']} ({', '.join(m['isa']) or 'no AVX2'}); {torch.get_num_threads()} threads; "
+    return (f"CPU: {cpu_model()}; {torch.get_num_threads()} threads; "
             + ', '.join(f'{k} {val}' for k, val in v.items())
             + f"\nfp32 peak (estimate): {peak['formula']}; {peak['why']}"
             + (f"\nfp32 GEMM (measured, 2048^3 torch.mm): {peak['gemm']:.1f} GMAC/s = "
@@ -329,11 +329,10 @@ def main(argv=None) -> int:
     peak['gemm'] = gemm_roof()
     print(header(peak))
     print(f'uptime before: {uptime()}', flush=True)
-    t0, cells = time.perf_counter(), []
+    t0, cells, cpu = time.perf_counter(), [], machine()['cpu_model']
     for spec, _ in specs:
         t1 = time.perf_counter()
         got = measure(spec, args.batch_sizes, args.runtimes, args.repeats, args.warmup, args.threads, warn)
-        cpu = machine()['cpu_model']
         for c in got:
             c['cpu'], c['gemm_gmacs'] = cpu, peak['gemm']
         cells += got
