@@ -16,6 +16,12 @@ The official code calls a compiled CUDA kernel (no CPU path). Here the sampling 
 for all heads and points (``align_corners=False``, zero padding), the semantics of Deformable DETR's
 ``ms_deform_attn_core_pytorch`` reference, which its op test checks against the kernel.
 
+Under ``torch.compile`` the sampling runs as ``torch.ops.zoo.grid_sample`` (the same ``F.grid_sample``, kept
+whole): inductor otherwise fuses its own decomposition of ``grid_sample`` with the softmax and the weighted sum
+into loops that recompute each sample's location and weights per channel, and PIIP-TSB ran 1.3-1.6x *slower*
+compiled than eager (those kernels were ~45 % of the compiled forward; docs/runtimes.md). Eager and export
+(``torch.export``, ONNX: ``GridSample``) see plain ``F.grid_sample``.
+
 Parameter names equal the official ones (``sampling_offsets``, ``attention_weights``, ``value_proj``,
 ``output_proj``), so official state dicts load unchanged.
 """
@@ -29,6 +35,38 @@ from einops import rearrange
 from torch import nn
 
 __all__ = ['DeformCrossAttention', 'deform_attn_core', 'reference_points']
+
+
+@torch.library.custom_op('zoo::grid_sample', mutates_args=())
+def _grid_sample_op(value: torch.Tensor, grid: torch.Tensor) -> torch.Tensor:
+    """``F.grid_sample`` (bilinear, zero padding, ``align_corners=False``) as one operator the compiler keeps."""
+    return F.grid_sample(value, grid, mode='bilinear', padding_mode='zeros', align_corners=False)
+
+
+@_grid_sample_op.register_fake
+def _(value: torch.Tensor, grid: torch.Tensor) -> torch.Tensor:
+    return value.new_empty(value.shape[0], value.shape[1], grid.shape[1], grid.shape[2])  # (N, C, Hg, Wg)
+
+
+def _grid_sample_setup(ctx, inputs, output) -> None:
+    ctx.save_for_backward(*inputs)
+
+
+def _grid_sample_backward(ctx, grad: torch.Tensor):
+    value, grid = ctx.saved_tensors
+    # interpolation 0 = bilinear, padding 0 = zeros, align_corners False: the forward's settings
+    grad_value, grad_grid = torch.ops.aten.grid_sampler_2d_backward(
+        grad.contiguous(), value, grid, 0, 0, False, [ctx.needs_input_grad[0], ctx.needs_input_grad[1]])
+    return grad_value, grad_grid
+
+
+_grid_sample_op.register_autograd(_grid_sample_backward, setup_context=_grid_sample_setup)
+
+
+def _grid_sample(value: torch.Tensor, grid: torch.Tensor) -> torch.Tensor:
+    if torch.compiler.is_compiling() and not torch.compiler.is_exporting():
+        return _grid_sample_op(value, grid)
+    return F.grid_sample(value, grid, mode='bilinear', padding_mode='zeros', align_corners=False)
 
 
 def reference_points(grid: tuple[int, int], device=None, dtype=torch.float32) -> torch.Tensor:
@@ -47,12 +85,12 @@ def deform_attn_core(value: torch.Tensor, value_grid: tuple[int, int], locations
     value (B, Nv, M, Dh) with Nv = H*W of ``value_grid``; locations (B, Nq, M, P, 2) as (x, y) in [0, 1]
     (outside samples read zeros); weights (B, Nq, M, P). Returns (B, Nq, M*Dh).
     """
-    b, _, m, dh = value.shape
+    b, _, m, _ = value.shape
     h, w = value_grid
     value = rearrange(value, 'b (h w) m d -> (b m) d h w', h=h, w=w)
     # grid_sample wants [-1, 1]; with align_corners=False, -1 and 1 are the outer edges of the border cells.
     grid = rearrange(2 * locations - 1, 'b q m p xy -> (b m) q p xy')
-    sampled = F.grid_sample(value, grid, mode='bilinear', padding_mode='zeros', align_corners=False)  # (B*M, Dh, Nq, P)
+    sampled = _grid_sample(value, grid)  # (B*M, Dh, Nq, P)
     weights = rearrange(weights, 'b q m p -> (b m) 1 q p')
     # a broadcast multiply and sum: on a CPU about twice as fast as a batched matmul of (Dh x P) @ (P x 1) blocks
     out = (sampled * weights).sum(-1)  # (B*M, Dh, Nq)

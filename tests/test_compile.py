@@ -3,7 +3,7 @@
 The oneDNN fast path (zoo.layers.onednn) must be invisible to dynamo and inductor (issue 26): under
 ``torch.compile`` its helpers run plain aten ops, so inductor can fuse them and, with ``freezing``, fold and
 pack the weights itself (a private ``torch.ops.mkldnn`` call with a weight as a graph input made inductor fail
-with "weight must be a graph constant"). Families owned elsewhere (sequence models, PIIP, Mamba-YOLO,
+with "weight must be a graph constant"). Families owned elsewhere (sequence models, Mamba-YOLO,
 detectors) are tested with their exporters.
 
 Compile time dominates: tiny variants at their 32 px (16 px for DnCNN), batch 2, the deeper ones shortened to one
@@ -31,6 +31,7 @@ _MODELS = {
     'resnet_tiny': ('resnet_tiny', {}),
     'vgg_tiny': ('vgg_tiny', {}),
     'dncnn_tiny': ('dncnn_tiny', {}),
+    'piip_tiny': ('piip_tiny', {'num_interactions': 1, 'depths': (1, 1, 1)}),  # the deformable sampling as torch.ops.zoo.grid_sample
 }
 
 

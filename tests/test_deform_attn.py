@@ -134,3 +134,33 @@ def test_rejects_bad_shapes():
         attn(torch.randn(1, 5, 32), (2, 3), torch.randn(1, 4, 32), (2, 2))
     with pytest.raises(ValueError, match='value_grid'):
         attn(torch.randn(1, 6, 32), (2, 3), torch.randn(1, 5, 32), (2, 2))
+
+
+def test_compiled_sampling_is_one_grid_sample_operator_with_eager_values_and_gradients():
+    """Under torch.compile the sampling is ``torch.ops.zoo.grid_sample`` (inductor's own grid_sample, fused with
+    the softmax and the weighted sum, made PIIP-TSB slower compiled than eager); outputs and gradients equal eager,
+    and the operator passes torch.library.opcheck (fake shapes, autograd registration, schema)."""
+    from torch._inductor.utils import run_and_get_code
+    from zoo.layers.deform_attn import _grid_sample_op
+
+    g = torch.Generator().manual_seed(0)
+    value, grid = torch.randn(3, 4, 5, 6, generator=g), torch.rand(3, 7, 2, 2, generator=g) * 2.4 - 1.2
+    torch.library.opcheck(_grid_sample_op, (value.requires_grad_(), grid.requires_grad_()))
+
+    attn = DeformCrossAttention(32, num_heads=4, num_points=3)
+    torch.nn.init.normal_(attn.sampling_offsets.weight, std=0.5)  # off the init's lattice: real interpolation
+    query = torch.randn(2, 12, 32, generator=g, requires_grad=True)
+    val = torch.randn(2, 20, 32, generator=g, requires_grad=True)
+
+    def run(f):
+        out = f(query, val)
+        return (out, *torch.autograd.grad(out.square().sum(), (query, val)))
+
+    def fn(q, v):
+        return attn(q, (3, 4), v, (4, 5))
+
+    compiled = torch.compile(fn, backend='inductor', fullgraph=True)
+    for a, b in zip(run(compiled), run(fn)):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+    _, codes = run_and_get_code(compiled, query, val)
+    assert any('torch.ops.zoo.grid_sample' in code for code in codes)
