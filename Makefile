@@ -18,8 +18,10 @@ install: $(STAMP)
 demo: $(STAMP)
 	$(BIN)/python -m zoo.recipes.demo
 
+# Two pytest-xdist workers (one torch thread each, tests/conftest.py): most tests are single-threaded Python
+# (compilation, exports, subprocess start-up), so one process per core keeps both cores busy.
 test: $(STAMP)
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -n 2
 
 clean:
 	rm -rf $(VENV) build *.egg-info
