@@ -17,7 +17,6 @@ from pathlib import Path
 
 import pytest
 import sqlalchemy as sa
-from filelock import FileLock
 
 from zoo.recipes.main import main
 from zoo.eval import results as R
@@ -38,10 +37,7 @@ def pg_server():
         # Not under pytest's basetemp: pytest keeps that private (mode 0700, re-applied by every session),
         # and the server's own user must reach its data directory.
         root = Path(tempfile.mkdtemp(prefix='zoo-pg-'))
-        # One start at a time: under pytest-xdist each worker starts a server of its own, and on a fresh machine
-        # two of them would both run ``useradd pgserver`` (pgserver checks for the user outside its own lock).
-        with FileLock(Path(tempfile.gettempdir()) / 'zoo-pgserver-start.lock'):
-            srv = pgserver.get_server(root / 'data', cleanup_mode='delete')
+        srv = pgserver.get_server(root / 'data', cleanup_mode='delete')
     yield srv
     srv.cleanup()
     shutil.rmtree(root, ignore_errors=True)
