@@ -18,10 +18,8 @@ install: $(STAMP)
 demo: $(STAMP)
 	$(BIN)/python -m zoo.recipes.demo
 
-# Two pytest-xdist workers (one torch thread each, tests/conftest.py): most tests are single-threaded Python
-# (compilation, exports, subprocess start-up), so one process per core keeps both cores busy.
 test: $(STAMP)
-	$(BIN)/python -m pytest -q -n 2
+	$(BIN)/python -m pytest -q
 
 clean:
 	rm -rf $(VENV) build *.egg-info
