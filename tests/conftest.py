@@ -9,13 +9,8 @@ import torch
 
 import zoo
 
-# Keep the suite fast and deterministic on the 2-core CI machine. Under pytest-xdist (`-n 2`) each worker is one
-# process per core: one thread each (two threads per worker would oversubscribe the cores).
-if os.environ.get('PYTEST_XDIST_WORKER'):
-    torch.set_num_threads(1)
-    os.environ.setdefault('OMP_NUM_THREADS', '1')  # and the processes the tests start (CLI runs, exports)
-else:
-    torch.set_num_threads(min(2, os.cpu_count() or 1))
+# Keep the suite fast and deterministic on the 2-core CI machine.
+torch.set_num_threads(min(2, os.cpu_count() or 1))
 
 NUM_CLASSES = 7
 
