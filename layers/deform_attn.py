@@ -61,6 +61,9 @@ def _grid_sample_backward(ctx, grad: torch.Tensor):
 
 
 _grid_sample_op.register_autograd(_grid_sample_backward, setup_context=_grid_sample_setup)
+# under autocast (bfloat16) the operator takes float32 inputs, so its fake (traced) and real outputs agree in dtype
+# and the sampling runs in float32 as eager autocast's grid_sample does
+torch.library.register_autocast('zoo::grid_sample', 'cpu', torch.float32)
 
 
 def _grid_sample(value: torch.Tensor, grid: torch.Tensor) -> torch.Tensor:

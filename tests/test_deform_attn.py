@@ -164,3 +164,21 @@ def test_compiled_sampling_is_one_grid_sample_operator_with_eager_values_and_gra
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
     _, codes = run_and_get_code(compiled, query, val)
     assert any('torch.ops.zoo.grid_sample' in code for code in codes)
+
+
+def test_compiled_sampling_under_bfloat16_autocast_matches_eager_autocast():
+    """bfloat16 autocast (``zoo bench --dtype bfloat16``): the sampling operator runs in float32 as eager's
+    grid_sample does (its autocast rule), so compiled and eager agree to bfloat16 rounding."""
+    g = torch.Generator().manual_seed(1)
+    attn = DeformCrossAttention(32, num_heads=4, num_points=3).eval()
+    torch.nn.init.normal_(attn.sampling_offsets.weight, std=0.5)
+    query, val = torch.randn(2, 12, 32, generator=g), torch.randn(2, 20, 32, generator=g)
+
+    def fn(q, v):
+        with torch.autocast('cpu', dtype=torch.bfloat16):
+            return attn(q, (3, 4), v, (4, 5))
+
+    with torch.no_grad():
+        eager, compiled = fn(query, val), torch.compile(fn, backend='inductor', fullgraph=True)(query, val)
+    assert torch.isfinite(compiled).all()
+    torch.testing.assert_close(compiled.float(), eager.float(), rtol=2e-2, atol=2e-2)
