@@ -31,7 +31,7 @@ _MODELS = {
     'resnet_tiny': ('resnet_tiny', {}),
     'vgg_tiny': ('vgg_tiny', {}),
     'dncnn_tiny': ('dncnn_tiny', {}),
-    'piip_tiny': ('piip_tiny', {'num_interactions': 1, 'depths': (1, 1, 1)}),  # the deformable sampling as torch.ops.zoo.grid_sample
+    'piip_tiny': ('piip_tiny', {'num_interactions': 1, 'depths': (1, 1, 1)}),  # sampling: torch.ops.zoo.grid_sample
 }
 
 
