@@ -37,10 +37,15 @@ from torch import nn
 __all__ = ['DeformCrossAttention', 'deform_attn_core', 'reference_points']
 
 
+def _bilinear(value: torch.Tensor, grid: torch.Tensor) -> torch.Tensor:
+    """``F.grid_sample`` as Deformable DETR samples: bilinear, zero padding, ``align_corners=False``."""
+    return F.grid_sample(value, grid, mode='bilinear', padding_mode='zeros', align_corners=False)
+
+
 @torch.library.custom_op('zoo::grid_sample', mutates_args=())
 def _grid_sample_op(value: torch.Tensor, grid: torch.Tensor) -> torch.Tensor:
-    """``F.grid_sample`` (bilinear, zero padding, ``align_corners=False``) as one operator the compiler keeps."""
-    return F.grid_sample(value, grid, mode='bilinear', padding_mode='zeros', align_corners=False)
+    """:func:`_bilinear` as one operator the compiler keeps."""
+    return _bilinear(value, grid)
 
 
 @_grid_sample_op.register_fake
@@ -67,9 +72,8 @@ torch.library.register_autocast('zoo::grid_sample', 'cpu', torch.float32)
 
 
 def _grid_sample(value: torch.Tensor, grid: torch.Tensor) -> torch.Tensor:
-    if torch.compiler.is_compiling() and not torch.compiler.is_exporting():
-        return _grid_sample_op(value, grid)
-    return F.grid_sample(value, grid, mode='bilinear', padding_mode='zeros', align_corners=False)
+    compiling = torch.compiler.is_compiling() and not torch.compiler.is_exporting()
+    return (_grid_sample_op if compiling else _bilinear)(value, grid)
 
 
 def reference_points(grid: tuple[int, int], device=None, dtype=torch.float32) -> torch.Tensor:
