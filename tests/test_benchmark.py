@@ -1,6 +1,6 @@
 """``zoo benchmark run|report`` and ``results.data()`` on tiny benchmarks the tests write (the digits recipe, one
 epoch of a few steps, a MetaFormer a few thousand parameters big); ``benchmarks/paper_blocks.yaml`` is only
-checked (``--dry-run``), never run here."""
+checked (``--dry-run``) and its published report regenerated from its shipped database, never run here."""
 from __future__ import annotations
 
 import json
@@ -225,6 +225,27 @@ def test_paper_blocks_passes_the_dry_run(capsys):
                   'convbn_finetune', 'segmentation_upernet', 'segmentation_semfpn'):
         assert f'ok  {group}/' in out
     assert 'paper_blocks: 8 groups' in out and '\n      ' not in out   # one line per job
+
+
+def test_the_published_paper_blocks_report_is_what_its_shipped_database_gives(tmp_path):
+    """docs/benchmarks/paper_blocks.md and its figures, regenerated from the committed benchmarks/paper_blocks.db,
+    are the committed ones: the page byte-identical (it is the database's, not edited by hand, and a change to the
+    report code shows here until the page is regenerated), the same figures (their bytes are matplotlib's, which
+    may change with its version, so only their names and that they are SVG)."""
+    from zoo.recipes.benchmark_report import write_report
+    from zoo.recipes.benchmark_spec import load
+
+    bench = load(str(ROOT / 'benchmarks' / 'paper_blocks.yaml'))
+    db = tmp_path / 'paper_blocks.db'                 # a copy: the report only reads, but the shipped file stays
+    db.write_bytes((ROOT / 'benchmarks' / 'paper_blocks.db').read_bytes())
+    md = write_report(bench, str(db), out=tmp_path)
+    R.close_all()
+    published = ROOT / 'docs' / 'benchmarks'
+    assert md.read_text() == (published / 'paper_blocks.md').read_text()
+    figures = sorted(p.name for p in (tmp_path / 'paper_blocks').glob('*.svg'))
+    assert figures == sorted(p.name for p in (published / 'paper_blocks').glob('*.svg')) and len(figures) >= 6
+    for name in figures:
+        assert (published / 'paper_blocks' / name).read_text().lstrip().startswith('<?xml')
 
 
 def test_claim_verdicts():
