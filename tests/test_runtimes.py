@@ -177,6 +177,23 @@ def test_compile_gives_each_model_its_own_graphs():
     torch._dynamo.reset()
 
 
+def test_compile_serves_a_second_batch_size_of_a_one_channel_metaformer():
+    """A compiled model called at a second batch size compiles a second static graph and matches eager.
+    Dynamo's automatic dynamic shapes once compiled it batch-symbolic, and inductor's frozen convolution then
+    failed on a 1-channel input ("expected size 16==16, stride 1==64"; torch 2.14): the 7 MetaFormer mixers on
+    digits had no compiled batch-16 latency in paper_blocks. One stage is enough to show it (14 s)."""
+    import torch._dynamo
+    from zoo.metaformer import MetaFormer
+    torch._dynamo.reset()
+    model = MetaFormer(depths=(1,), dims=(16,), num_classes=10, in_chans=1, img_size=32).eval()
+    fast = zoo.optimize(model, 'compile', example=torch.randn(1, 1, 32, 32))
+    with torch.no_grad():
+        for batch in (1, 3):
+            x = torch.randn(batch, 1, 32, 32)
+            assert _rel(fast(x), model(x)) <= REL, batch
+    torch._dynamo.reset()
+
+
 def test_compile_reuses_one_graph_in_every_grad_mode():
     """A compiled model called plainly, under no_grad, under inference_mode, and on a tensor made under
     inference_mode runs the graph compiled by ``optimize(example=...)``: dynamo guards on the input's dispatch

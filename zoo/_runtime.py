@@ -80,13 +80,20 @@ def _compiled(fn, options: dict | None):
     Dynamo keeps compiled graphs, and counts recompilations against its limit (8), per code object; past the
     limit the code runs eagerly. Models that share one forward (every ``ClassifierBase`` family, every dense
     model's ``forward_raw``) would share one limit, and the ninth family optimised in a process would silently
-    run eager. A fresh copy of the calling function's code gives each ``optimize`` its own cache and limit."""
+    run eager. A fresh copy of the calling function's code gives each ``optimize`` its own cache and limit.
+
+    Static shapes (``dynamic=False``): one graph per input shape, up to that limit of 8 per model. Dynamo's
+    automatic dynamic shapes would compile a second batch size as a batch-symbolic graph, in which freezing
+    cannot pre-pack convolution weights (slower), and whose layout planning is wrong for a 1-channel input
+    (torch 2.14: a MetaFormer on 1-channel images fails with "expected size 16==16, stride 1==64" at its
+    second batch size; pytorch/pytorch#121400 fixed that case once). Dynamo also remembers a function's
+    dynamic dims by file and line across code objects, so a second model at another batch size was affected."""
     from torch._inductor import config as inductor_config
 
     def call(x):
         return fn(x)
     call.__code__ = call.__code__.replace()  # an equal but distinct code object
-    compiled = torch.compile(call, options=options)
+    compiled = torch.compile(call, dynamic=False, options=options)
 
     def frozen(x):
         # One graph whatever mode the caller is in. Dynamo guards on the input's dispatch keys as the grad mode
