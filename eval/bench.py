@@ -266,14 +266,21 @@ def recorded_networks(db, task: str | None = None, dataset: str | None = None, m
         if key in seen:
             continue
         seen.add(key)
-        spec = (r.hparams if isinstance(r.hparams, dict) else {}).get('network')
+        hparams = r.hparams if isinstance(r.hparams, dict) else {}
+        spec = hparams.get('network')
         if not isinstance(spec, dict) or not spec.get('name'):
             warn(f'zoo bench: skipped {r.model} (run {r.id}): it recorded no network spec (a run of a system that '
                  f'is not a zoo ZooSystem, or recorded before they did)')
             continue
         kwargs = dict(spec.get('kwargs') or {})
+        # runs recorded before the spec carried the ConvBN mode have it in the system's hparams only
+        convbn_mode = spec.get('convbn_mode') or hparams.get('convbn_mode')
         try:
-            net = zoo.create(spec['name'], **kwargs).eval()
+            net = zoo.create(spec['name'], **kwargs)
+            if convbn_mode is not None:
+                from zoo.layers.convbn import set_mode
+                set_mode(net, convbn_mode)
+            net.eval()
         except (KeyError, ValueError, TypeError) as e:
             warn(f'zoo bench: skipped {r.model} (run {r.id}): cannot rebuild it: {e}')
             continue
@@ -283,6 +290,8 @@ def recorded_networks(db, task: str | None = None, dataset: str | None = None, m
             continue
         size = tuple(spec.get('input_size') or input_size_of(spec['name'], None))
         shown = {k: v for k, v in kwargs.items() if k not in ('num_classes', 'in_chans', 'img_size', 'vocab_size')}
+        if convbn_mode is not None:
+            shown['convbn_mode'] = convbn_mode
         label = r.model + (f' ({", ".join(f"{k}={v}" for k, v in sorted(shown.items()))})' if shown else '')
         out.append(dict(name=r.model, label=label, model=net, input_size=size, task=r.task, fingerprint=fp))
     return out
@@ -291,11 +300,13 @@ def recorded_networks(db, task: str | None = None, dataset: str | None = None, m
 def remeasure(db, task: str | None = None, dataset: str | None = None, model: str | None = None,
               repeats: int = MIN_REPEATS, warmup: int = WARMUP, threads: int | None = None,
               budget_s: float | None = BUDGET_S, max_repeats: int | None = None, warn=None, run_ids=None,
-              batch_sizes=(1,), runtimes=('eager',)) -> list[dict]:
+              batch_sizes=(1,), runtimes=('eager',), failures: list | None = None) -> list[dict]:
     """Measure every network ``recorded_networks`` finds, interleaved in one process (each gets
     ``budget_s`` seconds of the shared budget), at each of ``batch_sizes`` (default batch 1) and in each of
-    ``runtimes`` (default eager; others through ``zoo.optimize``, a runtime failing on a network is reported to
-    ``warn`` and left out); one row per network, runtime and batch size, ready for ``record``."""
+    ``runtimes`` (default eager; others through ``zoo.optimize``); one row per network, runtime and batch size,
+    ready for ``record``. A runtime failing on a network is reported to ``warn``, left out, and appended to
+    ``failures`` (when given) as ``{'model', 'arch_fingerprint', 'input_size', 'batch_size', 'runtime',
+    'error'}``, which ``record`` also writes."""
     warn = warn or (lambda msg: print(msg, file=sys.stderr))
     _set_threads(threads)
     nets = recorded_networks(db, task, dataset, model, warn, run_ids)
@@ -319,9 +330,16 @@ def remeasure(db, task: str | None = None, dataset: str | None = None, model: st
                     net, _, _ = _prepare(n['model'], rt, inputs[n['label']], None, None)
                 except Exception as e:  # a runtime failing on one network is a result, not a crash
                     first = (str(e).strip().splitlines() or [''])[0]
-                    warn(f"zoo bench: {n['label']} in {rt} failed: {type(e).__name__}: {first}"[:300])
+                    error = f'{type(e).__name__}: {first}'[:300]
+                    warn(f"zoo bench: {n['label']} in {rt} failed: {error}")
+                    if failures is not None:
+                        failures.append({'model': n['name'], 'arch_fingerprint': fingerprint(n['model']),
+                                         'input_size': n['input_size'], 'batch_size': bs, 'runtime': rt,
+                                         'error': error})
                     continue
                 timed[f"{n['label']} [{rt}]"] = (n, rt, net)
+        if not timed:
+            continue
         lat = benchmark({k: t[2] for k, t in timed.items()},
                         inputs={k: inputs[t[0]['label']] for k, t in timed.items()},
                         threads=threads, batch_size=bs,
@@ -336,13 +354,17 @@ def remeasure(db, task: str | None = None, dataset: str | None = None, model: st
 
 
 # ------------------------------------------------------------------------------------------ output
-def record(rows: list[dict], db=None) -> int:
-    """Write ``run()``'s rows to the results database (one latency row each); returns how many."""
+def record(rows: list[dict], db=None, failures=()) -> int:
+    """Write ``run()``'s rows to the results database (one latency row each), and ``remeasure``'s ``failures``
+    (one failure row each); returns how many latency rows."""
     from .results import open_db
 
     store = open_db(db)
     for r in rows:
         store.add_latency_record(r)
+    for f in failures:
+        store.add_latency_failure(f['model'], f['error'], input_shape=f['input_size'], batch_size=f['batch_size'],
+                                  runtime=f['runtime'], arch_fingerprint=f['arch_fingerprint'])
     return len(rows)
 
 

@@ -18,8 +18,9 @@ results logger (``recording.ResultsLogger``) in a row the runner writes first, u
 
 Latency (unless ``--no-latency``): once no job is left, every finished network of the benchmark without a
 ``zoo bench`` record at the group's batch sizes is re-measured in this process, interleaved
-(``zoo.eval.bench.remeasure``, the path of ``zoo bench --db``). Run it on a quiet machine; ``--threads K`` sets
-the threads of training and timing.
+(``zoo.eval.bench.remeasure``, the path of ``zoo bench --db``). A runtime that fails on a network (compile or
+export error) is recorded as a latency failure with its error, shown in the report, and tried again only with
+``--retry-failed``. Run it on a quiet machine; ``--threads K`` sets the threads of training and timing.
 """
 from __future__ import annotations
 
@@ -241,7 +242,7 @@ class Runner:
 
         with self.store.lock(LOCK.format(name=self.bench.name) + '-latency'):
             state = self.states()
-            lat = self.store.latency()
+            lat, failed = self.store.latency(), self.store.latency_failures()
             runs = self.store.runs(columns=['id', 'arch_fingerprint', 'hparams'], status='finished')
             fp = dict(zip(runs.id, runs.arch_fingerprint))
             written = 0
@@ -254,16 +255,20 @@ class Runner:
                     for bs in g.batch_sizes:
                         have = set() if lat.empty else set(lat[(lat.source == 'bench') & (lat.batch_size == bs)
                                                                & _runtime_is(lat, rt)].arch_fingerprint.dropna())
+                        if not self.retry and not failed.empty:   # a recorded failure is retried on request only
+                            have |= set(failed[(failed.batch_size == bs) & (failed.runtime == rt)]
+                                        .arch_fingerprint.dropna())
                         missing = [i for i in ids if fp.get(i) not in have]
                         if not missing:
                             continue
                         kw = {'runtimes': (rt,)}
                         if self.time_s is not None:
                             kw['budget_s'] = self.time_s
+                        fails = []
                         rows = zbench.remeasure(self.db, run_ids=missing, batch_sizes=(bs,), threads=self.threads,
-                                                warn=self.say, **kw)
-                        written += zbench.record(rows, db=self.db)
-                        lat = self.store.latency()
+                                                warn=self.say, failures=fails, **kw)
+                        written += zbench.record(rows, db=self.db, failures=fails)
+                        lat, failed = self.store.latency(), self.store.latency_failures()
             return written
 
 
@@ -301,7 +306,8 @@ def add_parser(sub) -> None:
     p.add_argument('name', help='benchmarks/NAME.yaml (or a path to a benchmark file)')
     p.add_argument('--db', help='results database (path or SQLAlchemy URL; default benchmarks/NAME.db)')
     p.add_argument('--workers', type=int, default=1, metavar='N', help='jobs trained at a time (default 1)')
-    p.add_argument('--retry-failed', action='store_true', help='run the failed jobs again')
+    p.add_argument('--retry-failed', action='store_true',
+                   help='run the failed jobs, and the failed latency measurements, again')
     p.add_argument('--no-latency', action='store_true', help='train only; do not measure latency afterwards')
     p.add_argument('--dry-run', action='store_true',
                    help='check every name of the file and list what would run; train nothing')

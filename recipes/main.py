@@ -116,6 +116,7 @@ def _cmd_bench(args) -> int:
 
     timing = dict(repeats=args.repeats, warmup=args.warmup, threads=args.threads, budget_s=args.time,
                   max_repeats=args.max_repeats)
+    failures = []          # re-measuring a database records what failed beside what was measured
     if args.names:
         if args.task or args.dataset or args.model:
             raise ValueError('--task/--dataset/--model choose the recorded models to re-measure; '
@@ -132,7 +133,8 @@ def _cmd_bench(args) -> int:
             raise ValueError('re-measuring a database uses each run\'s own network and input at batch 1 '
                              '(float32, inference, eager); --vs/--img-size/--num-classes/--batch-size/--dtype/--mode/'
                              '--runtime need model names')
-        rows = bench.remeasure(args.db, task=args.task, dataset=args.dataset, model=args.model, **timing)
+        rows = bench.remeasure(args.db, task=args.task, dataset=args.dataset, model=args.model, failures=failures,
+                               **timing)
     else:
         raise ValueError('name the models to measure (zoo bench poolformer_tiny), or give --db URL to '
                          're-measure every model recorded there')
@@ -142,7 +144,7 @@ def _cmd_bench(args) -> int:
     if args.db:
         from zoo.eval.results import resolve_url
         if resolve_url(args.db) is not None:
-            n = bench.record(rows, db=args.db)
+            n = bench.record(rows, db=args.db, failures=failures)
             print(f'{n} latency rows written to {resolve_url(args.db)}', file=sys.stderr)
     return 0
 

@@ -135,8 +135,12 @@ class ZooSystem(LightningModule):
 
     @property
     def network(self) -> dict:
-        """The spec ``zoo bench`` rebuilds this run's network from: ``zoo.create(name, **kwargs)``."""
-        return {'name': self.model_name, 'kwargs': dict(getattr(self.model, 'zoo_args', self.model_args))}
+        """The spec ``zoo bench`` rebuilds this run's network from: ``zoo.create(name, **kwargs)``, then
+        ``zoo.layers.convbn.set_mode(model, convbn_mode)`` for a system that switched its Conv+BN pairs."""
+        spec = {'name': self.model_name, 'kwargs': dict(getattr(self.model, 'zoo_args', self.model_args))}
+        if self.hparams.get('convbn_mode') is not None:
+            spec['convbn_mode'] = self.hparams.convbn_mode
+        return spec
 
     @property
     def monitor(self) -> str:

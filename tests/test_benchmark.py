@@ -97,6 +97,51 @@ def test_run_once_then_nothing_and_the_report_is_byte_identical(ran, monkeypatch
     assert '](tiny/mixers.svg)' in text and b'<svg' in out[0][1]
 
 
+def test_a_failed_latency_is_recorded_reported_and_retried_on_request(ran, tmp_path, monkeypatch, capsys):
+    """A runtime that fails on a network (here compile, made to fail) leaves a failure row with its error, a
+    "failed" cell and its error under the group's table; the next invocation does not try it again, and
+    ``--retry-failed`` does. On a copy of the ``ran`` benchmark with compile added: nothing is trained."""
+    import shutil
+
+    from zoo.eval import bench as zbench
+
+    src, _ = ran
+    (tmp_path / 'benchmarks').mkdir()
+    shutil.copy(src / 'benchmarks' / 'tiny.db', tmp_path / 'benchmarks' / 'tiny.db')
+    spec = yaml.safe_load((src / 'benchmarks' / 'tiny.yaml').read_text())
+    spec['groups']['mixers']['runtimes'] = ['eager', 'compile']
+    (tmp_path / 'benchmarks' / 'tiny.yaml').write_text(yaml.safe_dump(spec, sort_keys=False))
+    tried = []
+
+    def failing(model, runtime, *args, **kwargs):
+        tried.append(runtime)
+        raise RuntimeError('compile broke\nsecond line')
+    monkeypatch.setattr(zbench, '_prepare', failing)
+    monkeypatch.chdir(tmp_path)
+    db = str(tmp_path / 'benchmarks' / 'tiny.db')
+
+    assert main(['benchmark', 'run', 'tiny']) == 0
+    assert tried == ['compile'] * 4                                   # 2 networks x batch 1 and 16
+    assert 'in compile failed: RuntimeError: compile broke' in capsys.readouterr().err
+    R.close_all()
+    fails = R.open_db(db).latency_failures()
+    assert sorted(zip(fails.batch_size, fails.runtime)) == [(1, 'compile')] * 2 + [(16, 'compile')] * 2
+    assert set(fails.error) == {'RuntimeError: compile broke'} and fails.arch_fingerprint.notna().all()
+    assert fails.cpu_model.notna().all()
+    R.close_all()
+
+    assert main(['benchmark', 'run', 'tiny']) == 0 and len(tried) == 4          # not again without asking
+    assert main(['benchmark', 'report', 'tiny']) == 0
+    text = (tmp_path / 'docs' / 'benchmarks' / 'tiny.md').read_text()
+    assert 'compile b16 ms' in text and '| failed |' in text
+    assert '- pooling: compile at batch 16 failed: RuntimeError: compile broke' in text
+    R.close_all()
+    assert main(['benchmark', 'run', 'tiny', '--retry-failed']) == 0 and len(tried) == 8
+    R.close_all()
+    assert len(R.open_db(db).latency_failures()) == 8                         # each attempt is kept
+    R.close_all()
+
+
 def test_data_has_the_documented_columns(ran):
     tmp, _ = ran
     df = rows(tmp / 'benchmarks' / 'tiny.db')
@@ -281,6 +326,14 @@ def test_pretrained_from_fine_tunes_the_named_entrys_checkpoint(tmp_path):
     R.close_all()
     ckpt = cfg['model']['init_args']['checkpoint']
     assert ckpt.endswith('pretrain/resnet/seed0/resnet_tiny_shapes_10e/latest/checkpoints/last.ckpt'), ckpt
+    # the latency phase rebuilds the tuned network with its ConvBN mode (without it, the fingerprint differs and
+    # the network was skipped: paper_blocks' convbn_finetune had no latency)
+    from zoo.eval import bench as zbench
+    warned = []
+    nets = zbench.recorded_networks(str(tmp_path / 'benchmarks' / 'ft.db'), warn=warned.append)
+    R.close_all()
+    assert not warned and sorted(n['label'] for n in nets) == [
+        'resnet_tiny (conv_layer=standard)', 'resnet_tiny (conv_layer=standard, convbn_mode=tune)']
 
 
 def test_network_stats_count_blocks_and_grow_with_the_input():

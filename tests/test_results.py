@@ -78,14 +78,17 @@ def test_an_older_file_is_migrated_and_keeps_its_rows(zoo_db, version):
         conn.exec_driver_sql("INSERT INTO zoo_metrics (run_id, name, value, final) VALUES (1, 'val/acc1', 0.5, 1)")
         conn.exec_driver_sql("INSERT INTO zoo_latency (model, input_shape, batch_size, device, median_ms, "
                              "measured_at) VALUES ('net_old', '3x8x8', 1, 'cpu', 2.5, '2026-01-01 00:00:00')")
+        if version >= 5:         # a release with schema 5 wrote these; the migration to 5 fills them in older rows
+            conn.exec_driver_sql("UPDATE zoo_latency SET runtime = 'eager', dtype = 'float32', cpu_model = 'unknown'")
     cols = [c['name'] for c in sa.inspect(engine).get_columns('zoo_runs')]
     assert ('heartbeat_s' in cols) == (version >= 3) and ('arch_fingerprint' in cols) == (version >= 2)
     lat_cols = [c['name'] for c in sa.inspect(engine).get_columns('zoo_latency')]
-    assert ('source' in lat_cols) == (version >= 4) and 'runtime' not in lat_cols
+    assert ('source' in lat_cols) == (version >= 4) and ('runtime' in lat_cols) == (version >= 5)
+    assert 'zoo_latency_failures' not in sa.inspect(engine).get_table_names()
     engine.dispose()
 
     db = R.open_db()
-    assert db.schema_version() == R.SCHEMA_VERSION == 5
+    assert db.schema_version() == R.SCHEMA_VERSION == 6
     reference = sa.create_engine(f'sqlite:///{zoo_db.parent / "reference.db"}')
     R.metadata.create_all(reference)
     assert _describe(db.engine) == _describe(reference)
@@ -430,7 +433,7 @@ def _v4_store(path):
 def test_a_v4_store_upgrades_to_runtime_and_cpu_keys_and_boards_never_mix_cpus(zoo_db, capsys):
     _v4_store(zoo_db)
     db = R.open_db()
-    assert db.schema_version() == 5
+    assert db.schema_version() == R.SCHEMA_VERSION
     old = db.latency().sort_values('median_ms')
     assert old.runtime.tolist() == ['compile', 'eager', 'eager']            # compiled rows were torch.compile
     assert old.dtype.tolist() == ['float32', 'float32', 'bfloat16'] and set(old.cpu_model) == {R.UNKNOWN_CPU}
@@ -963,3 +966,14 @@ def test_pareto_plot_stays_readable_with_one_model_and_long_arguments(zoo_db, tm
     assert x0 < 3.0 < x1 and (x1 - x0) > 0.5 and y0 < 0.51 < y1 and (y1 - y0) > 0.05
     [label] = [t for t in ax.texts]
     assert '\n' in label.get_text()  # wrapped
+
+
+def test_a_latency_failure_keeps_its_error_and_refuses_an_unknown_runtime():
+    db = R.open_db()
+    db.add_latency_failure('net', 'RuntimeError: broke', input_shape=(1, 32, 32), batch_size=16, runtime='compile',
+                           arch_fingerprint='abc')
+    f = db.latency_failures(model='n*')
+    assert f[['model', 'input_shape', 'batch_size', 'runtime', 'error', 'arch_fingerprint']].values.tolist() == [
+        ['net', '1x32x32', 16, 'compile', 'RuntimeError: broke', 'abc']]
+    with pytest.raises(R.ResultsDBError, match='unknown runtime .onnx.; expected one of eager, compile'):
+        db.add_latency_failure('net', 'x', input_shape='1x32x32', batch_size=1, runtime='onnx')

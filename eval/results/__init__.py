@@ -36,7 +36,8 @@ from __future__ import annotations
 from ..profile import fingerprint
 from .schema import (SCHEMA_VERSION, DEFAULT_PATH, STATUSES, DISABLED, HEARTBEAT_ENV, DEFAULT_HEARTBEAT_S,
                      STALE_BEATS, STALE_MIN, STALE_AFTER, ResultsDBError, metadata, schema_table, runs_table,
-                     metrics_table, latency_table, architectures_table, MIGRATIONS, LATENCY_RUNTIMES, UNKNOWN_CPU)
+                     metrics_table, latency_table, latency_failures_table, architectures_table, MIGRATIONS,
+                     LATENCY_RUNTIMES, UNKNOWN_CPU)
 from .env import config_key, git_commit, environment
 from .store import resolve_url, ResultsDB, Heartbeat, open_db, close_all, runs, metrics, latency, jsonable, utcnow
 from .stats import AGGREGATE_STATISTICS, bootstrap_ci, iqm, stratified_bootstrap, t_interval
@@ -48,7 +49,8 @@ from .data import DATA_COLUMNS, data
 
 __all__ = ['fingerprint', 'SCHEMA_VERSION', 'DEFAULT_PATH', 'STATUSES', 'DISABLED', 'HEARTBEAT_ENV',
            'DEFAULT_HEARTBEAT_S', 'STALE_BEATS', 'STALE_MIN', 'STALE_AFTER', 'ResultsDBError', 'metadata',
-           'schema_table', 'runs_table', 'metrics_table', 'latency_table', 'architectures_table', 'MIGRATIONS',
+           'schema_table', 'runs_table', 'metrics_table', 'latency_table', 'latency_failures_table',
+           'architectures_table', 'MIGRATIONS',
            'LATENCY_RUNTIMES', 'UNKNOWN_CPU', 'latency_cpus',
            'config_key', 'git_commit', 'environment', 'resolve_url', 'ResultsDB', 'Heartbeat', 'open_db', 'close_all',
            'runs', 'metrics', 'latency', 'jsonable', 'utcnow', 'bootstrap_ci', 'iqm', 'AGGREGATE_STATISTICS',

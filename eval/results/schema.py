@@ -5,7 +5,7 @@ import datetime as _dt
 
 import sqlalchemy as sa
 
-SCHEMA_VERSION = 5
+SCHEMA_VERSION = 6
 DEFAULT_PATH = 'zoo-results.db'
 STATUSES = ('running', 'finished', 'failed', 'pruned', 'crashed')
 DISABLED = ('none', 'off', '0', 'false', '')
@@ -141,6 +141,22 @@ LATENCY_V5 = ('runtime', 'compile_mode', 'cpu_model', 'isa', 'versions')
 LATENCY_RUNTIMES = ('eager', 'compile', 'onnxruntime', 'openvino')
 UNKNOWN_CPU = 'unknown'
 
+latency_failures_table = sa.Table(                           # v6: a latency measurement that could not be taken
+    'zoo_latency_failures', metadata,
+    sa.Column('id', sa.Integer, primary_key=True),
+    sa.Column('model', sa.String(200), nullable=False, index=True),
+    sa.Column('arch_fingerprint', sa.String(16), index=True),
+    sa.Column('input_shape', sa.String(50), nullable=False),  # one sample, as zoo_latency's
+    sa.Column('batch_size', sa.Integer, nullable=False),
+    sa.Column('runtime', sa.String(20), nullable=False),      # the runtime that failed (LATENCY_RUNTIMES)
+    sa.Column('dtype', sa.String(20)),
+    sa.Column('error', sa.Text, nullable=False),              # 'ExceptionType: first line of its message'
+    sa.Column('cpu_model', sa.String(200)),
+    sa.Column('versions', sa.JSON),
+    sa.Column('host', sa.String(200)),
+    sa.Column('failed_at', sa.DateTime, nullable=False),
+)
+
 architectures_table = sa.Table(                               # v2: every name a fingerprint was seen under
     'zoo_architectures', metadata,
     sa.Column('fingerprint', sa.String(16), primary_key=True),
@@ -214,5 +230,14 @@ def _v5(op) -> None:
     op.execute(t.update().values(cpu_model=UNKNOWN_CPU).where(t.c.cpu_model.is_(None)))
 
 
-MIGRATIONS = [_v1, _v2, _v3, _v4, _v5]          # MIGRATIONS[i] takes the schema from version i to version i + 1
+def _v6(op) -> None:
+    """Version 6: latency measurements that failed (a runtime that cannot compile or export a network, with its
+    error), so a benchmark reports them and does not try them again at every invocation."""
+    t = latency_failures_table
+    op.create_table(t.name, *[_col(t, c.name) for c in t.columns])
+    for col in ('model', 'arch_fingerprint'):
+        op.create_index(f'ix_{t.name}_{col}', t.name, [col])
+
+
+MIGRATIONS = [_v1, _v2, _v3, _v4, _v5, _v6]          # MIGRATIONS[i] takes the schema from version i to version i + 1
 assert len(MIGRATIONS) == SCHEMA_VERSION

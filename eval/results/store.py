@@ -18,7 +18,8 @@ from sqlalchemy import event, exc as sa_exc
 from .env import config_key
 from .schema import (DEFAULT_HEARTBEAT_S, DEFAULT_PATH, DISABLED, HEARTBEAT_ENV, LATENCY_RUNTIMES, MIGRATIONS,
                      SCHEMA_VERSION, STALE_AFTER, STALE_BEATS, STALE_MIN, STATUSES, ResultsDBError, _PG_MIGRATION_LOCK,
-                     architectures_table, latency_table, metrics_table, runs_table, schema_table)
+                     architectures_table, latency_failures_table, latency_table, metrics_table, runs_table,
+                     schema_table)
 
 # -------------------------------------------------------------------------------------------------- the store
 def resolve_url(db: str | os.PathLike | None = None) -> str | None:
@@ -372,6 +373,32 @@ class ResultsDB:
         fields = {k: v for k, v in {**rec, **extra}.items() if k in keys}
         return self.add_latency(rec['model'], rec['median_ms'], input_shape=rec.get('input_size') or rec['input_shape'],
                                 batch_size=rec['batch_size'], device=rec.get('device', 'cpu'), **fields)
+
+    def add_latency_failure(self, model: str, error: str, *, input_shape, batch_size: int, runtime: str,
+                            arch_fingerprint: str | None = None, dtype: str = 'float32') -> int:
+        """A latency that could not be taken: ``runtime`` failed on the network at ``batch_size`` with ``error``
+        (this machine's CPU and library versions are recorded beside it)."""
+        if runtime not in LATENCY_RUNTIMES:
+            raise ResultsDBError(f'unknown runtime {runtime!r}; expected one of {", ".join(LATENCY_RUNTIMES)}')
+        if not isinstance(input_shape, str):
+            input_shape = 'x'.join(str(int(s)) for s in input_shape)
+        from ..profile import machine, versions
+        row = dict(model=model, error=str(error), input_shape=input_shape, batch_size=int(batch_size),
+                   runtime=runtime, arch_fingerprint=arch_fingerprint, dtype=dtype,
+                   cpu_model=machine()['cpu_model'], versions=versions(), host=socket.gethostname(),
+                   failed_at=utcnow())
+        with self.write() as conn:
+            return conn.execute(latency_failures_table.insert().values(**row)).inserted_primary_key[0]
+
+    def latency_failures(self, *, model: str | None = None, **filters):
+        """The failed latency measurements as a DataFrame (``model`` is a glob pattern; other keywords filter by
+        equality), oldest first."""
+        import pandas as pd
+
+        t = latency_failures_table
+        with self.read() as conn:
+            q = _filter(sa.select(t), t, _expand_glob(conn, t, model), filters)
+            return pd.read_sql(q.order_by(t.c.id), conn)
 
     def _add_architecture(self, conn, fingerprint: str, model: str, params: int | None) -> None:
         seen = conn.execute(sa.select(architectures_table.c.model).where(
