@@ -18,8 +18,10 @@ install: $(STAMP)
 demo: $(STAMP)
 	$(BIN)/python -m zoo.recipes.demo
 
+# Two pytest workers on the 2-core machine, one torch thread each (tests/conftest.py); a test file stays on one
+# worker, so its module fixtures (a trained benchmark, a PostgreSQL server) are built once.
 test: $(STAMP)
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -n 2 --dist loadfile
 
 clean:
 	rm -rf $(VENV) build *.egg-info
