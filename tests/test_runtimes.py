@@ -181,7 +181,7 @@ def test_compile_serves_a_second_batch_size_of_a_one_channel_metaformer():
     """A compiled model called at a second batch size compiles a second static graph and matches eager.
     Dynamo's automatic dynamic shapes once compiled it batch-symbolic, and inductor's frozen convolution then
     failed on a 1-channel input ("expected size 16==16, stride 1==64"; torch 2.14): the 7 MetaFormer mixers on
-    digits had no compiled batch-16 latency in paper_blocks. One stage is enough to show it (14 s)."""
+    digits had no compiled batch-16 latency in paper_blocks. One stage is enough to show it (~11 s)."""
     import torch._dynamo
     from zoo.metaformer import MetaFormer
     torch._dynamo.reset()

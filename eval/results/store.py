@@ -348,11 +348,8 @@ class ResultsDB:
         unknown = set(fields) - set(latency_table.c.keys())
         if unknown:
             raise ResultsDBError(f'unknown latency field(s) {sorted(unknown)}; known: {sorted(latency_table.c.keys())}')
-        if not isinstance(input_shape, str):
-            input_shape = 'x'.join(str(int(s)) for s in input_shape)
-        runtime = fields.get('runtime') or ('compile' if fields.get('compiled') else 'eager')
-        if runtime not in LATENCY_RUNTIMES:
-            raise ResultsDBError(f'unknown runtime {runtime!r}; expected one of {", ".join(LATENCY_RUNTIMES)}')
+        input_shape = _shape_text(input_shape)
+        runtime = _checked_runtime(fields.get('runtime') or ('compile' if fields.get('compiled') else 'eager'))
         import torch
 
         from ..profile import machine, versions
@@ -378,13 +375,9 @@ class ResultsDB:
                             arch_fingerprint: str | None = None, dtype: str = 'float32') -> int:
         """A latency that could not be taken: ``runtime`` failed on the network at ``batch_size`` with ``error``
         (this machine's CPU and library versions are recorded beside it)."""
-        if runtime not in LATENCY_RUNTIMES:
-            raise ResultsDBError(f'unknown runtime {runtime!r}; expected one of {", ".join(LATENCY_RUNTIMES)}')
-        if not isinstance(input_shape, str):
-            input_shape = 'x'.join(str(int(s)) for s in input_shape)
         from ..profile import machine, versions
-        row = dict(model=model, error=str(error), input_shape=input_shape, batch_size=int(batch_size),
-                   runtime=runtime, arch_fingerprint=arch_fingerprint, dtype=dtype,
+        row = dict(model=model, error=str(error), input_shape=_shape_text(input_shape), batch_size=int(batch_size),
+                   runtime=_checked_runtime(runtime), arch_fingerprint=arch_fingerprint, dtype=dtype,
                    cpu_model=machine()['cpu_model'], versions=versions(), host=socket.gethostname(),
                    failed_at=utcnow())
         with self.write() as conn:
@@ -493,6 +486,17 @@ def _filter(q, table, model: str | None, filters: dict):
         else:
             q = q.where(cols.model == model)
     return q
+
+
+def _shape_text(input_shape) -> str:
+    """One sample's shape as stored: '3x224x224'."""
+    return input_shape if isinstance(input_shape, str) else 'x'.join(str(int(s)) for s in input_shape)
+
+
+def _checked_runtime(runtime: str) -> str:
+    if runtime not in LATENCY_RUNTIMES:
+        raise ResultsDBError(f'unknown runtime {runtime!r}; expected one of {", ".join(LATENCY_RUNTIMES)}')
+    return runtime
 
 
 def _expand_glob(conn, table, model):
