@@ -298,8 +298,11 @@ class ResultsLogger(Logger):
         x = getattr(system, 'example_input_array', None)
         x = x[:1] if isinstance(x, torch.Tensor) else (example_input(net, size, 1, getattr(system, 'task', None))
                                                         if size is not None else None)
-        net = copy.deepcopy(net).cpu().eval()
-        net._compiled_call_impl = None      # the eager network (zoo fit --compile): `zoo bench --runtime compile`
+        # the default network: eager (not `zoo fit --compile`'s, whose runtime is `zoo bench --runtime compile`'s),
+        # contiguous weights (not `channels_last`'s)
+        net = copy.deepcopy(net).cpu().eval().to(memory_format=torch.contiguous_format)
+        for module in net.modules():  # a DenseModel compiles its parts
+            module._compiled_call_impl = None
         return net, x
 
     def _record_network_stats(self, trainer, system) -> None:

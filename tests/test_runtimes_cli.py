@@ -35,12 +35,49 @@ def test_fit_compiles_the_network_in_the_system_and_bf16_mixed_trains_on_the_cpu
     assert set(system.state_dict()) == set(ImageClassifier('poolformer_tiny', num_classes=10, in_chans=1,
                                                            img_size=28).state_dict())
     assert system.model(torch.randn(2, 1, 28, 28)).shape == eager
-    for extra in (['--model.compile', 'eager'], ['--trainer.precision', 'bf16-mixed']):
+    for extra in (['--model.compile', 'eager'], ['--trainer.precision', 'bf16-mixed'],
+                  ['--model.channels_last', 'true']):
         assert main(['fit', '-c', str(DEMO), '--trainer.fast_dev_run', 'true', *extra, *QUIET]) == 0, extra
     # the top-level flag is the system's argument
     capsys.readouterr()
     assert main(['fit', '-c', str(DEMO), '--compile', '--print_config']) == 0
     assert 'compile: true' in capsys.readouterr().out
+
+
+def test_a_dense_model_compiles_what_its_training_runs_and_channels_last_reaches_the_ema():
+    """``--compile`` on a segmenter (or detector) compiles what ``training_step`` runs, ``forward_raw`` (backbone,
+    neck and head: ``DenseModel.compile``), not only ``forward``, which training never calls; ``channels_last``
+    converts the 4-D weights of the network and of its EMA copy, and a training step's loss and gradients equal
+    the contiguous network's with the same weights."""
+    from torch._dynamo.testing import CompileCounter
+
+    from zoo.recipes.segmentation import Segmentation
+    torch.manual_seed(0)
+    x, masks = torch.randn(2, 3, 64, 64), torch.randint(0, 3, (2, 64, 64))
+    model = zoo.create('semfpn_seg_tiny', num_classes=3).train()
+    counter = CompileCounter()
+    model.compile(backend=counter)
+    model.forward_raw(x)
+    assert counter.frame_count >= 3, counter.frame_count  # one graph each at least: backbone, neck, head
+
+    nhwc = Segmentation('semfpn_seg_tiny', num_classes=3, ema_decay=0.9, channels_last=True)
+    plain = Segmentation('semfpn_seg_tiny', num_classes=3)
+    plain.model.load_state_dict(nhwc.model.state_dict())
+    for net in (nhwc.model, nhwc.ema.module):
+        weights = [p for p in net.parameters() if p.ndim == 4 and min(p.shape[-2:]) > 1]
+        assert weights and all(w.is_contiguous(memory_format=torch.channels_last) and not w.is_contiguous()
+                               for w in weights)
+    losses = []
+    for system in (nhwc, plain):
+        torch.manual_seed(1)  # the same dropout mask in the head
+        losses.append(system.model.head.loss(system.model.train().forward_raw(x), masks)[0])
+    torch.testing.assert_close(losses[0], losses[1], rtol=1e-5, atol=1e-6)
+    for loss in losses:
+        loss.backward()
+    grads = [(a.grad, b.grad) for a, b in zip(nhwc.model.parameters(), plain.model.parameters())]
+    assert all(a is not None for a, _ in grads)
+    for a, b in grads:
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
 
 
 # ----------------------------------------------------------------------------------------------- zoo profile

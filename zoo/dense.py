@@ -74,6 +74,13 @@ class DenseModel(nn.Module):
         feats = list(self.backbone(x))[-len(self.strides):]
         return self.head(self.neck(feats))
 
+    def compile(self, *args, **kwargs) -> None:
+        """``torch.compile`` the backbone, neck and head in place (``nn.Module.compile`` on each, so the state dict
+        keeps its keys): ``forward_raw``, which training calls, runs compiled, not only ``forward``. The loss and
+        the decoding (``head.loss``, ``head.predict``) stay eager."""
+        for part in (self.backbone, self.neck, self.head):
+            part.compile(*args, **kwargs)
+
     def set_grad_checkpointing(self, enable: bool = True) -> None:
         """timm's switch, passed to the backbone (zoo's and timm's backbones checkpoint each block in training)."""
         if not hasattr(self.backbone, 'set_grad_checkpointing'):
