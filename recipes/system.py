@@ -80,7 +80,7 @@ class ZooSystem(LightningModule):
         channels_last: keep the network's 4-D weights in channels-last memory format (timm's
             ``--channels-last``): a convolution with channels-last weights gives channels-last maps whatever its
             input's layout, so oneDNN's CPU convolutions run without layout reorders. On the AMD
-            EPYC CPU the ``semfpn_resnet18h_shapes_seg`` training step is 1.3x faster in float32 and 1.9x with
+            EPYC CPU the ``semfpn_resnet18h_shapes_seg`` training step is 1.25x faster in float32 and 1.9x with
             ``--trainer.precision bf16-mixed`` (docs/segmentation.md).
         runtime: what runs the network in ``zoo test`` (``zoo.RUNTIMES``): ``onnxruntime`` (or ``openvino``,
             ``compile``) evaluates ``zoo.optimize(network, runtime)`` (the exported graph) through the same test
