@@ -16,13 +16,13 @@ from __future__ import annotations
 import argparse
 import copy
 import json
-import os
 import statistics
 
 import torch
 import torch.nn.functional as F
 
 import zoo
+from benchmarks.family_table import uptime
 from zoo.eval.profile import interleave, machine
 
 MODES = ('fp32', 'fp32-cl', 'bf16', 'bf16-cl', 'compile', 'compile-cl', 'compile-bf16-cl')
@@ -71,9 +71,9 @@ def main(argv=None) -> None:
     else:
         target = torch.randint(0, args.num_classes, (args.batch_size,))
     steps = {mode: make_step(model, mode, x, target) for mode in args.modes}
-    print(f'uptime before: {os.popen("uptime").read().strip()}')
+    print(f'uptime before: {uptime()}')
     times = interleave(steps, repeats=args.repeats, warmup=args.warmup)
-    print(f'uptime after: {os.popen("uptime").read().strip()}')
+    print(f'uptime after: {uptime()}')
     print(f'{args.model}, batch {args.batch_size}, {args.img_size} px, {torch.get_num_threads()} threads, '
           f'CPU: {machine()["cpu_model"]}')
     base = statistics.median(times[args.modes[0]])
