@@ -1,4 +1,5 @@
-"""The one door to oneDNN's fused CPU-inference kernels: ``linear``, ``conv_bn_act``, ``conv_add``.
+"""The one door to oneDNN's fused CPU-inference kernels: ``linear``, ``conv_bn_act``, ``conv_add``, and
+``compiled_linear_pass`` for inductor's frozen graphs (at the end of this file).
 
 Every ``torch.ops.mkldnn`` call of the zoo lives in this module; blocks call these helpers and get the plain
 modules' function (``nn.Linear``, ``nn.Conv2d``, eval ``nn.BatchNorm2d``, exact GELU) either way.
@@ -48,8 +49,8 @@ import torch.nn.functional as F
 from torch import nn
 from torch.autograd.function import once_differentiable
 
-__all__ = ['add_tokens', 'clear_prepared', 'conv_add', 'conv_bn_act', 'eager_inference', 'exact_gelu', 'linear',
-           'onednn_enabled']
+__all__ = ['add_tokens', 'clear_prepared', 'compiled_linear_pass', 'conv_add', 'conv_bn_act', 'eager_inference',
+           'exact_gelu', 'linear', 'onednn_enabled']
 
 
 @functools.cache
@@ -323,3 +324,101 @@ def _pack_conv(conv: nn.Conv2d, weight: torch.Tensor, bias: torch.Tensor | None,
     weight = torch.ops.mkldnn._reorder_convolution_weight(weight.contiguous(), list(conv.padding), list(conv.stride),
                                                           list(conv.dilation), conv.groups, input_size)
     return weight, bias
+
+
+# ---- compiled graphs: oneDNN for inductor's frozen float32 linears ----------------------------------------------
+
+_RESHAPES = ('reshape', 'view', '_unsafe_view')
+
+
+def compiled_linear_pass():
+    """An inductor graph pass (``torch._inductor.config.post_grad_custom_pre_pass``) that runs a frozen graph's
+    float32 linears in oneDNN, or ``None`` when the fast path is off (``ZOO_ONEDNN=0``, no oneDNN ops).
+
+    Why: with freezing and a static batch, inductor packs a float32 linear for MKL (``mkl::_mkl_linear``); with
+    bfloat16, or a batch-symbolic graph, for oneDNN (``mkldnn::_linear_pointwise``), which also takes the bias
+    and the following exact GELU as post-ops and works on N-d tokens without the flattening reshapes. On the
+    2-core AMD EPYC development machine the oneDNN form made the compiled RaftMLP-S, TNT-S and Strip-MLP-T*
+    1.10-1.30x faster (docs/runtimes.md); nothing public selects it, hence this pass. It rewrites each
+    ``mkl::_mkl_linear(x, packed, weight, bias, batch)`` into ``mkldnn::_linear_pointwise(x, weight reordered
+    for oneDNN, bias)`` (over the tokens before inductor's flattening reshape, when the output is reshaped back
+    to their shape), before inductor's own post-grad passes fuse the GELUs. The first rewrite of a process is
+    checked against ``F.linear`` on the graph's real weight (``_checked``); on a mismatch or an error it warns
+    and no graph is rewritten. A graph without MKL linears (bfloat16, convolution nets) is left as it is."""
+    if not onednn_enabled():
+        return None
+    return _linear_pass()
+
+
+@functools.cache
+def _linear_pass():
+    from torch._guards import detect_fake_mode
+    from torch._inductor.custom_graph_pass import CustomGraphPass
+
+    mkl_linear = getattr(getattr(torch.ops, 'mkl', None), '_mkl_linear', None)
+    reshapes = tuple(getattr(torch.ops.aten, name).default for name in _RESHAPES)
+
+    def reshape_of(node) -> bool:
+        return isinstance(node, torch.fx.Node) and node.op == 'call_function' and node.target in reshapes
+
+    class OneDNNLinears(CustomGraphPass):
+        def __call__(self, graph: torch.fx.Graph) -> None:
+            gm = graph.owning_module
+            nodes = [n for n in graph.nodes if n.op == 'call_function' and mkl_linear is not None
+                     and n.target in (mkl_linear, getattr(mkl_linear, 'default', None))]
+            vals = [n.meta['val'] for n in graph.nodes if isinstance(n.meta.get('val'), torch.Tensor)]
+            fake_mode = detect_fake_mode(vals[:1])
+            if not nodes or fake_mode is None:
+                return
+            for i, node in enumerate(nodes):
+                try:  # everything that can fail comes before the graph is changed
+                    x, _, weight_node, bias_node, batch = node.args
+                    weight = getattr(gm, weight_node.target, None) if weight_node.op == 'get_attr' else None
+                    bias = (getattr(gm, bias_node.target, None) if isinstance(bias_node, torch.fx.Node)
+                            and bias_node.op == 'get_attr' else None)
+                    if not isinstance(weight, torch.Tensor) or (bias_node is not None and bias is None):
+                        continue  # not the frozen constants this pass knows: leave the node to MKL
+                    packed = _packed_weight(weight, bias, batch)
+                    if packed is None:  # the self-test failed: inductor's own linears from here on
+                        break
+                    out, users = node, list(node.users)
+                    # reshape(tokens, (n, in)) -> linear -> reshape(.., (*tokens.shape[:-1], out)): one N-d linear
+                    if reshape_of(x) and len(users) == 1 and reshape_of(users[0]) and \
+                            tuple(x.args[0].meta['val'].shape[:-1]) == tuple(users[0].meta['val'].shape[:-1]):
+                        x, out = x.args[0], users[0]
+                except Exception as error:  # noqa: BLE001 - a graph this pass does not know: leave it to inductor
+                    warnings.warn(f'zoo.layers.onednn: compiled_linear_pass left a linear to MKL '
+                                  f'({type(error).__name__}: {error})', RuntimeWarning, stacklevel=2)
+                    break
+                name = f'_zoo_onednn_linear_{i}'
+                gm.register_buffer(name, packed)  # a buffer: what a get_attr node may point at
+                with graph.inserting_before(node):
+                    packed_node = graph.get_attr(name)
+                    packed_node.meta['val'] = fake_mode.from_tensor(packed, static_shapes=True)  # a constant: no symbols
+                    new = graph.call_function(torch.ops.mkldnn._linear_pointwise.default,
+                                              (x, packed_node, bias_node, 'none', [], ''))
+                new.meta.update(out.meta)
+                out.replace_all_uses_with(new)
+                if out is not node:
+                    graph.erase_node(out)
+                graph.erase_node(node)
+            graph.eliminate_dead_code()
+            gm.recompile()
+
+        def uuid(self) -> str:
+            return 'zoo.layers.onednn.compiled_linear_pass/1'
+
+    return OneDNNLinears()
+
+
+def _packed_weight(weight: torch.Tensor, bias: torch.Tensor | None, rows: int) -> torch.Tensor | None:
+    """``weight`` reordered for oneDNN linears of ``rows`` rows, or None after a failed self-test (``_checked``,
+    kind 'compiled linear': the first one of a process compared with ``F.linear`` on this weight, warned once)."""
+    x = torch.randn(8, weight.shape[1], generator=torch.Generator().manual_seed(0))
+    packed = []
+
+    def fast():
+        packed.append(torch.ops.mkldnn._reorder_linear_weight(weight, rows))
+        return torch.ops.mkldnn._linear_pointwise(x, packed[-1], bias, 'none', [], '')
+    _checked('compiled linear', fast, lambda: F.linear(x, weight, bias))
+    return packed[-1] if packed and _CHECKED.get(('compiled linear', torch.float32)) else None

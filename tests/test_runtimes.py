@@ -250,3 +250,67 @@ def test_compile_freezes_the_weights():
     assert '_frozen_param' in code and 'def call(self, args)' in code
     call_args = code.split('def call(self, args)')[1].splitlines()[1]
     assert len(re.findall(r'arg\d+_1', call_args)) == 1, call_args      # the input alone: no weight is an argument
+
+
+class _TokenMLP(torch.nn.Module):
+    """Linear -> exact GELU -> Linear on (B, T, C) tokens: the channel MLP of RaftMLP, TNT, Strip-MLP."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc1, self.act, self.fc2 = torch.nn.Linear(24, 96), torch.nn.GELU(), torch.nn.Linear(96, 24)
+
+    def forward(self, x):
+        return self.fc2(self.act(self.fc1(x)))
+
+
+def _compiled_code(model, x):
+    from torch._inductor.utils import run_and_get_code
+    with torch.no_grad():
+        out, code = run_and_get_code(zoo.optimize(model, 'compile'), x)
+        assert _rel(out, model(x)) <= REL
+    return '\n'.join(code)
+
+
+@pytest.mark.skipif(not (torch.backends.mkldnn.is_available() and torch._C.has_mkl), reason='needs MKL and oneDNN')
+def test_compile_runs_frozen_float32_linears_in_onednn_with_the_gelu_fused(monkeypatch):
+    """With a static batch, inductor's freezing packs a float32 linear for MKL (``mkl._mkl_linear``); zoo's pass
+    (``zoo.layers.onednn.compiled_linear_pass``) runs it in oneDNN over the N-d tokens, bias and GELU fused (the
+    compiled RaftMLP-S, TNT-S, Strip-MLP-T* 1.10-1.30x faster on the AMD EPYC machine, docs/runtimes.md).
+    ``ZOO_ONEDNN=0`` keeps inductor's own choice; a user's post-grad pass still runs; a failed first-use
+    self-test leaves the graph to MKL."""
+    from torch._inductor import config as inductor_config
+    from torch._inductor.custom_graph_pass import CustomGraphPass
+    from zoo.layers import onednn
+
+    model, x = _TokenMLP().eval(), torch.randn(4, 10, 24)
+    code = _compiled_code(model, x)
+    calls = re.findall(r"= torch\.ops\.mkldnn\._linear_pointwise\.default\([^\n]*?, '(\w+)', \[", code)  # attr
+    assert 'mkl._mkl_linear' not in code and calls == ['gelu', 'none'], calls  # fc1 with its GELU fused, fc2
+
+    monkeypatch.setenv('ZOO_ONEDNN', '0')
+    code = _compiled_code(model, x)
+    assert 'mkl._mkl_linear' in code and 'mkldnn._linear_pointwise' not in code
+    monkeypatch.delenv('ZOO_ONEDNN')
+
+    class Seen(CustomGraphPass):
+        calls = 0
+
+        def __call__(self, graph):
+            Seen.calls += 1
+
+        def uuid(self):
+            return 'test-seen'
+    monkeypatch.setattr(inductor_config, 'post_grad_custom_pre_pass', Seen())
+    code = _compiled_code(model, x)
+    assert Seen.calls == 1 and 'mkl._mkl_linear' not in code
+    monkeypatch.setattr(inductor_config, 'post_grad_custom_pre_pass', None)
+
+    # timm's TNT: the rewritten linears' weights once carried symbolic sizes into dynamo's guards (IndexError)
+    from timm.models.tnt import TNT
+    tnt = TNT(img_size=32, patch_size=16, embed_dim=48, inner_dim=12, depth=1, num_heads_inner=2,
+              num_heads_outer=2, num_classes=10).eval()
+    assert 'mkldnn._linear_pointwise' in _compiled_code(tnt, torch.randn(2, 3, 32, 32))
+
+    monkeypatch.setitem(onednn._CHECKED, ('compiled linear', torch.float32), False)   # as after a mismatch
+    code = _compiled_code(model, x)
+    assert 'mkl._mkl_linear' in code and 'mkldnn._linear_pointwise' not in code

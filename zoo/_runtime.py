@@ -75,7 +75,8 @@ def _compiled(fn, options: dict | None):
     Freezing (weights folded in as constants, convolutions pre-packed for oneDNN) is decided from the global
     inductor config when a graph is compiled: passed in ``torch.compile(options=...)`` it is silently ignored
     (torch 2.14: the weights stay graph inputs and every convolution runs unpacked), so every call runs under
-    ``config.patch(freezing=True)``, which covers the first compilation and any later one.
+    ``config.patch(freezing=True)``, which covers the first compilation and any later one. The same patch adds
+    zoo's pass that runs the frozen float32 linears in oneDNN instead of MKL (``_inductor_options``).
 
     Dynamo keeps compiled graphs, and counts recompilations against its limit (8), per code object; past the
     limit the code runs eagerly. Models that share one forward (every ``ClassifierBase`` family, every dense
@@ -101,11 +102,23 @@ def _compiled(fn, options: dict | None):
         # tensor made under inference_mode has none, so each of the three compiled a graph of its own (a user's
         # ``with torch.inference_mode(): y = fast(x)`` compiled again). Every call runs outside inference_mode
         # under no_grad, with an inference tensor copied to a normal one (the input only).
-        with torch.inference_mode(False), torch.no_grad(), inductor_config.patch(freezing=True):
+        with torch.inference_mode(False), torch.no_grad(), inductor_config.patch(_inductor_options(inductor_config)):
             if isinstance(x, torch.Tensor) and x.is_inference():
                 x = x.clone()
             return compiled(x)
     return frozen
+
+
+def _inductor_options(config) -> dict:
+    """Freezing, and zoo's oneDNN pass for frozen float32 linears (``zoo.layers.onednn.compiled_linear_pass``,
+    off with ``ZOO_ONEDNN=0``) after any post-grad pass the user has set."""
+    from zoo.layers.onednn import compiled_linear_pass
+
+    ours, theirs = compiled_linear_pass(), config.post_grad_custom_pre_pass
+    if ours is None:
+        return {'freezing': True}
+    passes = ours if theirs is None else [*(theirs if isinstance(theirs, (list, tuple)) else [theirs]), ours]
+    return {'freezing': True, 'post_grad_custom_pre_pass': passes}
 
 
 class _Raw(nn.Module):
