@@ -32,8 +32,8 @@ conv+add, the autograd linear), its result is compared with the plain ops' resul
 mismatch or an error that kind warns once (``RuntimeWarning``) and runs the plain ops from then on, so a
 oneDNN build that computes something else cannot silently change a model's outputs.
 
-``ZOO_ONEDNN=0`` switches the fast path off (plain ops everywhere; read at each call, so it also serves A/B
-timing). Whether the eager fast path beats ``torch.compile`` of the plain modules depends on the CPU and
+``ZOO_ONEDNN=0`` switches the fast path off (plain ops everywhere, and compiled graphs keep inductor's own
+linears; read at each call, so it also serves A/B timing). Whether the eager fast path beats ``torch.compile`` of the plain modules depends on the CPU and
 the model; ``zoo bench`` measures both.
 """
 from __future__ import annotations
