@@ -33,8 +33,8 @@ mismatch or an error that kind warns once (``RuntimeWarning``) and runs the plai
 oneDNN build that computes something else cannot silently change a model's outputs.
 
 ``ZOO_ONEDNN=0`` switches the fast path off (plain ops everywhere, and compiled graphs keep inductor's own
-linears; read at each call, so it also serves A/B timing). Whether the eager fast path beats ``torch.compile`` of the plain modules depends on the CPU and
-the model; ``zoo bench`` measures both.
+linears; read at each call, so it also serves A/B timing). Whether the eager fast path beats ``torch.compile``
+of the plain modules depends on the CPU and the model; ``zoo bench`` measures both.
 """
 from __future__ import annotations
 
@@ -339,7 +339,7 @@ def compiled_linear_pass():
     bfloat16, or a batch-symbolic graph, for oneDNN (``mkldnn::_linear_pointwise``), which also takes the bias
     and the following exact GELU as post-ops and works on N-d tokens without the flattening reshapes. On the
     2-core AMD EPYC development machine the oneDNN form made the compiled RaftMLP-S, TNT-S and Strip-MLP-T*
-    1.10-1.30x faster (docs/runtimes.md); nothing public selects it, hence this pass. It rewrites each
+    1.04-1.30x faster (docs/runtimes.md); nothing public selects it, hence this pass. It rewrites each
     ``mkl::_mkl_linear(x, packed, weight, bias, batch)`` into ``mkldnn::_linear_pointwise(x, weight reordered
     for oneDNN, bias)`` (over the tokens before inductor's flattening reshape, when the output is reshaped back
     to their shape), before inductor's own post-grad passes fuse the GELUs. The first rewrite of a process is
@@ -394,7 +394,8 @@ def _linear_pass():
                 gm.register_buffer(name, packed)  # a buffer: what a get_attr node may point at
                 with graph.inserting_before(node):
                     packed_node = graph.get_attr(name)
-                    packed_node.meta['val'] = fake_mode.from_tensor(packed, static_shapes=True)  # a constant: no symbols
+                    # a constant has no symbolic sizes (a symbolic one reached dynamo's guards: IndexError)
+                    packed_node.meta['val'] = fake_mode.from_tensor(packed, static_shapes=True)
                     new = graph.call_function(torch.ops.mkldnn._linear_pointwise.default,
                                               (x, packed_node, bias_node, 'none', [], ''))
                 new.meta.update(out.meta)

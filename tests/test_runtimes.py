@@ -275,7 +275,7 @@ def _compiled_code(model, x):
 def test_compile_runs_frozen_float32_linears_in_onednn_with_the_gelu_fused(monkeypatch):
     """With a static batch, inductor's freezing packs a float32 linear for MKL (``mkl._mkl_linear``); zoo's pass
     (``zoo.layers.onednn.compiled_linear_pass``) runs it in oneDNN over the N-d tokens, bias and GELU fused (the
-    compiled RaftMLP-S, TNT-S, Strip-MLP-T* 1.10-1.30x faster on the AMD EPYC machine, docs/runtimes.md).
+    compiled RaftMLP-S, TNT-S, Strip-MLP-T* 1.04-1.30x faster on the AMD EPYC machine, docs/runtimes.md).
     ``ZOO_ONEDNN=0`` keeps inductor's own choice; a user's post-grad pass still runs; a failed first-use
     self-test leaves the graph to MKL."""
     from torch._inductor import config as inductor_config
