@@ -300,10 +300,9 @@ def test_compile_runs_frozen_float32_linears_in_onednn_with_the_gelu_fused(monke
 
         def uuid(self):
             return 'test-seen'
-    monkeypatch.setattr(inductor_config, 'post_grad_custom_pre_pass', Seen())
-    code = _compiled_code(model, x)
+    with inductor_config.patch(post_grad_custom_pre_pass=Seen()):  # (monkeypatch's undo deletes config entries)
+        code = _compiled_code(model, x)
     assert Seen.calls == 1 and 'mkl._mkl_linear' not in code
-    monkeypatch.setattr(inductor_config, 'post_grad_custom_pre_pass', None)
 
     # timm's TNT: the rewritten linears' weights once carried symbolic sizes into dynamo's guards (IndexError)
     from timm.models.tnt import TNT
