@@ -356,6 +356,7 @@ def _linear_pass():
     from torch._inductor.custom_graph_pass import CustomGraphPass
 
     mkl_linear = getattr(getattr(torch.ops, 'mkl', None), '_mkl_linear', None)
+    targets = () if mkl_linear is None else (mkl_linear, mkl_linear.default)  # the packet or its overload
     reshapes = tuple(getattr(torch.ops.aten, name).default for name in _RESHAPES)
 
     def reshape_of(node) -> bool:
@@ -364,11 +365,11 @@ def _linear_pass():
     class OneDNNLinears(CustomGraphPass):
         def __call__(self, graph: torch.fx.Graph) -> None:
             gm = graph.owning_module
-            nodes = [n for n in graph.nodes if n.op == 'call_function' and mkl_linear is not None
-                     and n.target in (mkl_linear, getattr(mkl_linear, 'default', None))]
-            vals = [n.meta['val'] for n in graph.nodes if isinstance(n.meta.get('val'), torch.Tensor)]
-            fake_mode = detect_fake_mode(vals[:1])
-            if not nodes or fake_mode is None:
+            nodes = [n for n in graph.nodes if n.op == 'call_function' and n.target in targets]
+            if not nodes:
+                return
+            fake_mode = detect_fake_mode([n.meta.get('val') for n in nodes[:1]])
+            if fake_mode is None:
                 return
             for i, node in enumerate(nodes):
                 try:  # everything that can fail comes before the graph is changed
@@ -414,12 +415,13 @@ def _linear_pass():
 
 def _packed_weight(weight: torch.Tensor, bias: torch.Tensor | None, rows: int) -> torch.Tensor | None:
     """``weight`` reordered for oneDNN linears of ``rows`` rows, or None after a failed self-test (``_checked``,
-    kind 'compiled linear': the first one of a process compared with ``F.linear`` on this weight, warned once)."""
-    x = torch.randn(8, weight.shape[1], generator=torch.Generator().manual_seed(0))
-    packed = []
-
-    def fast():
-        packed.append(torch.ops.mkldnn._reorder_linear_weight(weight, rows))
-        return torch.ops.mkldnn._linear_pointwise(x, packed[-1], bias, 'none', [], '')
-    _checked('compiled linear', fast, lambda: F.linear(x, weight, bias))
-    return packed[-1] if packed and _CHECKED.get(('compiled linear', torch.float32)) else None
+    kind 'compiled linear': the first one of a process compared with ``F.linear`` on that weight, warned once)."""
+    key = ('compiled linear', torch.float32)
+    if _CHECKED.get(key) is False:
+        return None
+    packed = torch.ops.mkldnn._reorder_linear_weight(weight, rows)
+    if key not in _CHECKED:
+        x = torch.randn(8, weight.shape[1], generator=torch.Generator().manual_seed(0))
+        _checked(key[0], lambda: torch.ops.mkldnn._linear_pointwise(x, packed, bias, 'none', [], ''),
+                 lambda: F.linear(x, weight, bias))
+    return packed if _CHECKED[key] else None
