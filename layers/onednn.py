@@ -8,7 +8,8 @@ PyTorch runs an fp32 ``nn.Linear`` on the CPU through MKL's GEMM. oneDNN (which 
 uses for convolutions) has its own fp32 GEMM and can apply GELU to the output while it is still in cache
 (a "post-op"), saving a pass over the largest activation of an MLP; a convolution can also add a residual
 as a post-op. On the 2-core AMD EPYC development machine its GEMMs ran about 2x faster than MKL's for the
-shapes of RaftMLP's and Strip-MLP's MLPs (docs/mlp.md).
+shapes of RaftMLP's and Strip-MLP's MLPs (docs/mlp.md); in eager the door made the token-mixing families
+1.04-1.21x faster there and 1.01-1.30x on a 2-core Intel Xeon with AMX (docs/runtimes.md).
 
 oneDNN wants weights in a blocked layout of its own and reorders plain weights on every call (for Strip-MLP's
 2x2/s2 merging convolution at batch 1 the reorder costs more than the convolution). A module in eval mode
@@ -339,7 +340,8 @@ def compiled_linear_pass():
     bfloat16, or a batch-symbolic graph, for oneDNN (``mkldnn::_linear_pointwise``), which also takes the bias
     and the following exact GELU as post-ops and works on N-d tokens without the flattening reshapes. On the
     2-core AMD EPYC development machine the oneDNN form made the compiled RaftMLP-S, TNT-S and Strip-MLP-T*
-    1.04-1.30x faster (docs/runtimes.md); nothing public selects it, hence this pass. It rewrites each
+    1.04-1.30x faster, on a 2-core Intel Xeon with AMX 0.93-1.23x (TNT-S at batch 1 slower; docs/runtimes.md);
+    nothing public selects it, hence this pass. It rewrites each
     ``mkl::_mkl_linear(x, packed, weight, bias, batch)`` into ``mkldnn::_linear_pointwise(x, weight reordered
     for oneDNN, bias)`` (over the tokens before inductor's flattening reshape, when the output is reshaped back
     to their shape), before inductor's own post-grad passes fuse the GELUs. The first rewrite of a process is
