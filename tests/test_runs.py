@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -79,7 +80,10 @@ def fit_subprocess(runs: Path, args: list[str], callback: str, **init_args) -> s
     cmd = [sys.executable, '-m', 'zoo.recipes.main', 'fit', *args,
            f'--trainer.callbacks+=interrupt_callback.{callback}']
     cmd += [f'--trainer.callbacks.init_args.{k}={v}' for k, v in init_args.items()]
-    return subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    # Ctrl-C as in a terminal: a suite started in the background (``make test &``, nohup) ignores SIGINT, the child
+    # would inherit that and Python would install no KeyboardInterrupt handler, so StopAt's SIGINT would do nothing.
+    return subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600,
+                          preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
 
 
 def test_every_task_has_a_shipped_recipe():
