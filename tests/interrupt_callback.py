@@ -16,6 +16,10 @@ class StopAt(Callback):
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         if trainer.global_step == self.step:
+            if self.sig == signal.SIGINT and signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+                # Ctrl-C as in a terminal: under a suite started as a background job of a non-interactive shell
+                # (``sh -c 'make test &'``) this process inherited SIGINT ignored, and Python installed no handler
+                signal.signal(signal.SIGINT, signal.default_int_handler)
             os.kill(os.getpid(), self.sig)
 
 

@@ -430,6 +430,11 @@ def _v4_store(path):
     engine.dispose()
 
 
+# another machine's CPU: a name no real CPU has, so that a partial match of it is one whatever runs the test
+# (it was 'Intel Xeon Platinum 8480', and 'xeon' then also matched an Intel Xeon host's own CPU)
+OTHER_CPU = 'Fictitious Test CPU 8480'
+
+
 def test_a_v4_store_upgrades_to_runtime_and_cpu_keys_and_boards_never_mix_cpus(zoo_db, capsys):
     _v4_store(zoo_db)
     db = R.open_db()
@@ -448,9 +453,6 @@ def test_a_v4_store_upgrades_to_runtime_and_cpu_keys_and_boards_never_mix_cpus(z
     mine = db.latency(id=_lat(db, 'net', 4.0, source='bench')).iloc[0]
     assert (mine.runtime, mine.cpu_model, list(mine.isa)) == ('eager', here['cpu_model'], here['isa'])
     assert mine.versions['torch'] == torch.__version__ and 'zoo' in mine.versions
-    # another machine's CPU: a name no real CPU has, so that the partial match below is one whatever runs the test
-    # (it was 'Intel Xeon Platinum 8480', and 'xeon' then also matched this machine's Intel Xeon)
-    OTHER_CPU = 'Fictitious Test CPU 8480'  # noqa: N806
     for ms, load in ((9.0, 0.1), (9.5, 1.0)):                          # the quieter record wins
         _lat(db, 'other', ms, source='bench', cpu_model=OTHER_CPU, load_1m=load)
     _run(db, 'other', 0.8)

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -80,11 +79,7 @@ def fit_subprocess(runs: Path, args: list[str], callback: str, **init_args) -> s
     cmd = [sys.executable, '-m', 'zoo.recipes.main', 'fit', *args,
            f'--trainer.callbacks+=interrupt_callback.{callback}']
     cmd += [f'--trainer.callbacks.init_args.{k}={v}' for k, v in init_args.items()]
-    # Ctrl-C as in a terminal: a suite started as a background job of a non-interactive shell (``sh -c 'make test &'``)
-    # runs with SIGINT ignored; the child would inherit that, Python would install no KeyboardInterrupt handler,
-    # and StopAt's SIGINT would do nothing.
-    return subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600,
-                          preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    return subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
 
 
 def test_every_task_has_a_shipped_recipe():
