@@ -32,6 +32,7 @@ import time
 from pathlib import Path
 
 from .benchmark_spec import Benchmark, BenchmarkError, Job, check, load
+from .errors import at_least
 
 LOCK = 'benchmark-{name}'
 LOG_TAIL = 4000       # characters of a job's log kept as its error when it died before recording one
@@ -305,14 +306,14 @@ def add_parser(sub) -> None:
                         'from the database')
     p.add_argument('name', help='benchmarks/NAME.yaml (or a path to a benchmark file)')
     p.add_argument('--db', help='results database (path or SQLAlchemy URL; default benchmarks/NAME.db)')
-    p.add_argument('--workers', type=int, default=1, metavar='N', help='jobs trained at a time (default 1)')
+    p.add_argument('--workers', type=at_least(1), default=1, metavar='N', help='jobs trained at a time (default 1)')
     p.add_argument('--retry-failed', action='store_true',
                    help='run the failed jobs, and the failed latency measurements, again')
     p.add_argument('--no-latency', action='store_true', help='train only; do not measure latency afterwards')
     p.add_argument('--dry-run', action='store_true',
                    help='check every name of the file and list what would run; train nothing')
-    p.add_argument('--threads', type=int, metavar='K', help='torch threads of each job and of the timing')
-    p.add_argument('--time', type=float, metavar='SECONDS',
+    p.add_argument('--threads', type=at_least(1), metavar='K', help='torch threads of each job and of the timing')
+    p.add_argument('--time', type=at_least(0, float), metavar='SECONDS',
                    help='timing budget per network and batch size (as zoo bench --time; default 2; 0: 20 calls)')
     p.add_argument('--out', help='report: the folder to write NAME.md into (default docs/benchmarks)')
     p.set_defaults(func=command)
@@ -337,9 +338,6 @@ def command(args) -> int:
         md = write_report(bench, db, out=args.out)
         print(f'zoo benchmark: wrote {md}', file=sys.stderr)
         return 0
-    if args.workers < 1:
-        print('zoo benchmark: error: --workers must be at least 1', file=sys.stderr)
-        return 2
     if args.dry_run:
         try:
             n = check(bench, say=print)

@@ -18,7 +18,7 @@ import logging
 import re
 import warnings
 
-__all__ = ['one_line_error', 'usage_errors', 'quiet_lightning', 'close_matches', 'subcommand_parser']
+__all__ = ['one_line_error', 'usage_errors', 'quiet_lightning', 'close_matches', 'subcommand_parser', 'at_least']
 
 
 def _import(class_path: str):
@@ -44,6 +44,24 @@ def _option_names(parser) -> list[str]:
 def close_matches(word: str, choices, n: int = 3) -> str:
     found = difflib.get_close_matches(word, list(choices), n=n, cutoff=0.6)
     return f"; did you mean {' or '.join(found)}?" if found else ''
+
+
+def at_least(minimum: int | float, kind: type = int):
+    """An argparse ``type``: a number of ``kind`` not below ``minimum``, so ``--batch-size 0`` or ``--threads -1``
+    stops at parsing with one line (exit 2) instead of a traceback, or a silent default, further on."""
+    what = 'an integer' if kind is int else 'a number'
+
+    def parse(text: str):
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f'expected {what} >= {minimum}, got {text!r}') from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f'expected {what} >= {minimum}, got {text}')
+        return value
+
+    parse.__name__ = kind.__name__  # argparse names the type in its messages
+    return parse
 
 
 def one_line_error(message: str, parser=None) -> str:

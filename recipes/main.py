@@ -26,6 +26,8 @@ import json
 import re
 import sys
 
+from .errors import at_least
+
 TRAIN_COMMANDS = ('fit', 'validate', 'test', 'predict')
 DEMO = 'recipes/configs/poolformer/poolformer_tiny_digits_15e.yaml'
 EXAMPLES = f"""examples:
@@ -160,8 +162,6 @@ def _cmd_profile(args) -> int:
     runtimes = bench.parse_runtimes(args.runtime)
     if args.threads:
         torch.set_num_threads(args.threads)
-    if args.repeats < 1 or args.warmup < 0:
-        raise ValueError(f'--repeats must be >= 1 and --warmup >= 0; got {args.repeats} and {args.warmup}')
     model = zoo.create(args.name).eval()
     size = bench.input_size_of(args.name, args.img_size)
     x = example_input(model, size, args.batch_size, bench.task_of(args.name))
@@ -392,19 +392,19 @@ def build_parser() -> argparse.ArgumentParser:
                    help='runtimes to time, comma-separated (zoo.optimize); each runtime of each model runs interleaved '
                         'with the others, with its max |Δ| against eager and its compile or export time '
                         '(default eager)')
-    p.add_argument('--batch-size', type=int, nargs='+', default=[1], help='batch sizes to time (default 1)')
-    p.add_argument('--img-size', type=int, help='image height and width (default: the model\'s input size)')
-    p.add_argument('--repeats', type=int, default=20, help='at least this many timed calls per model (default 20)')
-    p.add_argument('--time', type=float, default=2.0, metavar='SECONDS',
+    p.add_argument('--batch-size', type=at_least(1), nargs='+', default=[1], help='batch sizes to time (default 1)')
+    p.add_argument('--img-size', type=at_least(1), help='image height and width (default: the model\'s input size)')
+    p.add_argument('--repeats', type=at_least(1), default=20, help='at least this many timed calls per model (default 20)')
+    p.add_argument('--time', type=at_least(0, float), default=2.0, metavar='SECONDS',
                    help='time budget per model: keep timing while it lasts, up to --max-repeats (default 2; '
                         '0: exactly --repeats calls)')
-    p.add_argument('--max-repeats', type=int, default=500, help='at most this many timed calls (default 500)')
-    p.add_argument('--warmup', type=int, default=5, help='untimed calls before timing (default 5, and 0.5 s)')
-    p.add_argument('--threads', type=int, help='torch threads (default: all cores)')
+    p.add_argument('--max-repeats', type=at_least(1), default=500, help='at most this many timed calls (default 500)')
+    p.add_argument('--warmup', type=at_least(0), default=5, help='untimed calls before timing (default 5, and 0.5 s)')
+    p.add_argument('--threads', type=at_least(1), help='torch threads (default: all cores)')
     p.add_argument('--dtype', default='float32', choices=['float32', 'bfloat16'], help='weights and inputs dtype')
     p.add_argument('--mode', default='inference', choices=['inference', 'train'],
                    help='inference (forward under inference_mode) or train (forward + backward)')
-    p.add_argument('--num-classes', type=int, help='classifier head size (default: the model\'s)')
+    p.add_argument('--num-classes', type=at_least(0), help='classifier head size (default: the model\'s)')
     p.add_argument('--json', action='store_true', help='also print the rows as JSON')
     p.add_argument('--db', help='write the rows to this results database (path or SQLAlchemy URL); without '
                                 'names: re-measure the models recorded there')
@@ -427,7 +427,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help='onnx (torch.onnx.export, dynamo, dynamic batch) or pt2 (torch.export) (default onnx)')
     p.add_argument('--nms', action='store_true', help='detectors: decode and NMS inside the graph (a deployable file)')
     p.add_argument('--out', help='the file to write (default ./<recipe or model>.onnx|.pt2); the card is <file>.json')
-    p.add_argument('--img-size', type=int, help="traced image size (default: the run's or the model's)")
+    p.add_argument('--img-size', type=at_least(1), help="traced image size (default: the run's or the model's)")
     p.add_argument('--run_root', help='where -c CONFIG runs are (default $ZOO_RUNS or ./runs)')
     p.add_argument('--overwrite', action='store_true', help='replace an existing file and card')
     p.set_defaults(func=_cmd_export)
@@ -442,11 +442,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument('name', help='a registered model (`zoo list`)')
     p.add_argument('--runtime', default='eager', metavar='eager[,compile,onnxruntime,openvino]',
                    help='per-kind split in eager; other runtimes (comma-separated) add their total (default eager)')
-    p.add_argument('--img-size', type=int, help="image height and width (default: the model's input size)")
-    p.add_argument('--batch-size', type=int, default=1, help='batch size (default 1)')
-    p.add_argument('--repeats', type=int, default=10, help='timed forwards, averaged (default 10)')
-    p.add_argument('--warmup', type=int, default=3, help='forwards before timing, not counted (default 3)')
-    p.add_argument('--threads', type=int, help='torch threads (default: all cores)')
+    p.add_argument('--img-size', type=at_least(1), help="image height and width (default: the model's input size)")
+    p.add_argument('--batch-size', type=at_least(1), default=1, help='batch size (default 1)')
+    p.add_argument('--repeats', type=at_least(1), default=10, help='timed forwards, averaged (default 10)')
+    p.add_argument('--warmup', type=at_least(0), default=3, help='forwards before timing, not counted (default 3)')
+    p.add_argument('--threads', type=at_least(1), help='torch threads (default: all cores)')
     p.add_argument('--json', action='store_true', help='also print the rows as JSON')
     p.set_defaults(func=_cmd_profile)
 
@@ -460,7 +460,7 @@ def build_parser() -> argparse.ArgumentParser:
                                     'val/miou for segmentation)')
     p.add_argument('--format', default='table', choices=['table', 'csv', 'json', 'markdown'], help='output format')
     p.add_argument('--plot', metavar='PNG', help='also draw metric vs latency with the Pareto front to this file')
-    p.add_argument('--threads', type=int,
+    p.add_argument('--threads', type=at_least(1),
                    help='use latency records taken at this many threads (default: the count most models have)')
     p.add_argument('--runtime', default='eager', choices=['eager', 'compile', 'onnxruntime', 'openvino'],
                    help='use latency records of this runtime (default eager)')
@@ -490,7 +490,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument('--n-jobs', type=int, default=1, metavar='J', help='parallel worker processes on the study')
     p.add_argument('--seed', type=int, help="sampler seed (default: the sweep file's SEED, else random)")
     p.add_argument('--study-name', metavar='NAME', help='default: the file name; the same name resumes the study')
-    p.add_argument('--timeout', type=float, metavar='SECONDS', help='stop starting trials after this many seconds')
+    p.add_argument('--timeout', type=at_least(0, float), metavar='SECONDS', help='stop starting trials after this many seconds')
     p.add_argument('--db', help='results database path or SQLAlchemy URL (default $ZOO_DB or ./zoo-results.db)')
     p.add_argument('--trial-args', default='', metavar='ARGS',
                    help="extra LightningCLI arguments for every trial, one string: '--trainer.max_epochs=2'")

@@ -284,3 +284,26 @@ def test_bad_runtime_choices(argv, capfd):
     assert e.value.code == 2
     line = _one_error_line(capfd)
     assert 'is not one of' in line, line
+
+
+@pytest.mark.parametrize('argv, expected', [
+    (['bench', 'resnet_tiny', '--batch-size', '1', '0'], 'argument --batch-size: expected an integer >= 1, got 0'),
+    (['bench', 'resnet_tiny', '--img-size', '-4'], 'argument --img-size: expected an integer >= 1, got -4'),
+    (['bench', 'resnet_tiny', '--threads', '0'], 'argument --threads: expected an integer >= 1, got 0'),
+    (['bench', 'resnet_tiny', '--time', '-1'], 'argument --time: expected a number >= 0, got -1'),
+    (['profile', 'resnet_tiny', '--batch-size', 'two'], "argument --batch-size: expected an integer >= 1, got 'two'"),
+    (['profile', 'resnet_tiny', '--warmup', '-1'], 'argument --warmup: expected an integer >= 0, got -1'),
+    (['export', 'resnet_tiny', '--img-size', '0'], 'argument --img-size: expected an integer >= 1, got 0'),
+    (['results', '--threads', '0'], 'argument --threads: expected an integer >= 1, got 0'),
+    (['benchmark', 'run', 'paper_blocks', '--workers', '0'], 'argument --workers: expected an integer >= 1, got 0'),
+])
+def test_counts_and_sizes_below_their_minimum(argv, expected, capfd, tmp_path, monkeypatch):
+    """A batch size, image size, thread count or repeat count that cannot be (once tracebacks from torch, or an
+    export silently at the default size for --img-size 0) stops at parsing with one line, exit 2."""
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SystemExit) as e:
+        main(argv)
+    assert e.value.code == 2
+    line = _one_error_line(capfd)
+    assert line.startswith(f'zoo {argv[0]}: error: ') and expected in line, line
+    assert list(tmp_path.iterdir()) == []
