@@ -28,7 +28,10 @@ OTHER = 'other'
 NAME_KINDS = (('channel_mix', 'channel_mixer'), ('mlp', 'channel_mixer'), ('ffn', 'channel_mixer'),
               ('attn', 'token_mixer'), ('attention', 'token_mixer'), ('mixing', 'token_mixer'),
               ('mixer', 'token_mixer'), ('ssm', 'token_mixer'),
+              ('word_to_sentence', 'token_mixer'),     # TNT: a patch's pixel tokens into its sentence token
+              ('interaction', 'token_mixer'),          # PIIP: cross-branch attention
               ('embed', 'stem'), ('stem', 'stem'), ('downsample', 'downsample'), ('merging', 'downsample'),
+              ('fpn', 'neck'), ('merge_branch', 'neck'),  # PIIP's pyramid for dense heads
               ('neck', 'neck'), ('head', 'head'))
 _TORCH_KINDS = ((nn.modules.batchnorm._BatchNorm, 'norm'), (nn.LayerNorm, 'norm'), (nn.GroupNorm, 'norm'),
                 (nn.GELU, 'act'), (nn.ReLU, 'act'), (nn.SiLU, 'act'), (nn.Hardswish, 'act'))
@@ -47,7 +50,9 @@ def kind_map(model: nn.Module) -> dict[str, str]:
             continue
         kind = next((by_cls[c] for c in type(m).__mro__ if c in by_cls), None)
         kind = kind or next((k for cls, k in _TORCH_KINDS if isinstance(m, cls)), None)
-        leaf = path.rpartition('.')[2]
+        parent, _, leaf = path.rpartition('.')
+        if leaf.isdigit() and parent not in kinds:  # an entry of a list or Sequential without a kind: by its name
+            leaf = parent.rpartition('.')[2]          # (Strip-MLP's ``merging.0``, PIIP's ``fpn1.0``)
         if kind is None and not leaf.isdigit() and not isinstance(m, (nn.Sequential, nn.ModuleList, nn.Identity)) \
                 or kind is None and isinstance(m, nn.Sequential) and leaf in ('mlp', 'ffn'):
             names = f'{leaf}|{type(m).__name__.lower()}'

@@ -78,6 +78,21 @@ class CrossScaleEmbedding(nn.Module):
         return self.proj(rearrange(t, 'b f (h w) -> b h w f', h=h, w=w))
 
 
+class ChannelMlp(nn.Sequential):
+    """Linear -> GELU -> Dropout -> Linear -> Dropout over the channels of (B, H, W, C) tokens, as the official
+    ``nn.Sequential`` (so its checkpoints' keys ``mlp.0``/``mlp.3`` load as they are).
+
+    Called as a module, so hooks see it (``zoo profile`` counts it as the channel mixer); through
+    ``zoo.layers.onednn.linear``: oneDNN GEMMs with the GELU fused in CPU inference, plain ops elsewhere."""
+
+    def __init__(self, dim: int, hidden: int, drop: float = 0.0):
+        super().__init__(nn.Linear(dim, hidden), nn.GELU(), nn.Dropout(drop), nn.Linear(hidden, dim), nn.Dropout(drop))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        fc1, _, drop1, fc2, drop2 = self
+        return drop2(linear(drop1(linear(x, fc1, gelu=True)), fc2))
+
+
 class RaftBlock(nn.Module):
     """Vertical raft mixing, horizontal raft mixing, channel MLP; each ``x + DropPath(f(LN(x)))``.
 
@@ -93,9 +108,7 @@ class RaftBlock(nn.Module):
         self.norm2 = nn.LayerNorm(dim)
         self.horizontal = RaftMixing(dim, grid[1], 'w', raft_size, token_expansion, drop=drop)
         self.norm3 = nn.LayerNorm(dim)
-        hidden = int(channel_expansion * dim)
-        self.mlp = nn.Sequential(nn.Linear(dim, hidden), nn.GELU(), nn.Dropout(drop), nn.Linear(hidden, dim),
-                                 nn.Dropout(drop))
+        self.mlp = ChannelMlp(dim, int(channel_expansion * dim), drop)
         self.drop_path = DropPath(drop_path) if drop_path > 0 else nn.Identity()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -108,9 +121,8 @@ class RaftBlock(nn.Module):
         x = x + self.drop_path(self.horizontal(self.norm2(x)))
         if size != self.grid:  # RaftExpansion: back to the input grid before channel mixing
             x = rearrange(resize_grid(rearrange(x, 'b h w c -> b c h w'), size), 'b c h w -> b h w c')
-        # ``linear``: self.mlp's function (oneDNN GEMMs, GELU fused in CPU inference; plain under compile)
-        y = self.mlp[4](linear(self.mlp[2](linear(self.norm3(x), self.mlp[0], gelu=True)), self.mlp[3]))
-        return add_tokens(x, self.drop_path(y), swap_hw=True)
+        # stored (B, w, h, C), see above
+        return add_tokens(x, self.drop_path(self.mlp(self.norm3(x))), swap_hw=True)
 
 
 def _token_norm(norm: nn.Module, x: torch.Tensor) -> torch.Tensor:
