@@ -394,7 +394,8 @@ def build_parser() -> argparse.ArgumentParser:
                         '(default eager)')
     p.add_argument('--batch-size', type=at_least(1), nargs='+', default=[1], help='batch sizes to time (default 1)')
     p.add_argument('--img-size', type=at_least(1), help='image height and width (default: the model\'s input size)')
-    p.add_argument('--repeats', type=at_least(1), default=20, help='at least this many timed calls per model (default 20)')
+    p.add_argument('--repeats', type=at_least(1), default=20,
+                   help='at least this many timed calls per model (default 20)')
     p.add_argument('--time', type=at_least(0, float), default=2.0, metavar='SECONDS',
                    help='time budget per model: keep timing while it lasts, up to --max-repeats (default 2; '
                         '0: exactly --repeats calls)')
@@ -490,7 +491,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument('--n-jobs', type=int, default=1, metavar='J', help='parallel worker processes on the study')
     p.add_argument('--seed', type=int, help="sampler seed (default: the sweep file's SEED, else random)")
     p.add_argument('--study-name', metavar='NAME', help='default: the file name; the same name resumes the study')
-    p.add_argument('--timeout', type=at_least(0, float), metavar='SECONDS', help='stop starting trials after this many seconds')
+    p.add_argument('--timeout', type=at_least(0, float), metavar='SECONDS',
+                   help='stop starting trials after this many seconds')
     p.add_argument('--db', help='results database path or SQLAlchemy URL (default $ZOO_DB or ./zoo-results.db)')
     p.add_argument('--trial-args', default='', metavar='ARGS',
                    help="extra LightningCLI arguments for every trial, one string: '--trainer.max_epochs=2'")
