@@ -375,7 +375,7 @@ def print_table(rows: list[dict]) -> None:
 
     r0 = rows[0] if rows else {}
     load = f", load {r0['load_1m']:.2f} on {r0['cpus']} CPUs before" if r0.get('load_1m') is not None else ''
-    runtimes = any('compile_s' in r for r in rows)
+    runtimes = any('compile_s' in r or r.get('runtime', 'eager') != 'eager' for r in rows)
     table = Table(title=f'zoo bench (CPU, median and IQR over repeats, models interleaved{load})'
                         + (f"\n{r0.get('cpu_model') or _cpu()}" if runtimes else ''))
     cols = ['model', 'input', 'params (M)', 'MACs (G)', 'batch', 'threads', 'repeats', 'median ms', 'IQR ms',
@@ -386,7 +386,8 @@ def print_table(rows: list[dict]) -> None:
     for col in cols:
         table.add_column(col, justify='left' if col in ('model', 'runtime', 'dtype') else 'right')
     for r in rows:
-        cells = [r.get('model') if runtimes else r.get('label', r['model']), 'x'.join(map(str, r['input_size'])),
+        name = r.get('label', r['model'])  # a re-measured network's label names its run; here the runtime is a column
+        cells = [name.removesuffix(f" [{r['runtime']}]") if runtimes else name, 'x'.join(map(str, r['input_size'])),
                  f"{r['params'] / 1e6:.2f}", '' if r['macs'] is None else f"{r['macs'] / 1e9:.3f}",
                  str(r['batch_size']), str(r['threads']), str(r['repeats']), f"{r['median_ms']:.2f}",
                  f"{r['iqr_ms']:.2f}", f"{r['throughput']:.1f}", f"{r['speedup']:.2f}x" if 'speedup' in r else '',

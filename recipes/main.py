@@ -130,12 +130,12 @@ def _cmd_bench(args) -> int:
         from zoo.eval.results import resolve_url
         if resolve_url(args.db) is None:
             raise ValueError('--db none records nothing; give the database whose models to re-measure')
-        if args.vs or args.img_size or args.num_classes or args.batch_size != [1] or args.dtype != 'float32' \
-                or args.mode != 'inference' or args.runtime != 'eager':
-            raise ValueError('re-measuring a database uses each run\'s own network and input at batch 1 '
-                             '(float32, inference, eager); --vs/--img-size/--num-classes/--batch-size/--dtype/--mode/'
-                             '--runtime need model names')
+        if args.vs or args.img_size or args.num_classes or args.dtype != 'float32' or args.mode != 'inference':
+            raise ValueError('re-measuring a database uses each run\'s own network and input (float32, inference; '
+                             '--runtime and --batch-size choose where and at which batch sizes); '
+                             '--vs/--img-size/--num-classes/--dtype/--mode need model names')
         rows = bench.remeasure(args.db, task=args.task, dataset=args.dataset, model=args.model, failures=failures,
+                               batch_sizes=tuple(args.batch_size), runtimes=bench.parse_runtimes(args.runtime),
                                **timing)
     else:
         raise ValueError('name the models to measure (zoo bench poolformer_tiny), or give --db URL to '
@@ -229,6 +229,12 @@ def _cmd_results(args) -> int:
             if len(boards) > 1 and args.format in ('table', 'markdown'):
                 print(f'\n{task} ({board.attrs["metric"]})')
             print(results.format_board(board, args.format))
+    missing = [t for t, b in boards.items() if b['latency_ms'].isna().all()]
+    if missing:  # say how to fill the column rather than leave it blank without a word
+        db = f' --db {args.db}' if args.db else ''
+        print(f'zoo results: no {args.runtime} latency recorded for the {", ".join(missing)} runs'
+              f'{" on a CPU matching " + repr(args.cpu) if args.cpu else ""}; measure their networks with '
+              f'`zoo bench{db} --runtime {args.runtime}` (no model names: the recorded ones)', file=sys.stderr)
     if args.plot:
         from pathlib import Path
 
@@ -382,8 +388,9 @@ def build_parser() -> argparse.ArgumentParser:
                        description='Measure models with a controlled protocol (warm-up, at least --repeats timed '
                                    'calls and more while --time lasts, median and IQR, load average recorded). '
                                    'zoo bench --db URL with no names re-measures every network of that database '
-                                   '(filter with --task/--dataset/--model) in one process and writes the rows: '
-                                   'run it on a quiet machine to refresh the leaderboard\'s latency.')
+                                   '(filter with --task/--dataset/--model; --runtime and --batch-size as for names) '
+                                   'in one process and writes the rows: run it on a quiet machine to refresh the '
+                                   'leaderboard\'s latency (`zoo results --runtime R` shows runtime R\'s).')
     p.add_argument('names', nargs='*', metavar='NAME',
                    help='registered models (or timm/NAME); none with --db: the models recorded in that database')
     p.add_argument('--vs', help='reference model, run interleaved in one process: timm/NAME, a zoo NAME, or '

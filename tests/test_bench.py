@@ -110,6 +110,31 @@ def test_bench_db_remeasures_every_recorded_network(zoo_db, capsys):
     assert not (zoo_db.parent / 'missing.db').exists()
 
 
+def test_bench_db_measures_the_recorded_networks_in_other_runtimes(zoo_db, capsys):
+    """``zoo bench --db`` takes ``--runtime`` and ``--batch-size`` (it refused them: from the command line a board
+    of ``zoo results --runtime onnxruntime`` could not get a latency, and it showed the column blank without a
+    word; now it says which command fills it)."""
+    db = R.open_db()
+    _, fp = _record(db, 'pooling', 0, latency=False)
+    assert main(['results', '--runtime', 'onnxruntime']) == 0
+    out, err = capsys.readouterr()
+    assert 'no onnxruntime latency recorded for the classification runs' in err
+    assert '`zoo bench --runtime onnxruntime`' in err
+    assert main(['bench', '--db', str(zoo_db), '--runtime', 'eager,onnxruntime', '--batch-size', '1', '2',
+                 '--repeats', '2', '--warmup', '1', '--time', '0', '--threads', '1']) == 0
+    out, err = capsys.readouterr()
+    assert '4 latency rows' in err and 'onnxruntime' in out             # the table has a runtime column
+    new = R.latency(source='bench')
+    assert sorted(zip(new.runtime, new.batch_size)) == [('eager', 1), ('eager', 2), ('onnxruntime', 1),
+                                                        ('onnxruntime', 2)]
+    assert (new.arch_fingerprint == fp).all() and (new.input_shape == '1x16x16').all()
+    board = R.leaderboard('classification', 'digits', threads=1, runtime='onnxruntime')
+    assert board.latency_runtime.tolist() == ['onnxruntime'] and board.latency_ms.notna().all()
+    assert main(['results', '--runtime', 'onnxruntime']) == 0 and 'no onnxruntime latency' not in capsys.readouterr().err
+    assert main(['bench', '--db', str(zoo_db), '--dtype', 'bfloat16']) == 2
+    assert '--vs/--img-size/--num-classes/--dtype/--mode need model names' in capsys.readouterr().err
+
+
 def test_the_after_training_record_feeds_token_ids_to_a_language_model():
     """The recording logger takes one sample's shape like ``zoo bench``: (context,) token ids for a language model
     (the data module's context length), an image for the rest, the registry's without a data module."""
