@@ -409,6 +409,10 @@ def peak_activation_mb(model: nn.Module, example: torch.Tensor) -> float | None:
     None when the profiler records no memory events (a build without the CPU memory profiler)."""
     from torch.profiler import ProfilerActivity, profile
 
+    # kineto prints its start, its stop and (without a GPU) "ERROR: ... gpuGetDeviceCount failed" on stderr at
+    # every profile: noise at the end of each recorded `zoo fit`. Level 6 is past its highest; read when kineto
+    # first starts, and a user's own setting stays.
+    os.environ.setdefault('KINETO_LOG_LEVEL', '6')
     was_training = model.training
     model.eval()
     try:
