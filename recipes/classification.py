@@ -15,6 +15,7 @@ import torch
 import torch.nn.functional as F
 from lightning.pytorch.callbacks import BasePredictionWriter
 from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
+from tqdm import tqdm  # its write() prints above a running progress bar, not glued to its line
 
 from . import optim
 from .system import ZooSystem
@@ -111,7 +112,7 @@ class TensorWriter(BasePredictionWriter):
         torch.save(out, self._name(trainer, '.pt'))
         written = self.also_write(trainer, out)
         saved = ', '.join(map(str, [self._name(trainer, '.pt'), *written]))
-        print(f'zoo predict: {len(out)} predictions saved to {saved}')
+        tqdm.write(f'zoo predict: {len(out)} predictions saved to {saved}')
 
     def also_write(self, trainer, out: torch.Tensor) -> list[Path]:
         return []

@@ -22,6 +22,7 @@ from typing import Optional
 import torch
 from lightning.pytorch.callbacks import BasePredictionWriter
 from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
+from tqdm import tqdm  # its write() prints above a running progress bar, not glued to its line
 
 from . import optim
 from .system import ZooSystem
@@ -223,5 +224,5 @@ class DetectionWriter(BasePredictionWriter):
                 n += 1
         path = self.run_dir / 'predictions.json'
         path.write_text(json.dumps(results))
-        print(f'zoo predict: {n} images with their boxes in {out}, {len(results)} detections (score >= '
+        tqdm.write(f'zoo predict: {n} images with their boxes in {out}, {len(results)} detections (score >= '
               f'{self.predict_conf}) in {path}')

@@ -27,6 +27,7 @@ import torch
 from lightning.pytorch.callbacks import BasePredictionWriter
 from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
 from torchmetrics.classification import MulticlassConfusionMatrix
+from tqdm import tqdm  # its write() prints above a running progress bar, not glued to its line
 
 from . import optim
 from .system import ZooSystem
@@ -233,5 +234,5 @@ class SegmentationWriter(BasePredictionWriter):
                 side = torch.cat([overlay(image, truth, colours), overlay(image, mask.long(), colours)], -1)
                 write_png(side, str(overlays_dir / f'{stem}.png'))  # (3, H, 2W): ground truth | prediction
                 n += 1
-        print(f'zoo predict: {n} label PNGs (class ids, palette) in {labels_dir}, ground truth | prediction in '
+        tqdm.write(f'zoo predict: {n} label PNGs (class ids, palette) in {labels_dir}, ground truth | prediction in '
               f'{overlays_dir}')
