@@ -401,6 +401,31 @@ def print_table(rows: list[dict]) -> None:
     console().print(table)
 
 
+NOISY_IQR = 0.10       # an IQR above this fraction of the median: the timings spread too much to quote
+BUSY_LOAD = 0.25       # a 1-minute load above this per CPU before timing: something else was running
+
+
+def noise_warning(rows: list[dict]) -> str | None:
+    """One line saying which rows were timed on a busy or noisy machine (load average before timing above
+    ``BUSY_LOAD`` per CPU, or IQR above ``NOISY_IQR`` of the median), or None. A hypervisor's other guests do not
+    show in the load average, only in the spread, hence both."""
+    spread = [(r['iqr_ms'] / r['median_ms'], r) for r in rows if r.get('median_ms') and r.get('iqr_ms') is not None]
+    noisy = [(f, r) for f, r in spread if f > NOISY_IQR]
+    busy = [r for r in rows if r.get('load_1m') is not None and r.get('cpus') and r['load_1m'] / r['cpus'] > BUSY_LOAD]
+    if not noisy and not busy:
+        return None
+    parts = []
+    if busy:
+        parts.append(f"1-minute load {max(r['load_1m'] for r in busy):.2f} on {busy[0]['cpus']} CPUs before timing")
+    if noisy:
+        f, r = max(noisy, key=lambda t: t[0])
+        name = r.get('label', r['model'])
+        parts.append(f'IQR above {NOISY_IQR:.0%} of the median in {len(noisy)} of {len(rows)} rows (largest '
+                     f"{f:.0%}: {name}, batch {r['batch_size']})")
+    return 'zoo bench: a busy or noisy machine: ' + '; '.join(parts) + '. Re-take these figures on a quiet machine ' \
+           'before quoting them.'
+
+
 def _cpu() -> str:
     from .profile import machine
 

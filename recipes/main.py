@@ -141,6 +141,9 @@ def _cmd_bench(args) -> int:
         raise ValueError('name the models to measure (zoo bench poolformer_tiny), or give --db URL to '
                          're-measure every model recorded there')
     bench.print_table(rows)
+    warning = bench.noise_warning(rows)
+    if warning:
+        print(warning, file=sys.stderr)
     if args.json:
         print(json.dumps(rows, indent=2, default=str))
     if args.db:

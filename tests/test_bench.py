@@ -135,6 +135,24 @@ def test_bench_db_measures_the_recorded_networks_in_other_runtimes(zoo_db, capsy
     assert '--vs/--img-size/--num-classes/--dtype/--mode need model names' in capsys.readouterr().err
 
 
+def test_a_busy_or_noisy_measurement_is_flagged(capsys, monkeypatch):
+    """The table alone let a figure taken under load, or on a host whose other guests steal the cores (no trace in
+    the load average, only in the spread), pass for a quiet one: ``zoo bench`` now says so in one line."""
+    quiet = {'model': 'a', 'label': 'a [eager]', 'batch_size': 1, 'median_ms': 10.0, 'iqr_ms': 0.5, 'load_1m': 0.3,
+             'cpus': 2}
+    assert bench.noise_warning([quiet]) is None
+    spread = {**quiet, 'label': 'b [compile]', 'batch_size': 16, 'iqr_ms': 2.3}
+    line = bench.noise_warning([quiet, spread])
+    assert 'IQR above 10% of the median in 1 of 2 rows (largest 23%: b [compile], batch 16)' in line
+    assert 'load' not in line and 'quiet machine' in line
+    busy = bench.noise_warning([{**quiet, 'load_1m': 1.5}])
+    assert '1-minute load 1.50 on 2 CPUs before timing' in busy and 'IQR' not in busy
+    rows = [{**quiet, 'params': 1, 'macs': 1, 'input_size': (8,), 'threads': 1, 'repeats': 2, 'throughput': 1.0}]
+    monkeypatch.setattr(bench, 'run', lambda *a, **k: [{**rows[0], 'iqr_ms': 5.0}])
+    assert main(['bench', 'poolformer_tiny']) == 0
+    assert 'zoo bench: a busy or noisy machine' in capsys.readouterr().err
+
+
 def test_the_after_training_record_feeds_token_ids_to_a_language_model():
     """The recording logger takes one sample's shape like ``zoo bench``: (context,) token ids for a language model
     (the data module's context length), an image for the rest, the registry's without a data module."""
