@@ -60,7 +60,6 @@ def at_least(minimum: int | float, kind: type = int):
             raise argparse.ArgumentTypeError(f'expected {what} >= {minimum}, got {text}')
         return value
 
-    parse.__name__ = kind.__name__  # argparse names the type in its messages
     return parse
 
 
