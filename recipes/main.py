@@ -234,10 +234,14 @@ def _cmd_results(args) -> int:
             print(results.format_board(board, args.format))
     missing = [t for t, b in boards.items() if b['latency_ms'].isna().all()]
     if missing:  # say how to fill the column rather than leave it blank without a word
-        db = f' --db {args.db}' if args.db else ''
+        import os
+        import shlex
+
+        from zoo.eval.results.schema import DEFAULT_PATH
+        db = shlex.quote(str(args.db or os.environ.get('ZOO_DB') or DEFAULT_PATH))
         print(f'zoo results: no {args.runtime} latency recorded for the {", ".join(missing)} runs'
               f'{" on a CPU matching " + repr(args.cpu) if args.cpu else ""}; measure their networks with '
-              f'`zoo bench{db} --runtime {args.runtime}` (no model names: the recorded ones)', file=sys.stderr)
+              f'`zoo bench --db {db} --runtime {args.runtime}`', file=sys.stderr)
     if args.plot:
         from pathlib import Path
 
