@@ -102,9 +102,10 @@ def test_profile_splits_time_and_macs_by_block_kind(name, capsys):
     assert data['total_macs'] == res['total_macs'] and 'block kind' in out
 
 
-# Strip-MLP's three merging convolutions run through the oneDNN door as functions (the door wins 3 % of a batch-1
+# Strip-MLP's three merging convolutions run through the oneDNN door as functions (the door wins 4 % of a batch-1
 # forward there, 2026-11-29, Intel Xeon), so no hook sees them and their MACs (12 % of the tiny variant's) are the
-# model's own; every other family's MACs land in named kinds (up to 1 %: detectors' decoding).
+# model's own; DnCNN's first and last plain convolutions (4 %) have no block kind; every other family's MACs land
+# in named kinds (up to 1 %: detectors' decoding).
 OTHER_MACS = {'stripmlp_tiny': 0.13, 'dncnn_tiny': 0.05}
 
 
