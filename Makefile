@@ -18,10 +18,10 @@ install: $(STAMP)
 demo: $(STAMP)
 	$(BIN)/python -m zoo.recipes.demo
 
-# Two pytest workers on the 2-core machine, one torch thread each (tests/conftest.py); a test file stays on one
-# worker, so its module fixtures (a trained benchmark, a PostgreSQL server) are built once.
+# Two pytest workers on the 2-core machine, one torch thread each (tests/conftest.py), handed tests one by one; a
+# file with a module fixture (a trained benchmark, a PostgreSQL server) is one xdist_group, so it is built once.
 test: $(STAMP)
-	$(BIN)/python -m pytest -q -n 2 --dist loadfile
+	$(BIN)/python -m pytest -q -n 2 --dist loadgroup
 
 clean:
 	rm -rf $(VENV) build *.egg-info

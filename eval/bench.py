@@ -375,6 +375,8 @@ def print_table(rows: list[dict]) -> None:
 
     r0 = rows[0] if rows else {}
     load = f", load {r0['load_1m']:.2f} on {r0['cpus']} CPUs before" if r0.get('load_1m') is not None else ''
+    if r0.get('load_1m_start') is not None and r0.get('load_1m') is not None:
+        load = f", 1-minute load {r0['load_1m_start']:.2f} on {r0['cpus']} CPUs at the start, {r0['load_1m']:.2f} before timing"
     runtimes = any('compile_s' in r or r.get('runtime', 'eager') != 'eager' for r in rows)
     table = Table(title=f'zoo bench (CPU, median and IQR over repeats, models interleaved{load})'
                         + (f"\n{r0.get('cpu_model') or _cpu()}" if runtimes else ''))
@@ -406,17 +408,21 @@ BUSY_LOAD = 0.25       # a 1-minute load above this per CPU before timing: somet
 
 
 def noise_warning(rows: list[dict]) -> str | None:
-    """One line saying which rows were timed on a busy or noisy machine (load average before timing above
-    ``BUSY_LOAD`` per CPU, or IQR above ``NOISY_IQR`` of the median), or None. A hypervisor's other guests do not
-    show in the load average, only in the spread, hence both."""
+    """One line saying which rows were timed on a busy or noisy machine (load average above ``BUSY_LOAD`` per CPU,
+    or IQR above ``NOISY_IQR`` of the median), or None. A hypervisor's other guests do not show in the load
+    average, only in the spread, hence both. The load is the one when the command started (``load_1m_start``)
+    where known: the load just before timing also counts the command's own compiling and exporting."""
     spread = [(r['iqr_ms'] / r['median_ms'], r) for r in rows if r.get('median_ms') and r.get('iqr_ms') is not None]
     noisy = [(f, r) for f, r in spread if f > NOISY_IQR]
-    busy = [r for r in rows if r.get('load_1m') is not None and r.get('cpus') and r['load_1m'] / r['cpus'] > BUSY_LOAD]
+    start = any(r.get('load_1m_start') is not None for r in rows)
+    key = 'load_1m_start' if start else 'load_1m'
+    busy = [r for r in rows if r.get(key) is not None and r.get('cpus') and r[key] / r['cpus'] > BUSY_LOAD]
     if not noisy and not busy:
         return None
     parts = []
     if busy:
-        parts.append(f"1-minute load {max(r['load_1m'] for r in busy):.2f} on {busy[0]['cpus']} CPUs before timing")
+        parts.append(f"1-minute load {max(r[key] for r in busy):.2f} on {busy[0]['cpus']} CPUs "
+                     + ('when it started' if start else 'before timing'))
     if noisy:
         f, r = max(noisy, key=lambda t: t[0])
         name = r.get('label', r['model'])

@@ -115,6 +115,9 @@ def _timm_info(name: str) -> dict:
 
 def _cmd_bench(args) -> int:
     from ..eval import bench
+    from ..eval.profile import load_average
+
+    load_start = load_average()  # before this command compiles or exports anything (that counts in the load too)
 
     timing = dict(repeats=args.repeats, warmup=args.warmup, threads=args.threads, budget_s=args.time,
                   max_repeats=args.max_repeats)
@@ -140,6 +143,8 @@ def _cmd_bench(args) -> int:
     else:
         raise ValueError('name the models to measure (zoo bench poolformer_tiny), or give --db URL to '
                          're-measure every model recorded there')
+    for r in rows:
+        r['load_1m_start'] = load_start
     bench.print_table(rows)
     warning = bench.noise_warning(rows)
     if warning:

@@ -152,6 +152,17 @@ def test_a_busy_or_noisy_measurement_is_flagged(capsys, monkeypatch):
     assert main(['bench', 'poolformer_tiny']) == 0
     assert 'zoo bench: a busy or noisy machine' in capsys.readouterr().err
 
+    # The load that counts is the one when the command started: compiling and exporting (25 s of two threads for
+    # RaftMLP-S) raised the load before timing to 0.81 on a quiet machine, and every compiled bench was "busy".
+    from zoo.eval import profile
+    monkeypatch.setattr(bench, 'run', lambda *a, **k: [{**rows[0], 'load_1m': 0.81}])
+    for start, busy in ((0.2, False), (0.9, True)):
+        monkeypatch.setattr(profile, 'load_average', lambda: start)
+        assert main(['bench', 'poolformer_tiny']) == 0
+        out = capsys.readouterr()
+        assert ('1-minute load 0.90 on 2 CPUs when it started' in out.err) == busy, out.err
+        assert f'load {start:.2f} on 2 CPUs at the start, 0.81 before timing' in out.out
+
 
 def test_the_after_training_record_feeds_token_ids_to_a_language_model():
     """The recording logger takes one sample's shape like ``zoo bench``: (context,) token ids for a language model

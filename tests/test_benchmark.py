@@ -57,6 +57,11 @@ def rows(db: Path):
     return df
 
 
+# one pytest-xdist worker runs the whole file (make test: --dist loadgroup), so the module fixture below
+# is built once
+pytestmark = pytest.mark.xdist_group(__name__)
+
+
 @pytest.fixture(scope='module')
 def ran(tmp_path_factory):
     """One tiny benchmark (two mixers, one seed), run once by two worker threads, with latency."""

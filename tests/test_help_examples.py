@@ -83,6 +83,11 @@ def to_argv(line: str) -> list[str]:
 EXAMPLES = example_lines()
 
 
+# one pytest-xdist worker runs the whole file (make test: --dist loadgroup), so the module fixture below
+# is built once
+pytestmark = pytest.mark.xdist_group(__name__)
+
+
 @pytest.fixture(scope='module')
 def workspace(tmp_path_factory):
     """One finished demo run (checkpoints, a database row with its latency), copied for every example."""

@@ -28,6 +28,11 @@ BASE = ROOT / 'recipes' / 'configs' / 'poolformer' / 'poolformer_tiny_digits_15e
 FAST = '--trainer.max_epochs=1 --trainer.limit_train_batches=1 --trainer.limit_val_batches=1'
 
 
+# one pytest-xdist worker runs the whole file (make test: --dist loadgroup), so the module fixture below
+# is built once
+pytestmark = pytest.mark.xdist_group(__name__)
+
+
 @pytest.fixture(scope='module')
 def pg_server():
     with warnings.catch_warnings():     # platformdirs: "XDG_RUNTIME_DIR is not set" (it uses /tmp/runtime-<uid>)
