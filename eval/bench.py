@@ -376,7 +376,8 @@ def print_table(rows: list[dict]) -> None:
     r0 = rows[0] if rows else {}
     load = f", load {r0['load_1m']:.2f} on {r0['cpus']} CPUs before" if r0.get('load_1m') is not None else ''
     if r0.get('load_1m_start') is not None and r0.get('load_1m') is not None:
-        load = f", 1-minute load {r0['load_1m_start']:.2f} on {r0['cpus']} CPUs at the start, {r0['load_1m']:.2f} before timing"
+        load = (f", 1-minute load {r0['load_1m_start']:.2f} on {r0['cpus']} CPUs at the start, "
+                f"{r0['load_1m']:.2f} before timing")
     runtimes = any('compile_s' in r or r.get('runtime', 'eager') != 'eager' for r in rows)
     table = Table(title=f'zoo bench (CPU, median and IQR over repeats, models interleaved{load})'
                         + (f"\n{r0.get('cpu_model') or _cpu()}" if runtimes else ''))

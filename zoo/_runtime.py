@@ -94,8 +94,8 @@ def _compiled(fn, options: dict | None):
     def call(x):
         return fn(x)
     call.__code__ = call.__code__.replace()  # an equal but distinct code object
-    # Freezing already makes the result a snapshot of the model, so dynamo need not check the model's modules and
-    # parameters at every call (0.5 ms at batch 1): only the input's guards stay.
+    # Freezing already makes each graph a snapshot of the model, so dynamo need not check the model's modules and
+    # parameters at every call (0.2-0.9 ms at batch 1): only the input's guards stay.
     options = {**(options or {}), 'guard_filter_fn': torch.compiler.skip_guard_on_all_nn_modules_unsafe}
     compiled = torch.compile(call, dynamic=False, options=options)
 
@@ -113,11 +113,12 @@ def _compiled(fn, options: dict | None):
 
 
 def _inductor_options(config) -> dict:
-    """Freezing, and zoo's oneDNN pass for frozen float32 linears (``zoo.layers.onednn.compiled_linear_pass``,
-    off with ``ZOO_ONEDNN=0``) after any post-grad pass the user has set."""
+    """Freezing, the C++ wrapper, and zoo's oneDNN pass for frozen float32 linears
+    (``zoo.layers.onednn.compiled_linear_pass``, off with ``ZOO_ONEDNN=0``) after any post-grad pass the user has set."""
     from zoo.layers.onednn import compiled_linear_pass
 
-    # cpp_wrapper: the compiled graph calls its kernels from C++, not from a Python function (1-2 ms at batch 1)
+    # cpp_wrapper: the graph calls its kernels from C++, not from a Python function (0.6-2.6 ms at batch 1, for a few
+    # seconds more compiling: docs/runtimes.md, "Per-call overhead at batch 1")
     ours, theirs = compiled_linear_pass(), config.post_grad_custom_pre_pass
     if ours is None:
         return {'freezing': True, 'cpp_wrapper': True}
@@ -357,9 +358,9 @@ def optimize(model: nn.Module, runtime: str = 'compile', example: torch.Tensor |
 
     runtime: ``'eager'`` (the module itself, under no_grad), ``'compile'`` (``torch.compile`` with inductor's
     freezing and C++ wrapper; ``mode`` is torch.compile's mode; each graph is a snapshot of the model as it was
-    compiled: after changing the model, optimize it again), ``'onnxruntime'`` or ``'openvino'`` (exported to ONNX with a
-    dynamic batch, traced on ``example`` (default: a random input of the model's registered size), and run in
-    an inference session). ``dtype`` (e.g. ``torch.bfloat16``) runs eager/compile under autocast; the ONNX
+    compiled: after changing the model, optimize it again), ``'onnxruntime'`` or ``'openvino'`` (exported to ONNX
+    with a dynamic batch, traced on ``example`` (default: a random input of the model's registered size), and run
+    in an inference session). ``dtype`` (e.g. ``torch.bfloat16``) runs eager/compile under autocast; the ONNX
     runtimes are float32 only. A dense model keeps its eager prediction (decode, NMS) after the captured network
     (see the module docstring). With ``example``, ``compile`` compiles on it before returning.
     """
