@@ -95,7 +95,8 @@ def _compiled(fn, options: dict | None):
         return fn(x)
     call.__code__ = call.__code__.replace()  # an equal but distinct code object
     # Freezing already makes each graph a snapshot of the model, so dynamo need not check the model's modules and
-    # parameters at every call (0.2-0.9 ms at batch 1): only the input's guards stay.
+    # parameters at every call (75 us for raftmlp_tiny, 0.25-0.55 ms for RaftMLP-S at batch 1): only the input's
+    # guards stay.
     options = {**(options or {}), 'guard_filter_fn': torch.compiler.skip_guard_on_all_nn_modules_unsafe}
     compiled = torch.compile(call, dynamic=False, options=options)
 
@@ -113,17 +114,15 @@ def _compiled(fn, options: dict | None):
 
 
 def _inductor_options(config) -> dict:
-    """Freezing, the C++ wrapper, and zoo's oneDNN pass for frozen float32 linears
-    (``zoo.layers.onednn.compiled_linear_pass``, off with ``ZOO_ONEDNN=0``) after any post-grad pass the user has set."""
+    """Freezing, and zoo's oneDNN pass for frozen float32 linears (``zoo.layers.onednn.compiled_linear_pass``,
+    off with ``ZOO_ONEDNN=0``) after any post-grad pass the user has set."""
     from zoo.layers.onednn import compiled_linear_pass
 
-    # cpp_wrapper: the graph calls its kernels from C++, not from a Python function (0.6-2.6 ms at batch 1, for a few
-    # seconds more compiling: docs/runtimes.md, "Per-call overhead at batch 1")
     ours, theirs = compiled_linear_pass(), config.post_grad_custom_pre_pass
     if ours is None:
-        return {'freezing': True, 'cpp_wrapper': True}
+        return {'freezing': True}
     passes = ours if theirs is None else [*(theirs if isinstance(theirs, (list, tuple)) else [theirs]), ours]
-    return {'freezing': True, 'cpp_wrapper': True, 'post_grad_custom_pre_pass': passes}
+    return {'freezing': True, 'post_grad_custom_pre_pass': passes}
 
 
 class _Raw(nn.Module):
@@ -357,7 +356,7 @@ def optimize(model: nn.Module, runtime: str = 'compile', example: torch.Tensor |
     """``model`` (put in eval mode) in a runtime: a module whose output equals ``model(x)`` in eval mode.
 
     runtime: ``'eager'`` (the module itself, under no_grad), ``'compile'`` (``torch.compile`` with inductor's
-    freezing and C++ wrapper; ``mode`` is torch.compile's mode; each graph is a snapshot of the model as it was
+    freezing; ``mode`` is torch.compile's mode; each graph is a snapshot of the model as it was
     compiled: after changing the model, optimize it again), ``'onnxruntime'`` or ``'openvino'`` (exported to ONNX
     with a dynamic batch, traced on ``example`` (default: a random input of the model's registered size), and run
     in an inference session). ``dtype`` (e.g. ``torch.bfloat16``) runs eager/compile under autocast; the ONNX
