@@ -405,7 +405,7 @@ def print_table(rows: list[dict]) -> None:
 
 
 NOISY_IQR = 0.10       # an IQR above this fraction of the median: the timings spread too much to quote
-BUSY_LOAD = 0.25       # a 1-minute load above this per CPU before timing: something else was running
+BUSY_LOAD = 0.25       # a 1-minute load above this per CPU when zoo bench started: something else was running
 
 
 def noise_warning(rows: list[dict]) -> str | None:

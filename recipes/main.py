@@ -23,7 +23,9 @@ import argparse
 import difflib
 import fnmatch
 import json
+import os
 import re
+import shlex
 import sys
 
 from .errors import at_least
@@ -239,9 +241,6 @@ def _cmd_results(args) -> int:
             print(results.format_board(board, args.format))
     missing = [t for t, b in boards.items() if b['latency_ms'].isna().all()]
     if missing:  # say how to fill the column rather than leave it blank without a word
-        import os
-        import shlex
-
         from zoo.eval.results.schema import DEFAULT_PATH
         db = shlex.quote(str(args.db or os.environ.get('ZOO_DB') or DEFAULT_PATH))
         print(f'zoo results: no {args.runtime} latency recorded for the {", ".join(missing)} runs'
@@ -260,8 +259,6 @@ def _cmd_results(args) -> int:
 
 
 def _cmd_sweep(args) -> int:
-    import shlex
-
     from zoo.recipes.sweep import run_sweep
 
     run_sweep(args.file, n_trials=args.n_trials, n_jobs=args.n_jobs, db=args.db, study_name=args.study_name,
