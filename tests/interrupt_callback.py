@@ -78,3 +78,11 @@ class Sleep(Callback):
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         import time
         time.sleep(self.seconds)
+
+
+class FailAtStart(Callback):
+    """Raise what bad data found in the first batch raises (a ``ValueError``) as training starts: after the run
+    folder, its config and its results row are written, before any training step."""
+
+    def on_train_start(self, trainer, pl_module) -> None:
+        raise ValueError('bad data in the first batch (raised by the test)')

@@ -15,14 +15,16 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def zoo(*args: str, cwd: Path, env: dict | None = None, timeout: float = 600, stdin: str | None = None,
-        ) -> subprocess.CompletedProcess:
-    """``zoo ARGS`` in ``cwd``: returns the completed process (``returncode``, ``stdout``, ``stderr`` as text)."""
+        stdout=None) -> subprocess.CompletedProcess:
+    """``zoo ARGS`` in ``cwd``: returns the completed process (``returncode``, ``stdout``, ``stderr`` as text).
+    ``stdout``: where the output goes instead of being captured (a file descriptor: a pipe whose reader left)."""
     full = {**os.environ, 'PYTHONPATH': os.pathsep.join([str(ROOT / 'tests'), str(ROOT)]), 'OMP_NUM_THREADS': '1',
             'ZOO_RUNS': str(Path(cwd) / 'runs'), 'ZOO_DB': str(Path(cwd) / 'zoo-results.db'),
             'ZOO_RECORD_LATENCY': '0', **(env or {})}
     full.pop('ZOO_RUN_DIR', None)
     return subprocess.run([sys.executable, '-m', 'zoo.recipes.main', *map(str, args)], cwd=cwd, env=full,
-                          capture_output=True, text=True, timeout=timeout, input=stdin)
+                          stdout=subprocess.PIPE if stdout is None else stdout, stderr=subprocess.PIPE, text=True,
+                          timeout=timeout, input=stdin)
 
 
 def error_line(proc: subprocess.CompletedProcess) -> str:
