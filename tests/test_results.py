@@ -346,7 +346,8 @@ def test_leaderboard_best_per_model_with_t_interval_from_three_seeds(fixture_db)
     assert R.leaderboard(model='slow*').model.tolist() == ['slow_good', 'slow_bad']
     with pytest.raises(R.ResultsDBError, match="no final metric 'val/psnr'"):
         R.leaderboard('classification', 'digits', 'val/psnr')
-    assert R.leaderboard('denoising').empty
+    with pytest.raises(R.ResultsDBError, match="no run has task 'denoising'"):   # said, rather than an empty board
+        R.leaderboard('denoising')
 
 
 def test_leaderboard_rows_per_model_arguments_with_their_budget():
@@ -614,7 +615,8 @@ def test_cli_results_formats_and_plot(fixture_db, tmp_path, capsys):
     assert 'slow_good' in out and '0.9150' in out and '95% CI' in out and 'n=2, too few for an interval' in out
     assert main(['results', '--dataset', 'digits', '--format', 'csv']) == 0
     csv = capsys.readouterr().out
-    assert csv.splitlines()[0].startswith('model,family,model_args,block_choices,budget,max_epochs,steps,n_seeds,mean')
+    assert csv.splitlines()[0].startswith(
+        'model,family,model_args,dataset,block_choices,budget,max_epochs,steps,n_seeds,mean')
     assert main(['results', '--dataset', 'digits', '--format', 'json']) == 0
     rows = json.loads(capsys.readouterr().out)
     assert [r['model'] for r in rows][0] == 'slow_good' and rows[0]['n_seeds'] == 4

@@ -45,8 +45,12 @@ def aggregate(metric: str = 'val/acc1', *, db=None, model: str | None = None, ta
     if configs not in ('best', 'all'):
         raise ResultsDBError(f"configs must be 'best' or 'all'; got {configs!r}")
     higher = is_higher_better(metric) if higher_is_better is None else higher_is_better
-    df = (open_db(db).runs(model=model, task=task, dataset=dataset, status='finished') if runs is None
-          else runs.copy())
+    if runs is None:
+        store = open_db(db)
+        store.check_filters(task=task, dataset=dataset, model=model)
+        df = store.runs(model=model, task=task, dataset=dataset, status='finished')
+    else:
+        df = runs.copy()
     unknown = [c for c in by if c not in runs_table.c]
     if unknown:
         raise ResultsDBError(f'unknown column(s) {unknown} to stratify by; known: {", ".join(runs_table.c.keys())}')
@@ -127,8 +131,9 @@ def is_higher_better(metric: str) -> bool:
                          f'higher {", ".join(sorted(HIGHER_IS_BETTER))}; lower {", ".join(sorted(LOWER_IS_BETTER))})')
 
 
-LEADERBOARD_COLUMNS = ['model', 'family', 'model_args', 'block_choices', 'budget', 'max_epochs', 'steps', 'n_seeds',
-                       'mean', 'ci_low', 'ci_high', 'interval_note', 'values', 'iqm', 'std', 'best', 'params', 'macs',
+LEADERBOARD_COLUMNS = ['model', 'family', 'model_args', 'dataset', 'block_choices', 'budget', 'max_epochs', 'steps',
+                       'n_seeds', 'mean', 'ci_low', 'ci_high', 'interval_note', 'values', 'iqm', 'std', 'best', 'params',
+                       'macs',
                        'latency_ms', 'latency_iqr_ms', 'latency_batch', 'latency_threads', 'latency_shape',
                        'latency_source', 'latency_load', 'latency_repeats', 'latency_id', 'latency_runtime',
                        'latency_cpu', 'arch_fingerprint',
@@ -141,7 +146,9 @@ def board_tasks(*, db=None, model: str | None = None, task: str | None = None, d
     """The tasks of the finished runs (filtered like ``leaderboard``), in the registry's order."""
     from zoo._registry import TASKS
 
-    df = open_db(db).runs(model=model, task=task, dataset=dataset, status='finished')
+    store = open_db(db)
+    store.check_filters(task=task, dataset=dataset, model=model)
+    df = store.runs(model=model, task=task, dataset=dataset, status='finished')
     found = set(df.task.dropna()) if not df.empty else set()
     return [t for t in TASKS if t in found] + sorted(found - set(TASKS))
 
@@ -156,7 +163,8 @@ def leaderboards(task: str | None = None, dataset: str | None = None, metric: st
 def leaderboard(task: str | None = None, dataset: str | None = None, metric: str | None = None, *, db=None,
                 model: str | None = None, higher_is_better: bool | None = None, threads: int | None = None,
                 device: str = 'cpu', runtime: str = 'eager', cpu: str | None = None):
-    """One row per model *and model arguments* on (task, dataset), by the final ``metric`` of finished runs.
+    """One row per model, *model arguments* and dataset, by the final ``metric`` of finished runs (runs on two
+    datasets are never folded into one row; ``dataset=`` keeps one).
 
     ``metric`` defaults to the task's primary metric (``val/acc1`` for classification, ``val/map`` for
     detection, ...); without ``task`` the finished runs must all be of one task (else: ``leaderboards``).
@@ -173,8 +181,9 @@ def leaderboard(task: str | None = None, dataset: str | None = None, metric: str
 
     Latency (batch 1, inference, float32, ``device``): the most trustworthy record among those measured
     for the row's runs or for the same architecture fingerprint (or, for runs without a fingerprint, the
-    model name); see ``pick_latency`` for the rule. ``threads`` chooses the thread count; by default the
-    one most rows have a record at. ``latency_iqr_ms`` is the spread of that record.
+    model name), chosen by ``pick_latency``, the rule ``data()`` and the benchmark report use too.
+    ``threads``: records at that many threads first; by default every thread count, and ``attrs['threads']``
+    is the rows' common count (None when the rows' records differ). ``latency_iqr_ms`` is that record's spread.
 
     Runtime and machine: only records of ``runtime`` (eager, compile, onnxruntime, openvino) count, and all
     latencies of one board come from one CPU model, never a mix: the CPU whose name contains ``cpu``
@@ -183,6 +192,7 @@ def leaderboard(task: str | None = None, dataset: str | None = None, metric: str
     import pandas as pd
 
     store = open_db(db)
+    store.check_filters(task=task, dataset=dataset, model=model)
     if metric is None:
         metric = _default_metric(task, store, model=model, dataset=dataset)
     higher = is_higher_better(metric) if higher_is_better is None else higher_is_better
@@ -199,7 +209,7 @@ def leaderboard(task: str | None = None, dataset: str | None = None, metric: str
     lat = _latency_candidates(all_lat, device, runtime)
     cpu_pick = _cpu_filter(all_lat, cpu)
     rows, candidates = [], []
-    for (name, key), g in df.groupby(['model', 'config_key'], dropna=False, sort=False):
+    for (name, _, key), g in df.groupby(['model', 'dataset', 'config_key'], dropna=False, sort=False):
         vals = g[metric].to_numpy(dtype=float)
         fp = g.arch_fingerprint.dropna().iloc[0] if g.arch_fingerprint.notna().any() else None
         n = len(vals)
@@ -213,7 +223,7 @@ def leaderboard(task: str | None = None, dataset: str | None = None, metric: str
         max_epochs = _first(g.max_epochs)
         run_steps = [steps[i] for i in g.id if i in steps]
         rows.append(dict(
-            model=name, family=g.family.iloc[0], model_args=g._args.iloc[0],
+            model=name, family=g.family.iloc[0], model_args=g._args.iloc[0], dataset=g.dataset.iloc[0],
             block_choices=_fmt_choices(g.block_choices.iloc[0]),
             budget=_budget(max_epochs, g.config.iloc[0]), max_epochs=max_epochs,
             steps=max(run_steps) if run_steps else None,
@@ -227,17 +237,19 @@ def leaderboard(task: str | None = None, dataset: str | None = None, metric: str
             config_key=key, run_ids=','.join(map(str, g.id.tolist()))))
     board = pd.DataFrame(rows)
     board = board.sort_values('mean', ascending=not higher, kind='stable')
-    board = board.drop_duplicates(['model', 'model_args'], keep='first').reset_index(drop=True)
+    # one row per (model, model arguments, dataset): its best configuration; datasets in name order, each best first
+    board = board.drop_duplicates(['model', 'model_args', 'dataset'], keep='first')
+    board = board.sort_values('dataset', kind='stable').reset_index(drop=True)
     mine = [candidates[i] for i in board._i]
     if cpu_pick is None:         # the CPU most of this board's records were measured on (ties: by name)
         counts = pd.Series([c for m in mine if not m.empty for c in m.cpu_model], dtype=object).value_counts()
         cpu_pick = sorted(counts.index[counts == counts.max()])[0] if len(counts) else None
     mine = [m if m.empty or cpu_pick is None else m[m.cpu_model == cpu_pick] for m in mine]
-    if threads is None:          # the thread count most rows have a record at (ties: the fewer threads)
-        counts = pd.Series([t for m in mine if not m.empty for t in set(m.threads.dropna().astype(int))],
-                           dtype=int).value_counts()
-        threads = int(min(counts.index[counts == counts.max()])) if len(counts) else None
     picked = [pick_latency(m, threads) for m in mine]
+    asked = threads
+    if threads is None:          # the rows' common thread count, if their records share one
+        counts = {int(p['threads']) for p in picked if p is not None and p['threads'] is not None}
+        threads = counts.pop() if len(counts) == 1 else None
     for col, key in (('latency_ms', 'median_ms'), ('latency_iqr_ms', 'iqr_ms'), ('latency_threads', 'threads'),
                      ('latency_shape', 'input_shape'), ('latency_source', 'source'), ('latency_load', 'load_1m'),
                      ('latency_repeats', 'repeats'), ('latency_id', 'id'), ('latency_runtime', 'runtime'),
@@ -246,6 +258,7 @@ def leaderboard(task: str | None = None, dataset: str | None = None, metric: str
     board['latency_batch'] = [None if p is None else 1 for p in picked]
     board = board[LEADERBOARD_COLUMNS]
     board.attrs.update(metric=metric, higher_is_better=higher, task=task, dataset=dataset, threads=threads,
+                       threads_asked=asked,
                        interval=INTERVAL, runtime=runtime, cpu=cpu_pick)
     board[['params', 'macs']] = board[['params', 'macs']].astype('Float64')
     return board.replace({np.nan: None}).astype({'mean': float})
@@ -355,12 +368,14 @@ def _matching(lat, run_ids: list[int], fp: str | None, model: str):
 
 
 def pick_latency(records, threads: int | None = None) -> dict | None:
-    """The most trustworthy latency record among ``records`` (rows of ``zoo_latency``), or None.
+    """The most trustworthy latency record among ``records`` (rows of ``zoo_latency``), or None: the one rule
+    the leaderboard and its plot, ``data()`` and the benchmark report all use.
 
-    Rule: (1) records at ``threads`` threads if there are any (else every thread count); (2) by source,
-    ``zoo bench`` records first, then after-training (``fit``) records, then records without a source
-    (older than schema 4, or written through the API); (3) then the lowest load: the 1-minute load average
-    per CPU before the measurement (unknown load last); (4) then the most repeats, then the newest."""
+    Rule: (1) when ``threads`` is asked for, records at that many threads if there are any (by default every
+    thread count counts); (2) by source, ``zoo bench`` records first, then after-training (``fit``) records,
+    then records without a source (older than schema 4, or written through the API); (3) then the lowest
+    load: the 1-minute load average per CPU before the measurement (unknown load last); (4) then the most
+    repeats, then the newest."""
     import numpy as np
 
     if records is None or records.empty:

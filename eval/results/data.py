@@ -46,6 +46,7 @@ DATA_COLUMNS = [
     'arch_fingerprint',
     'latency_eager_ms', 'latency_eager_b16_ms',
     'latency_cpu',         # the CPU the latency was taken on ('unknown' before schema 5)
+    'latency_threads',     # the thread count(s) of those records, e.g. '2' ('1, 2' when runtimes' records differ)
 ]
 # Block kinds get one count column each: ``blocks_<kind>`` (``blocks_token_mixer``), after DATA_COLUMNS.
 LATENCY_BATCHES = {1: '', 16: '_b16'}
@@ -58,7 +59,8 @@ def data(db=None, task: str | None = None, dataset: str | None = None, model: st
 
     Filters: ``task``, ``dataset``, ``model`` (a glob), ``status`` (``None``: every status), ``cpu`` (a part of
     the CPU model's name, case-insensitive, as ``leaderboard(cpu=)``: only latency measured on that CPU; rows
-    keep their training columns). ``only_best``: per (task, dataset, model, model_args), only the run with the best
+    keep their training columns); a ``task``, ``dataset`` or ``model`` that matches no run is an error naming the
+    closest recorded values. ``only_best``: per (task, dataset, model, model_args), only the run with the best
     final primary metric (LEMUR's ``only_best_accuracy``). Latency: per run, runtime and batch size (1 and 16), the most
     trusted inference record (``board.pick_latency``) of the run itself or of its architecture fingerprint."""
     import pandas as pd
@@ -68,6 +70,7 @@ def data(db=None, task: str | None = None, dataset: str | None = None, model: st
     if status is not None and status not in STATUSES:
         raise ResultsDBError(f'unknown status {status!r}; expected one of {", ".join(STATUSES)} or None')
     store = open_db(db, create=False)
+    store.check_filters(task=task, dataset=dataset, model=model)
     runs = store.runs(model=model, task=task, dataset=dataset, status=status)
     epochs = store.metrics(final=False)
     hosts = store.runs(columns=['host', 'env'])
@@ -115,7 +118,7 @@ def data(db=None, task: str | None = None, dataset: str | None = None, model: st
         for m in metric_cols:
             row[m] = _float(rd.get(m))
         cands = _candidates(lat, row['run_id'], row['arch_fingerprint'], rd['model'])
-        cpus = []
+        cpus, threads = [], []
         for rt in runtimes:
             for bs, suffix in LATENCY_BATCHES.items():
                 sel = cands[(cands.runtime == rt) & (cands.batch_size == bs)] if not cands.empty else cands
@@ -123,7 +126,10 @@ def data(db=None, task: str | None = None, dataset: str | None = None, model: st
                 row[f'latency_{rt}{suffix}_ms'] = None if pick is None else float(pick['median_ms'])
                 if pick is not None:
                     cpus.append(pick.get('cpu_name') or 'unknown')
+                    if pick.get('threads') is not None:
+                        threads.append(int(pick['threads']))
         row['latency_cpu'] = ', '.join(sorted(set(cpus))) if cpus else None
+        row['latency_threads'] = ', '.join(map(str, sorted(set(threads)))) if threads else None
         rows.append(row)
     lat_cols = [f'latency_{rt}{s}_ms' for rt in runtimes for s in LATENCY_BATCHES.values()]
     extra = [f'blocks_{k}' for k in kinds] + metric_cols + [c for c in lat_cols if c not in DATA_COLUMNS]

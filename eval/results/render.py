@@ -48,10 +48,13 @@ def format_board(board, fmt: str = 'table') -> str:
     metric = board.attrs.get('metric', 'metric')
     title = f"leaderboard: {metric} ({'higher' if board.attrs.get('higher_is_better', True) else 'lower'} is better)"
     title += ('; 95% CI: Student-t over seeds, none below 3 seeds; latency: median and IQR of the most trusted '
-              'record (zoo bench first, then the lowest load)')
+              'record (results.pick_latency: zoo bench before after-training records, then the lowest load, the '
+              'most repeats, the newest' + (f"; at {board.attrs['threads_asked']} thread(s) where recorded"
+                                            if board.attrs.get('threads_asked') else '') + ')')
     if board.attrs.get('cpu'):
         title += f"; latency {board.attrs.get('runtime', 'eager')} on {board.attrs['cpu']}"
-    return _rich_table(title, rows, left=('model', 'model args', 'budget', '95% CI (t)', 'latency from', 'aliases'))
+    return _rich_table(title, rows, left=('model', 'model args', 'dataset', 'budget', '95% CI (t)', 'latency from',
+                                          'aliases'))
 
 
 def _rich_table(title: str, rows: list[dict], left: tuple[str, ...]) -> str:
@@ -63,8 +66,8 @@ def _rich_table(title: str, rows: list[dict], left: tuple[str, ...]) -> str:
 
     table = Table(title=title)
     cols = list(rows[0]) if rows else ['model']
-    for c in cols:
-        table.add_column(c, justify='left' if c in left else 'right')
+    for c in cols:   # a row's identity is never broken over lines
+        table.add_column(c, justify='left' if c in left else 'right', no_wrap=c in ('model', 'dataset'))
     for r in rows:
         table.add_row(*[str(r[c]) for c in cols])
     buf = io.StringIO()
@@ -86,7 +89,7 @@ def _display_rows(board) -> list[dict]:
         if r.latency_ms is not None:
             load = '' if r.latency_load is None else f', load {r.latency_load:.2f}'
             lat_from = f'{r.latency_source}, {r.latency_threads} thr{load}'
-        rows.append({'model': r.model, 'model args': r.model_args, 'budget': r.budget,
+        rows.append({'model': r.model, 'model args': r.model_args, 'dataset': r.dataset, 'budget': r.budget,
                      'steps': '' if r.steps is None else str(r.steps), 'seeds': r.n_seeds,
                      metric: num(r.mean, '{:.4f}'), '95% CI (t)': ci,
                      'params (M)': num(None if r.params is None else r.params / 1e6, '{:.3f}'),
@@ -122,6 +125,10 @@ for the same board: fixed element ids, no date); returns the matplotlib Figure."
 
     metric = board.attrs.get('metric', 'metric')
     higher = board.attrs.get('higher_is_better', True)
+    datasets = sorted(map(str, board.dataset.dropna().unique())) if 'dataset' in board else []
+    if len(datasets) > 1:      # a Pareto front across datasets compares scores that do not compare
+        raise ResultsDBError(f'the board holds {len(datasets)} datasets ({", ".join(datasets)}); plot one at a time: '
+                             f'board[board.dataset == {datasets[0]!r}] (zoo results --plot draws one file per dataset)')
     b = board[board.latency_ms.notna()].reset_index(drop=True)
     fig = Figure(figsize=(7, 4.5)) if path is not None else plt.figure(figsize=(7, 4.5))
     ax = fig.add_subplot()
@@ -160,11 +167,13 @@ for the same board: fixed element ids, no date); returns the matplotlib Figure."
                 half = 0.2 * abs(centre) if centre else 1.0
                 lims(centre - half, centre + half)
         ax.legend(loc='best', fontsize=8)
-    threads = board.attrs.get('threads')
+    counts = sorted(set(board.latency_threads.dropna().astype(int))) if 'latency_threads' in board else []
+    threads = counts[0] if len(counts) == 1 else None if counts else board.attrs.get('threads')
     where = f", {board.attrs.get('runtime', 'eager')}" + (f" on {board.attrs['cpu']}" if board.attrs.get('cpu') else '')
-    ax.set_xlabel(f'CPU latency, batch 1{f", {threads} thread(s)" if threads else ""}{where} (ms; median, bar: IQR)')
+    threads_text = f', {threads} thread(s)' if threads else ', thread counts differ' if len(counts) > 1 else ''
+    ax.set_xlabel(f'CPU latency, batch 1{threads_text}{where} (ms; median, bar: IQR)')
     ax.set_ylabel(f'{metric} (mean over seeds; bar: 95 % t-interval, n ≥ 3)')
-    parts = [board.attrs.get('task'), board.attrs.get('dataset')]
+    parts = [board.attrs.get('task'), board.attrs.get('dataset') or (datasets[0] if datasets else None)]
     ax.set_title(title or ' / '.join(p for p in parts if p) or 'accuracy vs latency')
     ax.grid(alpha=0.3)
     fig.tight_layout()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime as _dt
+import difflib
 import fnmatch
 import json
 import os
@@ -289,6 +290,14 @@ class ResultsDB:
                 status=status, error=error, ended_at=now, heartbeat_at=now,
                 wall_s=(now - started).total_seconds()))
 
+    def delete_run(self, run_id: int) -> None:
+        """Remove a run and its metrics: only for a command rejected as bad input before it trained (``zoo fit``
+        promises such a command leaves nothing behind); every run that trained keeps its row, failed or not."""
+        with self.write() as conn:
+            conn.execute(metrics_table.delete().where(metrics_table.c.run_id == run_id))
+            conn.execute(latency_table.update().where(latency_table.c.run_id == run_id).values(run_id=None))
+            conn.execute(runs_table.delete().where(runs_table.c.id == run_id))
+
     def heartbeat(self, run_id: int) -> bool:
         """Refresh a running run's ``heartbeat_at``; False once the run is no longer ``running``."""
         with self.write() as conn:
@@ -416,6 +425,36 @@ class ResultsDB:
             wide = fm.pivot_table(index='run_id', columns='name', values='value', aggfunc='last')
             df = df.merge(wide, left_on='id', right_index=True, how='left')
         return _select_columns(df, columns)
+
+    def check_filters(self, *, task: str | None = None, dataset: str | None = None, model: str | None = None) -> None:
+        """A filter value that matches no run (of any status), ``task='segmentaton'``, ``dataset='shapes_sge'``, a
+        ``model`` glob no name fits, is an error naming the closest recorded values: a typo must not read as
+        "no results". Each value is checked among the runs the filters before it keep (task, then dataset, then
+        model), so ``task='detection', dataset='digits'`` names detection's datasets."""
+        given = {k: v for k, v in (('task', task), ('dataset', dataset), ('model', model)) if v is not None}
+        if not given or self._values('id', given, limit=1):
+            return
+        kept: dict = {}
+        for key, value in given.items():
+            recorded = sorted(map(str, self._values(key, kept)))
+            within = f" among the runs of {', '.join(f'{k} {v!r}' for k, v in kept.items())}" if kept else ''
+            kept[key] = value
+            if not self._values('id', kept, limit=1):
+                plain = str(value).strip('*?') if key == 'model' else str(value)
+                close = difflib.get_close_matches(plain, recorded, n=3, cutoff=0.6)
+                shown = ', '.join(recorded[:12]) + (f' (+{len(recorded) - 12} more)' if len(recorded) > 12 else '')
+                raise ResultsDBError(f'no run has {key} {value!r}{within}'
+                                     + (f"; did you mean {' or '.join(close)}?" if close else '')
+                                     + f' (recorded: {shown or "none"})')
+
+    def _values(self, column: str, filters: dict, limit: int | None = None) -> list:
+        """The distinct non-null values of a runs column among the runs ``filters`` keep (``model``: a glob)."""
+        filters = dict(filters)
+        with self.read() as conn:
+            model = _expand_glob(conn, runs_table, filters.pop('model', None))
+            q = _filter(sa.select(runs_table.c[column]).distinct(), runs_table, model, filters)
+            q = q.where(runs_table.c[column].is_not(None)).limit(limit)
+            return list(conn.execute(q).scalars())
 
     def metrics(self, run_id: int | None = None, *, name: str | None = None, final: bool | None = None):
         """Metric rows (per epoch and final) as a DataFrame, joined with the run's model, dataset and seed."""
