@@ -39,8 +39,9 @@ LOG_TAIL = 4000       # characters of a job's log kept as its error when it died
 
 
 def default_db(bench: Benchmark) -> str:
-    """``benchmarks/<name>.db`` beside the benchmark file."""
-    return str(bench.path.with_suffix('.db'))
+    """``benchmarks/<name>.db`` below the working folder, never the installed checkout's (unless that is where the
+    user is: from the checkout root it is the shipped ``benchmarks/paper_blocks.db``)."""
+    return str(Path('benchmarks') / f'{bench.path.stem}.db')
 
 
 def run_root(bench: Benchmark) -> Path:
@@ -305,7 +306,8 @@ def add_parser(sub) -> None:
                    help='run: train and time what is missing; report: write docs/benchmarks/NAME.md and its figures '
                         'from the database')
     p.add_argument('name', help='benchmarks/NAME.yaml (or a path to a benchmark file)')
-    p.add_argument('--db', help='results database (path or SQLAlchemy URL; default benchmarks/NAME.db)')
+    p.add_argument('--db', help='results database (path or SQLAlchemy URL; default ./benchmarks/NAME.db in the '
+                                'working folder)')
     p.add_argument('--workers', type=at_least(1), default=1, metavar='N', help='jobs trained at a time (default 1)')
     p.add_argument('--retry-failed', action='store_true',
                    help='run the failed jobs, and the failed latency measurements, again')
@@ -315,7 +317,8 @@ def add_parser(sub) -> None:
     p.add_argument('--threads', type=at_least(1), metavar='K', help='torch threads of each job and of the timing')
     p.add_argument('--time', type=at_least(0, float), metavar='SECONDS',
                    help='timing budget per network and batch size (as zoo bench --time; default 2; 0: 20 calls)')
-    p.add_argument('--out', help='report: the folder to write NAME.md into (default docs/benchmarks)')
+    p.add_argument('--out', help='report: the folder to write NAME.md into (default ./docs/benchmarks in the '
+                                 'working folder)')
     p.set_defaults(func=command)
 
 

@@ -11,7 +11,10 @@ A sweep is a Python file under ``recipes/sweeps/`` with a define-by-run search s
         return {'model.init_args.optimizer.init_args.lr': trial.suggest_float('lr', 1e-4, 1e-2, log=True)}
 
 Optional: ``sampler(seed)`` and ``pruner()`` returning Optuna objects, ``ARGS`` (extra CLI arguments
-for every trial), ``SEED``.
+for every trial), ``SEED``. A shipped sweep is found by name from any folder (``zoo sweep poolformer_digits``).
+``ARGS`` and ``--trial-args`` are parsed against the recipe before the study exists (``check_trial_args``), so a
+bad one leaves nothing. Each trial writes its run below a run root of its own,
+``<run_root>/sweeps/<study>/trial-<n>/`` (``runs.trial_run_root``), never into the recipe's runs.
 
 Storage is the results database URL itself (Optuna's tables beside ``zoo_*``), so ``--study-name``
 resumes a study after a crash or kill (``load_if_exists``), and every trial is also a run row with
@@ -35,6 +38,7 @@ loses no trial with two processes on one file; for many machines use a PostgreSQ
 from __future__ import annotations
 
 import argparse
+import difflib
 import importlib.util
 import json
 import os
@@ -70,12 +74,33 @@ class Sweep:
         return len(self.directions) > 1
 
 
+SWEEPS = Path(__file__).parent / 'sweeps'  # the shipped sweeps, installed with the package
+
+
+def shipped_sweeps() -> list[str]:
+    return sorted(p.stem for p in SWEEPS.glob('*.py') if not p.name.startswith('_'))
+
+
+def find_sweep(value: str | os.PathLike) -> Path:
+    """A sweep as a file: a path that exists, else a shipped sweep by its name from any folder
+    (``poolformer_digits`` or the README's ``recipes/sweeps/poolformer_digits.py``), as ``runs.find_recipe``
+    finds recipes. An unknown name lists close matches."""
+    path = Path(value)
+    if path.is_file():
+        return path
+    name = str(value).replace('\\', '/').removesuffix('.py').rsplit('recipes/sweeps/', 1)[-1]
+    names = shipped_sweeps()
+    if name in names:
+        return SWEEPS / f'{name}.py'
+    close = difflib.get_close_matches(name.rsplit('/', 1)[-1], names, n=3, cutoff=0.6)
+    raise SweepError(f'sweep file {value} not found, and no shipped sweep is named so'
+                     + (f"; did you mean {' or '.join(close)}?" if close else '')
+                     + f' (shipped: {", ".join(f"{n}.py" for n in names) or "none"}; or pass a sweep file)')
+
+
 def load_sweep(path: str | os.PathLike) -> Sweep:
-    """Import a sweep file and check what it declares."""
-    path = Path(path)
-    if not path.is_file():
-        found = sorted(p.name for p in (ROOT / 'recipes' / 'sweeps').glob('*.py') if not p.name.startswith('_'))
-        raise SweepError(f'sweep file {path} not found; sweeps in this checkout: {", ".join(found) or "none"}')
+    """Import a sweep file (or a shipped sweep by name) and check what it declares."""
+    path = find_sweep(path)
     spec = importlib.util.spec_from_file_location(f'zoo_sweep_{path.stem}', path)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
@@ -89,7 +114,13 @@ def load_sweep(path: str | os.PathLike) -> Sweep:
             base = cand.resolve()
             break
     else:
-        raise SweepError(f'{path}: base recipe {mod.BASE} not found (looked in the working directory and {ROOT})')
+        from .runs import find_recipe
+
+        try:  # a shipped recipe by name, as `zoo fit -c` takes it
+            base = find_recipe(str(mod.BASE)).resolve()
+        except FileNotFoundError as e:
+            raise SweepError(f'{path}: base recipe {mod.BASE} not found (looked in the working directory and '
+                             f'{ROOT}): {e}') from None
     directions = tuple(getattr(mod, 'DIRECTIONS', ('maximize',)))
     if not 1 <= len(directions) <= 2 or any(d not in ('maximize', 'minimize') for d in directions):
         raise SweepError(f"{path}: DIRECTIONS must be ('maximize'|'minimize',) or (metric direction, 'minimize') "
@@ -171,11 +202,35 @@ def _pruner(sweep: Sweep):
     return optuna.pruners.MedianPruner(n_startup_trials=2, n_warmup_steps=1)
 
 
-def _argv(sweep: Sweep, params: dict, extra_args: list[str]) -> list[str]:
+def _given(sweep: Sweep, extra_args: list[str], option: str) -> str | None:
+    """The value the sweep file's ARGS and ``--trial-args`` give ``option`` (the last one wins, as in LightningCLI)."""
+    p = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
+    p.add_argument(option, dest='value')
+    return p.parse_known_args([*getattr(sweep.module, 'ARGS', []), *extra_args])[0].value
+
+
+def _argv(sweep: Sweep, params: dict, extra_args: list[str], ctx: TrialContext) -> list[str]:
     argv = ['fit', '-c', str(sweep.base)]       # absolute: jsonargparse changes directory while it parses
     for key, value in params.items():
         argv.append(f'--{key}={value if isinstance(value, str) else json.dumps(value)}')
-    return argv + list(getattr(sweep.module, 'ARGS', [])) + list(extra_args)
+    # last: the trial writes below a run root of its own, never into the recipe's runs (runs.trial_run_root)
+    from .runs import trial_run_root
+
+    root = _given(sweep, extra_args, '--run_root') or os.environ.get('ZOO_RUNS', 'runs')
+    return argv + list(getattr(sweep.module, 'ARGS', [])) + list(extra_args) + [
+        f'--run_root={trial_run_root(root, ctx.study_name, ctx.trial_number)}']
+
+
+def check_trial_args(sweep: Sweep, extra_args: list[str]) -> None:
+    """The base recipe with the sweep file's ARGS and ``--trial-args``, parsed as a trial would parse them and
+    nothing built, so a bad argument is one line before any study, trial, run folder or row exists."""
+    from .cli import check_arguments
+
+    try:
+        check_arguments(['fit', '-c', str(sweep.base), *getattr(sweep.module, 'ARGS', []), *extra_args])
+    except Exception as e:  # the CLI's one-line error (close matches included)
+        msg = e.args[0] if isinstance(e, KeyError) and e.args else e
+        raise SweepError(f'--trial-args: {msg}') from None
 
 
 def _run_cli(argv: list[str], ctx: TrialContext | None = None) -> None:
@@ -201,10 +256,7 @@ def _start_trial_run(sweep: Sweep, params: dict, extra_args: list[str], ctx: Tri
 
     from zoo.eval.results import open_db
 
-    p = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
-    p.add_argument('--model.init_args.name', dest='name')
-    name = params.get('model.init_args.name') or p.parse_known_args(
-        [*getattr(sweep.module, 'ARGS', []), *extra_args])[0].name
+    name = params.get('model.init_args.name') or _given(sweep, extra_args, '--model.init_args.name')
     if name is None:
         cfg = yaml.safe_load(sweep.base.read_text()) or {}
         name = ((cfg.get('model') or {}).get('init_args') or {}).get('name', 'unknown')
@@ -238,7 +290,7 @@ def make_objective(sweep: Sweep, study_name: str, extra_args: list[str], db_url:
         ctx.run_id = _start_trial_run(sweep, params, extra_args, ctx)
         trial.set_user_attr('zoo_run_id', ctx.run_id)
         try:
-            _run_cli(_argv(sweep, params, extra_args), ctx)
+            _run_cli(_argv(sweep, params, extra_args, ctx), ctx)
         except optuna.TrialPruned:
             raise
         except BaseException as e:
@@ -278,6 +330,7 @@ def run_sweep(path: str | os.PathLike, n_trials: int | None = None, n_jobs: int 
     if n_trials is not None and n_trials < 1:
         raise SweepError(f'--n-trials must be at least 1 (the number of trials the study should hold); got {n_trials}')
     sweep = load_sweep(path)
+    check_trial_args(sweep, extra_args or [])
     study_name = study_name or sweep.path.stem
     seed = seed if seed is not None else getattr(sweep.module, 'SEED', None)
     st = storage(db)
@@ -302,13 +355,14 @@ def run_sweep(path: str | os.PathLike, n_trials: int | None = None, n_jobs: int 
         # --n-jobs N: N - 1 more worker processes on the same study (not threads: Lightning, seeding and
         # jsonargparse's directory changes are process-global). Each asks for a trial only while the study is
         # short of the target (under the shared lock), so together they run exactly the missing trials.
-        workers = [_spawn_worker(path, target, study_name, st.url, timeout, extra_args, seed, i)
+        workers = [_spawn_worker(sweep.path, target, study_name, st.url, timeout, extra_args, seed, i)
                    for i in range(1, min(n_jobs, remaining))]
         try:
             work(study, st, target, make_objective(sweep, study_name, extra_args or [], st.url), timeout)
         finally:
             codes = [w.wait() for w in workers]
-        if any(codes):
+        # a worker whose every trial failed exits 1 as `zoo sweep` does; that is said once, by failure_summary
+        if any(codes) and not failure_summary(study, st.url):
             raise SweepError(f'{sum(map(bool, codes))} of {len(workers)} extra worker processes failed (exit codes '
                              f'{codes}); the study is stored, re-run the command to resume')
     _report(study, sweep)
@@ -378,3 +432,21 @@ def _report(study, sweep: Sweep) -> None:
     elif counts.get('complete'):
         print(f'  best trial {study.best_trial.number}: {sweep.metric}={study.best_value:.4f} '
               f'{study.best_trial.params}', file=sys.stderr)
+
+
+def failure_summary(study, db: str | None = None) -> str | None:
+    """One line when every trial of the study failed (``zoo sweep`` then exits 1): how many, and why the first
+    one failed (its run row's error). None when any trial completed or was pruned."""
+    from optuna.trial import TrialState
+
+    from zoo.eval.results import open_db
+
+    trials = study.get_trials(deepcopy=False)
+    if not trials or any(t.state != TrialState.FAIL for t in trials):
+        return None
+    rows = open_db(db).runs(study_name=study.study_name, columns=['trial_number', 'status', 'error'])
+    rows = rows.sort_values('trial_number')
+    first = next((r for r in rows.itertuples() if isinstance(r.error, str) and r.error.strip()), None)
+    why = (f'trial {int(first.trial_number)} ({first.status}): {" ".join(first.error.split())[:400]}' if first
+           else 'no error was recorded (see the log above)')
+    return f'every trial of study {study.study_name!r} failed ({len(trials)} of {len(trials)}); the first, {why}'
