@@ -99,6 +99,7 @@ class ResultsLogger(Logger):
         self.latency_repeats, self.latency_warmup, self.latency_budget_s = (latency_repeats, latency_warmup,
                                                                             latency_budget_s)
         self.run_id: int | None = None
+        self.own_row = False  # run_id is a row this logger started (not a sweep trial's or a benchmark job's)
         self.latency_ms: float | None = None
         self.heartbeats = 0
         self._store = self._heartbeat = self._system = None
@@ -136,6 +137,7 @@ class ResultsLogger(Logger):
             self._store.claim_run(self.run_id, **fields)
         else:
             self.run_id = self._store.start_run(**fields)
+        self.own_row = not (self.trial is not None or claimed)
         if self.trial is not None:
             self.trial.run_id, self.trial.claimed = self.run_id, True
         self._stop_heartbeat()
@@ -260,6 +262,15 @@ class ResultsLogger(Logger):
         if self.trial is not None:
             self.trial.status, self.trial.error, self.trial.metrics = status, error, dict(self._last)
         self._system = None
+
+    @rank_zero_only
+    def discard(self) -> None:
+        """Delete the row of a run rejected as bad input before it trained (``zoo fit`` leaves nothing behind
+        then); a sweep trial's or a benchmark job's row belongs to them and stays, with its failure."""
+        if self.run_id is not None and self.own_row:
+            self._stop_heartbeat()
+            self._store.delete_run(self.run_id)
+            self.run_id, self.own_row = None, False
 
     def _stop_heartbeat(self) -> None:
         if self._heartbeat is not None:
