@@ -76,6 +76,14 @@ class _CIFARDataModule(ImageDataModule):
         ops += [T.ToDtype(torch.float32, scale=True), T.Normalize(self.mean, self.std)]
         return T.Compose(ops)
 
+    def eval_transform(self):
+        """An image file (uint8 RGB (3, H, W), any size) -> the test split's input: the shorter side resized to
+        ``img_size`` and centre-cropped square (the test images are square already), then normalised as the test
+        split (``zoo predict --images``)."""
+        from torchvision.transforms import v2 as T
+        return T.Compose([T.Resize(self.img_size, antialias=True), T.CenterCrop(self.img_size),
+                          self._transforms(False)])
+
     def _open(self, train: bool, transform):
         import torchvision.datasets as tvd
         cls = _lenient(getattr(tvd, self._tv_name))
@@ -97,6 +105,7 @@ class _CIFARDataModule(ImageDataModule):
 
         train_aug, train_plain = self._open(True, self._transforms(True)), self._open(True, self._transforms(False))
         num_classes = len(train_aug.classes)
+        self.names = list(train_aug.classes)
         if num_classes != self.num_classes:
             raise DatasetNotFoundError(f'{self.folder} holds {num_classes} classes, expected {self.num_classes}')
         train, val = split_indices(len(train_aug), (self.val_fraction,), self.split_seed)

@@ -48,15 +48,24 @@ class DigitsDataModule(ImageDataModule):
         self.val_fraction, self.test_fraction, self.split_seed = val_fraction, test_fraction, split_seed
         self.augment = augment
 
+    def _to_input(self, x: torch.Tensor) -> torch.Tensor:
+        """(N, 1, h, w) grey in [0, 1] -> (N, in_chans, S, S): upsampled (bilinear) to ``img_size``, normalised."""
+        x = F.interpolate(x, size=(self.img_size, self.img_size), mode='bilinear', align_corners=False)
+        return ((x - self.mean) / self.std).expand(-1, self.in_chans, -1, -1).contiguous()
+
+    def eval_transform(self):
+        """An image file (uint8 RGB (3, H, W), any size) -> the test split's input: grey in [0, 1] (white digits on
+        black, as the data), then :meth:`_to_input` (``zoo predict --images``)."""
+        from torchvision.transforms.v2.functional import rgb_to_grayscale
+        return lambda image: self._to_input(rgb_to_grayscale(image)[None].float() / 255)[0]
+
     def setup(self, stage: str | None = None) -> None:
         if self.train_set is not None:
             return
         from sklearn.datasets import load_digits
 
         data = load_digits()
-        x = torch.as_tensor(data.images, dtype=torch.float32).unsqueeze(1) / 16.0  # (N, 8, 8) in 0..16 -> (N, 1, 8, 8)
-        x = F.interpolate(x, size=(self.img_size, self.img_size), mode='bilinear', align_corners=False)
-        x = ((x - self.mean) / self.std).expand(-1, self.in_chans, -1, -1).contiguous()  # (N, in_chans, S, S)
+        x = self._to_input(torch.as_tensor(data.images, dtype=torch.float32).unsqueeze(1) / 16.0)  # 0..16 -> [0, 1]
         y = torch.as_tensor(data.target, dtype=torch.long)
         train, val, test = split_indices(len(x), (self.val_fraction, self.test_fraction), self.split_seed)
         shift = RandomShift(max(1, self.img_size // 16)) if self.augment else None

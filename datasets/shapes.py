@@ -86,12 +86,24 @@ class ShapesDataModule(ImageDataModule):
         split_indices(10, (val_fraction, test_fraction), 0)  # validate the fractions now
         self.num_samples, self.num_classes, self.data_seed = num_samples, num_classes, data_seed
         self.val_fraction, self.test_fraction = val_fraction, test_fraction
+        self.names = list(SHAPES[:num_classes])
+
+    @staticmethod
+    def _to_input(images: torch.Tensor) -> torch.Tensor:
+        """uint8 images -> floats in [-1, 1]."""
+        return images.float() / 127.5 - 1.0
+
+    def eval_transform(self):
+        """An image file (uint8 RGB (3, H, W), any size) -> the test split's input: resized to ``img_size`` square
+        (the size the test images are drawn at), then :meth:`_to_input` (``zoo predict --images``)."""
+        from torchvision.transforms.v2.functional import resize
+        return lambda image: self._to_input(resize(image, [self.img_size, self.img_size], antialias=True))
 
     def setup(self, stage: str | None = None) -> None:
         if self.train_set is not None:
             return
         images, y = generate_shapes(self.num_samples, self.img_size, self.num_classes, self.data_seed)
-        x = images.float() / 127.5 - 1.0
+        x = self._to_input(images)
         train, val, test = split_indices(len(x), (self.val_fraction, self.test_fraction), self.data_seed)
         self.train_set = TransformTensorDataset(x[train], y[train])
         self.val_set = TransformTensorDataset(x[val], y[val])

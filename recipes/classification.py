@@ -8,6 +8,7 @@ class probabilities (:class:`ProbabilityWriter`).
 """
 from __future__ import annotations
 
+import csv
 from pathlib import Path
 from typing import Optional
 
@@ -118,15 +119,36 @@ class TensorWriter(BasePredictionWriter):
         return []
 
 
+def predicted_dataset(trainer):
+    """The dataset ``zoo predict`` ran on: ``--images DIR``'s files (the DataModule's ``predict_set``, which carries
+    ``image_files``), else the test split."""
+    dm = trainer.datamodule
+    dataset = getattr(dm, 'predict_set', None)
+    return dataset if dataset is not None else getattr(dm, 'test_set', None)
+
+
 class ProbabilityWriter(TensorWriter):
     """Class probabilities: ``predictions.pt`` and ``predictions.csv`` (sample id in the predict split, label,
-    score), a table a person can read."""
+    score), a table a person can read. For ``--images DIR``: ``file`` (below DIR), ``label`` (the class name),
+    ``score``, then the next classes of the top 5 (``label_2, score_2, ...``)."""
 
     def also_write(self, trainer, probs: torch.Tensor) -> list[Path]:
         if probs.ndim != 2:
             return []
+        path = self._name(trainer, '.csv')
+        files = getattr(predicted_dataset(trainer), 'image_files', None)
+        if files is not None:
+            names = getattr(trainer.datamodule, 'names', None) or [str(c) for c in range(probs.shape[1])]
+            scores, labels = probs.float().topk(min(5, probs.shape[1]), dim=1)
+            header = ['file', 'label', 'score'] + [f'{k}_{r}' for r in range(2, scores.shape[1] + 1)
+                                                   for k in ('label', 'score')]
+            rows = [[files.files[i]]
+                    + [v for c, p in zip(ls.tolist(), ps.tolist()) for v in (names[c], f'{p:.6f}')]
+                    for i, (ls, ps) in enumerate(zip(labels, scores))]
+            with path.open('w', newline='') as f:  # csv quotes a file name with a comma in it
+                csv.writer(f).writerows([header, *rows])
+            return [path]
         score, label = probs.float().max(dim=1)
         lines = ['id,label,score'] + [f'{i},{int(c)},{float(p):.6f}' for i, (c, p) in enumerate(zip(label, score))]
-        path = self._name(trainer, '.csv')
         path.write_text('\n'.join(lines) + '\n')
         return [path]

@@ -193,7 +193,8 @@ class DetectionWriter(BasePredictionWriter):
     """``zoo predict`` for detection: every test image, as its file, with its boxes drawn (scores >= ``plot_conf``;
     ``predictions/<image_id>.png``) and ``predictions.json``, COCO results format (boxes in the file's pixels, the
     dataset's category ids, scores >= ``predict_conf``: 0.001 keeps every detection, up to ``max_det`` per image,
-    as COCOeval wants)."""
+    as COCOeval wants). For ``--images DIR`` the pictures are named by their files (``predictions/<path below
+    DIR>.png``) and each detection also names its ``file``."""
 
     def __init__(self, run_dir: str | Path, predict_conf: float = 0.25, plot_conf: float = 0.25):
         super().__init__(write_interval='epoch')
@@ -208,9 +209,12 @@ class DetectionWriter(BasePredictionWriter):
             return
         out = self.run_dir / 'predictions'
         out.mkdir(parents=True, exist_ok=True)
+        from .classification import predicted_dataset
+
         dm = trainer.datamodule
         names, categories = getattr(dm, 'names', None), getattr(dm, 'categories', None)
-        dataset = getattr(dm, 'test_set', None)
+        dataset = predicted_dataset(trainer)
+        files = getattr(dataset, 'image_files', None)
         results, n = [], 0
         for batch in predictions:
             for det, t in zip(batch['detections'], batch['targets']):
@@ -218,9 +222,14 @@ class DetectionWriter(BasePredictionWriter):
                 if dataset is not None and 'index' in t:  # drawn on the file itself, not the letterboxed input
                     picture = draw_predictions(dataset.original(t['index']).float() / 255, det, names,
                                                conf=self.plot_conf)
-                    write_png(picture, str(out / f'{image_id:06d}.png'))
+                    target = out / (files.names[t['index']] if files is not None else f'{image_id:06d}.png')
+                    target.parent.mkdir(parents=True, exist_ok=True)
+                    write_png(picture, str(target))
                 keep = det['scores'] >= self.predict_conf
-                results += coco_detections([{k: v[keep] for k, v in det.items()}], categories, image_ids=[image_id])
+                found = coco_detections([{k: v[keep] for k, v in det.items()}], categories, image_ids=[image_id])
+                if files is not None:
+                    found = [{**d, 'file': files.files[t['index']]} for d in found]
+                results += found
                 n += 1
         path = self.run_dir / 'predictions.json'
         path.write_text(json.dumps(results))

@@ -16,7 +16,7 @@ After each validation a PNG grid of a few validation images goes to ``<run>/val_
 ground truth and the prediction overlaid (``torchvision.utils.draw_segmentation_masks``, the data's palette).
 ``zoo predict`` writes, per test image, the predicted label PNG at the file's size with the palette
 (``predictions/<name>.png``) and the image with the ground truth beside the prediction (``overlays/<name>.png``)
-(:class:`SegmentationWriter`).
+(:class:`SegmentationWriter`); for ``--images DIR`` the overlay is the prediction alone.
 """
 from __future__ import annotations
 
@@ -198,7 +198,8 @@ class Segmentation(ZooSystem):
 class SegmentationWriter(BasePredictionWriter):
     """``zoo predict`` for segmentation: per test image its predicted classes at the file's size as a palette PNG
     (``predictions/<name>.png``, pixel value = class id, the data's colours) and the file's image with the ground
-    truth beside the prediction (``overlays/<name>.png``)."""
+    truth beside the prediction (``overlays/<name>.png``). For ``--images DIR`` (no ground truth) the overlay is
+    the prediction on the image, both named by the file (``<path below DIR>.png``)."""
 
     def __init__(self, run_dir: str | Path):
         super().__init__(write_interval='epoch')
@@ -215,8 +216,11 @@ class SegmentationWriter(BasePredictionWriter):
         labels_dir, overlays_dir = self.run_dir / 'predictions', self.run_dir / 'overlays'
         labels_dir.mkdir(parents=True, exist_ok=True)
         overlays_dir.mkdir(parents=True, exist_ok=True)
+        from .classification import predicted_dataset
+
         dm = trainer.datamodule
-        dataset = dm.test_set
+        dataset = predicted_dataset(trainer)
+        files = getattr(dataset, 'image_files', None)
         palette = getattr(dm, 'palette', None)
         flat = [int(v) for colour in palette for v in colour] if palette else None
         n = 0
@@ -224,15 +228,20 @@ class SegmentationWriter(BasePredictionWriter):
             for lg in logits:
                 image, truth = dataset.original(n)
                 mask = SegHead.decode(lg[None], [{'orig_size': tuple(truth.shape)}])[0]['mask'].to(torch.uint8)
-                meta = dataset.meta(n)
-                stem = Path(str(meta.get('name') or f'{n:06d}')).stem
+                name = files.names[n] if files is not None else \
+                    f'{Path(str(dataset.meta(n).get("name") or f"{n:06d}")).stem}.png'
+                (labels_dir / name).parent.mkdir(parents=True, exist_ok=True)
+                (overlays_dir / name).parent.mkdir(parents=True, exist_ok=True)
                 png = Image.fromarray(mask.numpy(), mode='P')
                 if flat:
                     png.putpalette(flat + [0] * (768 - len(flat)))
-                png.save(labels_dir / f'{stem}.png')
+                png.save(labels_dir / name)
                 colours = palette or [(255, 0, 0)]
-                side = torch.cat([overlay(image, truth, colours), overlay(image, mask.long(), colours)], -1)
-                write_png(side, str(overlays_dir / f'{stem}.png'))  # (3, H, 2W): ground truth | prediction
+                shown = overlay(image, mask.long(), colours)
+                if files is None:  # (3, H, 2W): ground truth | prediction
+                    shown = torch.cat([overlay(image, truth, colours), shown], -1)
+                write_png(shown, str(overlays_dir / name))
                 n += 1
-        tqdm.write(f'zoo predict: {n} label PNGs (class ids, palette) in {labels_dir}, ground truth | prediction in '
-              f'{overlays_dir}')
+        tqdm.write(f'zoo predict: {n} label PNGs (class ids, palette) in {labels_dir}, '
+                   f'{"the prediction on each image" if files is not None else "ground truth | prediction"} in '
+                   f'{overlays_dir}')
