@@ -1,19 +1,24 @@
-"""``zoo export NAME|-c CONFIG [--ckpt_path best|last|PATH] --format onnx|pt2 [--nms] [--out PATH]``.
+"""``zoo export -c CONFIG|NAME [--ckpt_path best|last|PATH] [--random-init [--seed S]] --format onnx|pt2 [--nms]``.
 
 Writes the network as an ONNX file (``torch.onnx.export(..., dynamo=True)``, dynamic batch) or a ``torch.export``
 program (``.pt2``) through ``zoo.export``, and a JSON card beside it (``<file>.json``): what a deployment needs to
 feed the graph and read its output (input size, mean/std, class names, the output layout) and where it came from
-(the zoo version, the model's creation arguments, the recipe and checkpoint, format and opset).
+(the zoo version, the model's creation arguments, the recipe and checkpoint, the run's own resolved config,
+format and opset), and the preprocessing the run's data applied (a detector's letterbox, which maps its boxes back
+to the file's pixels; a segmenter's resize; a classifier's resize, crop and mean/std).
 
 The checkpoint of a recipe is found as ``zoo test``/``zoo predict`` find it (``runs.resolve_checkpoint``,
 ``checkpointing.read_checkpoint``/``check_checkpoint_model``/``check_weights_fit``); a ``zoo fit`` checkpoint
 carries the model's name, arguments and the sizes the data gave it, so the network is rebuilt from it and gets
-the weights evaluation used (the EMA's when the run kept one). Nothing is overwritten without ``--overwrite``.
+the weights evaluation used (the EMA's when the run kept one). A bare NAME has no trained weights: it is refused
+unless ``--random-init`` asks for its initialisation, seeded by ``--seed`` so that ``torch.manual_seed(seed);
+zoo.create(name)`` rebuilds it. Nothing is overwritten without ``--overwrite``.
 """
 from __future__ import annotations
 
 import json
 import os
+import sys
 from pathlib import Path
 
 import torch
@@ -22,7 +27,6 @@ from torch import nn
 import zoo
 
 from . import runs
-from .checkpointing import check_checkpoint_model, check_weights_fit, read_checkpoint
 
 SIZES = ('num_classes', 'in_chans', 'img_size', 'vocab_size')     # what a zoo fit run linked from its data
 
@@ -51,6 +55,8 @@ def _checkpoint(which: str | None, stem: str | None, run_root: str) -> Path | No
 
 def _from_lightning(path: Path, name: str | None, class_path: str | None) -> tuple[nn.Module, dict]:
     """The network of a ``zoo fit`` checkpoint (rebuilt from its hyper-parameters, its evaluated weights)."""
+    from .checkpointing import check_checkpoint_model, check_weights_fit, read_checkpoint  # Lightning: only here
+
     ckpt = read_checkpoint(path)
     check_checkpoint_model(ckpt, path, name, class_path)
     hp = dict(ckpt.get('hyper_parameters') or {})
@@ -70,28 +76,133 @@ def _from_lightning(path: Path, name: str | None, class_path: str | None) -> tup
     return net, created
 
 
-def _data_card(cfg: dict | None) -> dict:
-    """Normalisation and class names the recipe's DataModule declares (class attributes: nothing is loaded)."""
-    data = (cfg or {}).get('data') or {}
-    class_path = data.get('class_path') if isinstance(data, dict) else None
-    if not class_path:
-        return {}
-    import importlib
+def _run_config(ckpt: Path | None) -> tuple[Path | None, dict | None]:
+    """The resolved ``config.yaml`` of the run a checkpoint belongs to (``<run>/checkpoints/<file>.ckpt``), if any:
+    what the run really trained with, overrides included."""
+    import yaml
 
-    module, _, attr = class_path.rpartition('.')
+    if ckpt is None or ckpt.parent.name != 'checkpoints':
+        return None, None
+    path = ckpt.parent.parent / 'config.yaml'
+    return (path, yaml.safe_load(path.read_text()) or {}) if path.is_file() else (None, None)
+
+
+def _data_module(cfg: dict | None):
+    """The config's DataModule, constructed as LightningCLI constructs it (no ``setup``: nothing is loaded or drawn),
+    or None when the config has none or it cannot be built here (its files moved, say)."""
+    data = (cfg or {}).get('data')
+    if not isinstance(data, dict) or 'class_path' not in data:
+        return None
+    from jsonargparse import ArgumentParser
+    from lightning.pytorch import LightningDataModule
+
+    parser = ArgumentParser(exit_on_error=False)
+    parser.add_subclass_arguments(LightningDataModule, 'data', required=True)
     try:
-        cls = getattr(importlib.import_module(module), attr)
-    except (ImportError, AttributeError):
-        return {}
-    out = {'data': class_path}
-    for key in ('mean', 'std'):
-        value = getattr(cls, key, None)
-        if isinstance(value, (int, float, tuple, list)):
-            out[key] = list(value) if isinstance(value, (tuple, list)) else [value]
-    names = getattr(cls, 'class_names', None) or getattr(cls, 'classes', None)
-    if isinstance(names, (list, tuple)) and all(isinstance(n, str) for n in names):
-        out['class_names'] = list(names)
-    return out
+        return parser.instantiate(parser.parse_object({'data': data})).data
+    except Exception as e:  # the card is still written, without what only the data knows
+        from zoo.eval.bench import error_summary
+
+        print(f'zoo export: warning: {data["class_path"]} could not be built ({error_summary(e)}); the card has '
+              'no class names or data preprocessing', file=sys.stderr)
+        return None
+
+
+def _class_names(dm) -> list[str] | None:
+    names = next((getattr(dm, a) for a in ('names', 'class_names', 'classes') if getattr(dm, a, None)), None)
+    return list(names) if isinstance(names, (list, tuple)) and all(isinstance(n, str) for n in names) else None
+
+
+def _floats(value) -> list[float] | None:
+    if value is None:
+        return None
+    return [float(v) for v in value] if isinstance(value, (tuple, list)) else [float(value)]
+
+
+def _preprocessing(task: str, dm, size: tuple, pcfg: dict) -> dict | None:
+    """How a file becomes the graph's input, as the run's evaluation did it: a deployment repeats these steps (and,
+    for a detector, undoes the letterbox on the boxes). ``dm`` None (a bare NAME): the zoo pipeline of the task with
+    the model's own mean/std."""
+    if len(size) != 3:
+        return None
+    c, h, w = size
+    mean = _floats(getattr(dm, 'mean', None) if dm is not None else pcfg.get('mean'))
+    std = _floats(getattr(dm, 'std', None) if dm is not None else pcfg.get('std'))
+    if task == 'detection':
+        from zoo.datasets.detection.transforms import PAD_VALUE
+
+        s = max(h, w)
+        return {
+            'kind': 'letterbox', 'size': [s, s], 'pad_value': PAD_VALUE, 'mean': None, 'std': None,
+            'steps': [f'scale = {s} / max(H, W) of the file (H x W); resize to (h, w) = (round(H * scale), '
+                      'round(W * scale)), bilinear with antialias, keeping the aspect ratio',
+                      f'pad to {s} x {s} with {PAD_VALUE} (0-255), centred: left = ({s} - w) // 2, top = ({s} - h) '
+                      '// 2, the rest right and bottom',
+                      'RGB values / 255 (0..1); no mean/std'],
+            'to_file_pixels': 'x_file = (x - left) / (w / W), y_file = (y - top) / (h / H), clipped to the file '
+                              '(zoo.layers.detect.unletterbox with scale (w / W, h / H), pad (left, top))',
+            'reference': 'zoo.datasets.detection.letterbox'}
+    if task == 'segmentation':
+        return {
+            'kind': 'resize', 'size': [h, w], 'mean': mean, 'std': std,
+            'steps': [f'resize the whole file to {h} x {w} (aspect ratio not kept), bilinear with antialias',
+                      'RGB values / 255 (0..1)', 'subtract mean, divide by std, per channel'],
+            'reference': 'zoo.datasets.segmentation.segmentation_transforms(None, img_size, mean, std)'}
+    if task == 'classification':
+        crop_pct = float(getattr(dm, 'crop_pct', None) or (1.0 if dm is not None else pcfg.get('crop_pct') or 1.0))
+        interpolation = 'bilinear' if dm is not None else pcfg.get('interpolation') or 'bilinear'
+        steps = ([f'resize the shorter side to {int(h / crop_pct)} (= int({h} / crop_pct {crop_pct})), '
+                  f'{interpolation}', f'centre crop {h} x {w}'] if crop_pct != 1.0 else
+                 [f'resize to {h} x {w}, {interpolation}'])
+        steps += [f'{"grey" if c == 1 else "RGB"} values / 255 (0..1)', 'subtract mean, divide by std, per channel']
+        return {'kind': 'resize_center_crop' if crop_pct != 1.0 else 'resize', 'size': [h, w], 'crop_pct': crop_pct,
+                'interpolation': interpolation, 'mean': mean, 'std': std, 'steps': steps}
+    return None
+
+
+def _outputs(net: nn.Module, example: torch.Tensor, nms: bool, task: str, size: tuple) -> list[dict]:
+    """The graph's outputs: the names ``zoo.export`` gives them, their shapes (batch first) and what they hold."""
+    from zoo._runtime import _frozen, _graph_module, output_names
+
+    with _frozen(net), torch.no_grad():
+        outs = _graph_module(net, nms)(example)
+    outs = list(outs) if isinstance(outs, (tuple, list)) else [outs]
+    names = output_names(net, nms)
+    rows = [{'name': n, 'shape': ['batch', *o.shape[1:]]} for n, o in zip(names, outs)]
+    if nms:
+        rows[0]['what'] = ('rows of (x1, y1, x2, y2, score, label), best first, in input pixels (preprocessing.'
+                           'to_file_pixels maps them to the file); unused rows are zeros with label -1')
+    elif task == 'detection':
+        for row, s in zip(rows, net.strides):
+            row['what'] = (f'stride-{s} map: 4 x {net.head.reg_max} box-side distributions (DFL) then '
+                           f'{net.num_classes} class logits per cell; decode and NMS are not in the graph '
+                           '(export with --nms for detections)')
+    elif task == 'segmentation':
+        oh, ow = outs[0].shape[-2:]
+        rows[0]['what'] = (f'segmentation logits (batch, num_classes, H, W), H x W = {oh} x {ow} (1/{net.strides[0]} '
+                           f'of the {size[-2]} x {size[-1]} input), one channel per class_names entry')
+        rows[0]['to_labels'] = (f'resize the logits bilinearly (align_corners=False) to the input ({size[-2]} x '
+                                f'{size[-1]}), then to the file\'s H x W (the preprocessing resized the whole file), '
+                                'then argmax over the class dimension: the label of every file pixel '
+                                '(zoo.layers.segment: head.logits, then head.decode)')
+    elif task == 'classification':
+        rows[0]['what'] = 'class logits (softmax for probabilities), one per class_names entry'
+    elif task == 'language_modeling':
+        rows[0]['what'] = 'next-token logits (batch, sequence, vocabulary)'
+    elif task == 'denoising':
+        rows[0]['what'] = 'the denoised image (the input minus the predicted noise), in the input\'s scale'
+    return rows
+
+
+def _task(name: str) -> str:
+    return 'classification' if name.startswith('timm/') else zoo.model_info(name).task
+
+
+def _check_nms(name: str, nms: bool) -> None:
+    task = _task(name)  # an unknown name fails here, with close matches
+    if nms and task != 'detection':
+        raise ValueError(f"--nms puts a detector's decode and NMS in the graph; {name} is a "
+                         f"{task.replace('_', ' ')} model")
 
 
 def _opset(path: Path) -> int | None:
@@ -106,6 +217,11 @@ def export_command(args) -> int:
     if bool(args.name) == bool(args.config):
         raise ValueError('give a model NAME or -c CONFIG (a recipe, whose run checkpoint is exported), not '
                          + ('both' if args.name else 'neither'))
+    if args.random_init and (args.config or args.ckpt_path):
+        raise ValueError('--random-init exports a NAME\'s seeded initialisation; it takes no '
+                         + ('-c CONFIG' if args.config else '--ckpt_path') + ' (which gives trained weights)')
+    if args.seed is not None and not args.random_init:
+        raise ValueError('--seed seeds the weights of --random-init: pass --random-init too, or drop --seed')
     run_root = args.run_root or os.environ.get('ZOO_RUNS', 'runs')
     cfg, recipe, stem = None, None, None
     if args.config:
@@ -113,15 +229,30 @@ def export_command(args) -> int:
         stem = recipe.stem
     init = dict((cfg or {}).get('model', {}).get('init_args') or {})
     name = args.name or init.get('name')
+    if name:
+        _check_nms(name, args.nms)
     ckpt = _checkpoint(args.ckpt_path or ('best' if args.config else None), stem, run_root)
+    if ckpt is None and not args.random_init:
+        raise ValueError(f'{name} has no trained weights to export: give --ckpt_path FILE (a zoo fit .ckpt, or '
+                         f'weights for {name}) or -c CONFIG (a recipe\'s run), or pass --random-init to export a '
+                         'random initialisation seeded by --seed (default 0)')
     if ckpt is not None and ckpt.suffix == '.ckpt':
         net, created = _from_lightning(ckpt, name, (cfg or {}).get('model', {}).get('class_path'))
+        _check_nms(created['name'], args.nms)
     else:
         if not name:
             raise ValueError(f'-c {args.config}: the recipe names no model (model.init_args.name)')
         kwargs = dict(init.get('model_args') or {})
-        net = zoo.create(name, checkpoint=str(ckpt) if ckpt else None, **kwargs)
-        created = {'name': name, 'kwargs': kwargs}
+        if ckpt is None:  # --random-init: seeded, so that zoo.create after the same seed rebuilds these weights
+            seed = args.seed or 0
+            torch.manual_seed(seed)
+            net = zoo.create(name, **kwargs)
+            created = {'name': name, 'kwargs': kwargs, 'weights': 'random-init', 'seed': seed}
+            print(f'zoo export: warning: {name} has random weights (--random-init): torch.manual_seed({seed}); '
+                  f'zoo.create({name!r}) rebuilds them', file=sys.stderr)
+        else:
+            net = zoo.create(name, checkpoint=str(ckpt), **kwargs)
+            created = {'name': name, 'kwargs': kwargs, 'weights': 'checkpoint'}
     net.eval()
 
     suffix = '.onnx' if args.format == 'onnx' else '.pt2'
@@ -134,6 +265,9 @@ def export_command(args) -> int:
         raise ValueError(f'{existing[0]} exists; nothing was written (pass --overwrite to replace it, or --out '
                               'another path)')
 
+    run_config_file, run_cfg = _run_config(ckpt)
+    config, config_file = (run_cfg, run_config_file) if run_cfg is not None else (cfg, recipe)
+    task = _task(created['name'])
     info = zoo.model_info(created['name']) if not created['name'].startswith('timm/') else None
     size = tuple(info.input_size) if info is not None else tuple(net.pretrained_cfg.get('input_size', (3, 224, 224)))
     kw = created['kwargs']
@@ -143,8 +277,15 @@ def export_command(args) -> int:
     from zoo.eval.profile import example_input
 
     example = example_input(net, size, 2, info.task if info else None)
+    dm = _data_module(config)
+    prep = _preprocessing(task, dm, size, dict(getattr(net, 'pretrained_cfg', None) or {}))
+    outputs = _outputs(net, example, args.nms, task, size)  # before anything is written: a failure leaves nothing
+    from zoo._console import progress
+
+    what = f'exporting {created["name"]} to ' + ('ONNX (dynamo)' if args.format == 'onnx' else 'pt2 (torch.export)')
     try:
-        zoo.export(net, out, example, format=args.format, nms=args.nms)
+        with progress(what, 'zoo export'):
+            zoo.export(net, out, example, format=args.format, nms=args.nms)
     except (ValueError, TypeError):
         raise
     except Exception as e:        # the exporter's own errors (an op it cannot capture): one line, nothing left
@@ -153,25 +294,23 @@ def export_command(args) -> int:
         out.unlink(missing_ok=True)
         raise ValueError(f'{created["name"]} could not be exported to {args.format}: {error_summary(e)}') from None
 
-    pcfg = dict(getattr(net, 'pretrained_cfg', None) or {})
-    data = _data_card(cfg)
     card = {
         'file': out.name, 'format': args.format, 'opset': _opset(out) if args.format == 'onnx' else None,
         'input': {'name': 'input', 'shape': ['batch', *size], 'dtype': str(example.dtype).replace('torch.', ''),
                   'dynamic_batch': True},
-        'mean': data.get('mean') or list(pcfg.get('mean') or []) or None,
-        'std': data.get('std') or list(pcfg.get('std') or []) or None,
-        'normalisation_from': 'data' if data.get('mean') else ('model pretrained_cfg' if pcfg.get('mean') else None),
-        'class_names': data.get('class_names'),
+        'preprocessing': prep,
+        'mean': prep.get('mean') if prep else None, 'std': prep.get('std') if prep else None,
+        'normalisation_from': None if not prep or prep.get('mean') is None else (
+            f'data ({type(dm).__name__})' if dm is not None else 'model pretrained_cfg'),
+        'class_names': _class_names(dm) if dm is not None else None,
         'num_classes': getattr(net, 'num_classes', None),
-        'task': info.task if info else 'classification',
+        'task': task,
         'nms': bool(args.nms),
-        'outputs': ('(batch, max_det, 6): x1, y1, x2, y2, score, label (-1: empty) in input pixels' if args.nms else
-                    'the network outputs (dense models: one map per level, decode and NMS not included)'
-                    if hasattr(net, 'forward_raw') else 'logits' if info is None or info.task == 'classification'
-                    else 'the model output'),
+        'outputs': outputs,
         'model': created, 'recipe': str(recipe) if recipe else None, 'checkpoint': str(ckpt) if ckpt else None,
-        'config': cfg, 'zoo_version': zoo.__version__, 'torch_version': torch.__version__,
+        'run': str(run_config_file.parent) if run_config_file else None,
+        'config_file': str(config_file) if config_file else None, 'config': config,
+        'zoo_version': zoo.__version__, 'torch_version': torch.__version__,
     }
     card_path.write_text(json.dumps(card, indent=2, default=str) + '\n')
     print(f'zoo export: wrote {out} and {card_path}')

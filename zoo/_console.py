@@ -1,9 +1,22 @@
-"""A rich console that does not squeeze tables when output is piped or captured."""
+"""A rich console that does not squeeze tables when output is piped or captured, and the progress lines of slow
+steps."""
 from __future__ import annotations
 
+import contextlib
 import sys
+import time
 
 
 def console():
     from rich.console import Console
     return Console(width=None if sys.stdout.isatty() else 200)
+
+
+@contextlib.contextmanager
+def progress(what: str, prefix: str = 'zoo'):
+    """One line on stderr before a step that runs silently for seconds to minutes (compiling, exporting) and one
+    after it with its duration; nothing after when it fails (its error follows)."""
+    print(f'{prefix}: {what} ...', file=sys.stderr, flush=True)
+    start = time.perf_counter()
+    yield
+    print(f'{prefix}: {what} ... done in {time.perf_counter() - start:.1f} s', file=sys.stderr, flush=True)
