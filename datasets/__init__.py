@@ -3,6 +3,7 @@
 Every image DataModule has fixed, seeded train/val/test splits and the attributes ``num_classes``,
 ``in_chans`` and ``img_size`` (the command line passes them to the model); segmentation DataModules also have
 ``class_names``, ``ignore_index`` (255), ``mean``, ``std`` and ``palette`` (:mod:`zoo.datasets.segmentation`).
+Every DataModule names the registry task it serves as ``zoo_task`` (``zoo fit`` refuses another task's system).
 Missing data raises :class:`DatasetNotFoundError`, naming the expected path and how to obtain the data.
 
 Exports load lazily (PEP 562), so ``import zoo.datasets`` does not import Lightning until a

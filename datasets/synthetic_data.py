@@ -54,6 +54,8 @@ class SyntheticLMDataModule(L.LightningDataModule):
             ``val/acc`` is measured at k = K and ``val/acc_tag<K/2>`` at K/2).
     """
 
+    zoo_task = 'language_modeling'  # the registry task (``self.task`` is the reasoning task generated)
+
     def __init__(self, task: str = 'copy', task_args: dict | None = None, context_length: int = 130,
                  batch_size: int = 32, train_windows: int = 96_000, val_windows: int = 64, seed: int = 0,
                  eval_k: int | list[int] | None = None, num_workers: int = 0):
