@@ -76,7 +76,7 @@ class CausalLM(ZooSystem):
         return loss
 
     def _eval_step(self, batch, split: str):
-        logits = self(batch['input'])
+        logits = self.eval_model(batch['input'])  # the EMA, or the network in zoo test --runtime's runtime
         self.log(f'{split}/loss', self._loss(logits, batch), prog_bar=True, sync_dist=True)
         ok, tag, tok_ok = answer_accuracy(logits, batch)
         acc = self._acc.setdefault(split, {'tok': [0, 0]})
@@ -106,7 +106,9 @@ class CausalLM(ZooSystem):
             self.log(f'{split}/acc', acc[main][0] / acc[main][1], prog_bar=True)
         elif main is None:
             self.log(f'{split}/acc', sum(c for c, _ in acc.values()) / sum(n for _, n in acc.values()), prog_bar=True)
-        if getattr(getattr(dm, 'task', None), 'eos', None) is not None:  # Brevo: generate the whole answer
+        # Brevo: generate the whole answer, token by token with the eager model's cache (a runtime's graph is the
+        # whole-window forward, so zoo test --runtime reports the teacher-forced metrics only)
+        if getattr(getattr(dm, 'task', None), 'eos', None) is not None and self._runtime_model is None:
             overall, by_depth = self.generated_accuracy(dm)
             self.log(f'{split}/acc_generated', overall, prog_bar=True)
             for d, a in by_depth.items():

@@ -331,11 +331,15 @@ def test_mask_of_another_size_is_named(tmp_path):
 def test_class_id_out_of_range_is_named(tmp_path):
     write_ade(tmp_path, values=(0, 1, 151))  # 151 -> 150 after reduce_zero_label: beyond the 150 classes
     dm = ADE20KDataModule(str(tmp_path), img_size=32, batch_size=2)
-    dm.setup('fit')
-    with pytest.raises(SegmentationDataError, match=r'ADE_training_0000.png: class id\(s\) \[150\] out of range '
-                                                    r'0..149') as e:
-        dm.train_set[0]
+    with pytest.raises(SegmentationDataError, match=r'ADE_training_0000.png: stored value\(s\) \[151\] match no '
+                                                    r'class; expected 1..150 .* or 0 / 255 \(ignored\)') as e:
+        dm.setup('fit')  # at setup (every mask is read), with the value the file stores
     _one_line(e)
+    # records of any source are checked again when they load (a generated mask holds class ids)
+    ds = SegmentationDataset([Record(lambda: (torch.zeros(3, 8, 8, dtype=torch.uint8), np.full((8, 8), 3)), 'x')],
+                             num_classes=2)
+    with pytest.raises(SegmentationDataError, match=r'x: class id\(s\) \[3\] out of range 0..1'):
+        ds[0]
 
 
 def test_palette_colour_of_no_class_is_named(tmp_path):
@@ -344,10 +348,9 @@ def test_palette_colour_of_no_class_is_named(tmp_path):
     bad[5, 7] = (1, 2, 3)
     _png(tmp_path / 'SegmentationClass' / 'b.png', bad)
     dm = VOCSegDataModule(str(tmp_path), img_size=32, batch_size=3)
-    dm.setup('fit')
     with pytest.raises(SegmentationDataError, match=r'b.png: colour \(1, 2, 3\) \(first at row 5, column 7\) maps '
                                                     r'to no class') as e:
-        dm.train_set[1]
+        dm.setup('fit')  # every mask is read at setup
     _one_line(e)
 
 

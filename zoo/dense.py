@@ -87,9 +87,14 @@ class DenseModel(nn.Module):
             raise TypeError(f'{type(self.backbone).__name__} has no set_grad_checkpointing')
         self.backbone.set_grad_checkpointing(enable)
 
+    def predict(self, x: torch.Tensor, metas: Sequence[dict] | None = None, forward_raw=None):
+        """Eval mode's output: the head's prediction from the network's maps. ``forward_raw``: the network to run
+        instead of this model's own (``zoo.optimize`` passes the captured graph, so a runtime predicts through
+        the same code as eager)."""
+        return self.head.predict((forward_raw or self.forward_raw)(x), metas)
+
     def forward(self, x: torch.Tensor, metas: Sequence[dict] | None = None):
-        raw = self.forward_raw(x)
-        return raw if self.training else self.head.predict(raw, metas)
+        return self.forward_raw(x) if self.training else self.predict(x, metas)
 
 
 def dense_model(backbone: str, num_classes: int, in_chans: int = 3, neck: str = 'pafpn', head: str = 'yolov8',

@@ -57,40 +57,59 @@ class Segmenter(DenseModel):
         pair = lambda v, d: (int(v), int(v)) if isinstance(v, (int, float)) else tuple(int(i) for i in (v or d))
         self.test_mode, self.crop_size, self.stride = test_mode, pair(crop_size, (512, 512)), pair(stride, (341, 341))
 
-    def _whole(self, x: torch.Tensor) -> torch.Tensor:
+    def _whole(self, x: torch.Tensor, forward_raw) -> torch.Tensor:
         """Logits (B, nc, H, W) of a whole image, zero-padded at the bottom and right to the coarsest stride."""
-        s = max(self.strides)
         h, w = x.shape[-2:]
-        ph, pw = -h % s, -w % s
-        xp = F.pad(x, (0, pw, 0, ph)) if ph or pw else x
-        return self.head.logits(self.forward_raw(xp), xp.shape[-2:])[..., :h, :w]
+        xp = self._padded(x)
+        return self.head.logits(forward_raw(xp), xp.shape[-2:])[..., :h, :w]
 
-    def _slide(self, x: torch.Tensor) -> torch.Tensor:
-        """mmseg's ``slide_inference``: windows of ``crop_size`` every ``stride``, the last flush with the border,
-        logits summed and divided by how many windows cover each pixel."""
+    def _padded(self, x: torch.Tensor) -> torch.Tensor:
+        s = max(self.strides)
+        ph, pw = -x.shape[-2] % s, -x.shape[-1] % s
+        return F.pad(x, (0, pw, 0, ph)) if ph or pw else x
+
+    def _windows(self, h: int, w: int) -> list[tuple[int, int, int, int]]:
+        """mmseg's sliding windows (y1, y2, x1, x2): ``crop_size`` every ``stride``, the last flush with the border."""
         (ch, cw), (sh, sw) = self.crop_size, self.stride
-        h, w = x.shape[-2:]
         rows = max(h - ch + sh - 1, 0) // sh + 1
         cols = max(w - cw + sw - 1, 0) // sw + 1
-        logits = x.new_zeros((x.shape[0], self.num_classes, h, w))
-        count = x.new_zeros((1, 1, h, w))
+        out = []
         for r in range(rows):
             for c in range(cols):
                 y2, x2 = min(r * sh + ch, h), min(c * sw + cw, w)
-                y1, x1 = max(y2 - ch, 0), max(x2 - cw, 0)
-                logits[..., y1:y2, x1:x2] += self._whole(x[..., y1:y2, x1:x2])
-                count[..., y1:y2, x1:x2] += 1
+                out.append((max(y2 - ch, 0), y2, max(x2 - cw, 0), x2))
+        return out
+
+    def _slide(self, x: torch.Tensor, forward_raw) -> torch.Tensor:
+        """mmseg's ``slide_inference``: the windows' logits summed and divided by how many windows cover each
+        pixel."""
+        h, w = x.shape[-2:]
+        logits = x.new_zeros((x.shape[0], self.num_classes, h, w))
+        count = x.new_zeros((1, 1, h, w))
+        for y1, y2, x1, x2 in self._windows(h, w):
+            logits[..., y1:y2, x1:x2] += self._whole(x[..., y1:y2, x1:x2], forward_raw)
+            count[..., y1:y2, x1:x2] += 1
         return logits / count
 
-    def logits(self, x: torch.Tensor, test_mode: str | None = None) -> torch.Tensor:
-        """Class logits (B, num_classes, H, W) at the input's size, by ``test_mode`` (default the model's)."""
-        mode = test_mode or self.test_mode
-        return self._slide(x) if mode == 'slide' else self._whole(x)
+    def network_input(self, x: torch.Tensor, test_mode: str | None = None) -> torch.Tensor:
+        """What ``forward_raw`` receives when :meth:`logits` runs on ``x``: the (first) window, padded to the
+        coarsest stride. A runtime whose graph has a fixed image size is captured on this (``zoo.optimize``)."""
+        if (test_mode or self.test_mode) == 'slide':
+            y1, y2, x1, x2 = self._windows(*x.shape[-2:])[0]
+            x = x[..., y1:y2, x1:x2]
+        return self._padded(x)
+
+    def logits(self, x: torch.Tensor, test_mode: str | None = None, forward_raw=None) -> torch.Tensor:
+        """Class logits (B, num_classes, H, W) at the input's size, by ``test_mode`` (default the model's).
+        ``forward_raw``: the network to run instead of this model's own (a runtime's captured graph)."""
+        mode, net = test_mode or self.test_mode, forward_raw or self.forward_raw
+        return self._slide(x, net) if mode == 'slide' else self._whole(x, net)
+
+    def predict(self, x: torch.Tensor, metas: Sequence[dict] | None = None, forward_raw=None):
+        return self.head.decode(self.logits(x, forward_raw=forward_raw), metas)
 
     def forward(self, x: torch.Tensor, metas: Sequence[dict] | None = None):
-        if self.training:
-            return self.forward_raw(x)
-        return self.head.decode(self.logits(x), metas)
+        return self.forward_raw(x) if self.training else self.predict(x, metas)
 
 
 def _segmenter(backbone: str, num_classes: int, in_chans: int, backbone_kwargs: dict | None,

@@ -26,8 +26,9 @@ class's share (``cat_max_ratio``), horizontal flip, photometric distortion of th
 the whole image to ``img_size`` (the mask with nearest interpolation).
 
 Bad data raises :class:`SegmentationDataError` (a ``ValueError``, like detection's) naming the file: an image
-without its mask, a mask of another size than its image, a class id out of range (other than 255), a colour that
-maps to no class, an empty split.
+without its mask, a mask of another size than its image, a stored value that is no class (named as the file stores
+it, with the values it may hold; 255 is ignored), a colour that maps to no class, an empty split. The folder
+sources read every mask in ``setup``, so each of these is found before a run starts.
 """
 from .datamodules import (VOC_CLASSES, ADE20KDataModule, DigitsSegDataModule, FolderSegDataModule,
                           SegmentationDataModule, SegmentationDataset, ShapesSegDataModule, VOCSegDataModule)

@@ -188,11 +188,12 @@ def pair_from_list(list_file: Path, image_dir: Path, mask_dir: Path, img_suffix:
 
 
 def file_records(pairs: Sequence[tuple[Path, Path]], read_labels: Callable[[Path], np.ndarray],
-                 check_sizes: bool = True) -> list[Record]:
+                 check_sizes: bool = True, check_labels: Callable[[Path], None] | None = None) -> list[Record]:
     """Records of (image, mask) file pairs; ``read_labels(mask_path)`` reads a mask as (H, W) int64 class ids
     (:func:`read_mask` and the dataset's mapping: reduce_zero_label, an ignore value, a palette). ``check_sizes``:
-    compare the image and mask sizes from the file headers now (cheap), so a mask of another size is named before
-    training starts (the dataset checks again when it loads the pixels)."""
+    compare the image and mask sizes from the file headers now (cheap); ``check_labels(mask_path)``: called on
+    every mask now, raising on a stored value that is no class. So a bad mask is named before a run starts, not
+    at the batch that holds it (the dataset checks again when it loads the pixels)."""
     records = []
     for img, mask in pairs:
         if check_sizes:
@@ -201,6 +202,12 @@ def file_records(pairs: Sequence[tuple[Path, Path]], read_labels: Callable[[Path
                 raise SegmentationDataError(f'{mask}: mask is {hm[1]}x{hm[0]} but its image {img.name} is '
                                             f'{hi[1]}x{hi[0]} (W x H)')
         records.append(Record(_loader(img, mask, read_labels), str(mask), img, mask))
+    if check_labels is not None:
+        import os
+        from concurrent.futures import ThreadPoolExecutor
+        # threads: PNG decoding releases the GIL; map() re-raises the first bad mask in the pairs' order
+        with ThreadPoolExecutor(max_workers=min(8, os.cpu_count() or 1)) as pool:
+            list(pool.map(check_labels, [mask for _, mask in pairs]))
     return records
 
 
