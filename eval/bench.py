@@ -85,13 +85,12 @@ def _timing(repeats: int, warmup: int, budget_s: float | None, max_repeats: int 
 def parse_runtimes(spec) -> tuple[str, ...]:
     """``'eager,compile,onnxruntime'`` (or a list) -> the runtimes, checked against ``zoo.RUNTIMES``; eager first
     (every other runtime is compared with it), each once."""
-    from zoo._runtime import RUNTIMES
+    from zoo._runtime import RUNTIMES, check_runtime
 
-    items = [r.strip() for r in (spec.split(',') if isinstance(spec, str) else spec) if r.strip()]
-    bad = [r for r in items if r not in RUNTIMES]
-    if bad or not items:
-        what = f'unknown runtime {bad[0]!r}' if bad else 'no runtime given'
-        raise ValueError(f'{what}; expected a comma-separated list of {", ".join(RUNTIMES)}')
+    items = [check_runtime(r.strip(), 'unknown runtime {runtime!r}; expected a comma-separated list of {runtimes}')
+             for r in (spec.split(',') if isinstance(spec, str) else spec) if r.strip()]
+    if not items:
+        raise ValueError(f'no runtime given; expected a comma-separated list of {", ".join(RUNTIMES)}')
     return tuple(dict.fromkeys(['eager', *items]))
 
 

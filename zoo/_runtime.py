@@ -41,12 +41,17 @@ def _require(what: str) -> None:
         raise ValueError(f"{what} needs {', '.join(missing)}: pip install 'zoo[export]'")
 
 
-def _check_runtime(runtime: str) -> None:
+def check_runtime(runtime: str, message: str = 'unknown runtime {runtime!r}; expected one of {runtimes}') -> str:
+    """``runtime`` if it is one of :data:`RUNTIMES`, else a one-line ``ValueError`` (``message``, then the close
+    match): the one check of every place a runtime is named (``zoo.optimize``, ``zoo bench|profile|test
+    --runtime``, the systems), so each suggests ``onnxruntime`` for ``onnx``."""
     if runtime not in RUNTIMES:
         import difflib
-        close = difflib.get_close_matches(str(runtime), RUNTIMES, n=1)
-        hint = f' (did you mean {close[0]!r}?)' if close else ''
-        raise ValueError(f"unknown runtime {runtime!r}{hint}; expected one of {', '.join(RUNTIMES)}")
+        # cutoff 0.5, not difflib's 0.6: 'onnx' is 0.53 from 'onnxruntime'
+        close = difflib.get_close_matches(str(runtime), RUNTIMES, n=1, cutoff=0.5)
+        raise ValueError(message.format(runtime=runtime, runtimes=', '.join(RUNTIMES))
+                         + (f'; did you mean {close[0]}?' if close else ''))
+    return runtime
 
 
 def is_dense(model: nn.Module) -> bool:
@@ -198,13 +203,33 @@ def _frozen(model: nn.Module):
         model.train(was_training)
 
 
+def is_detector(model: nn.Module) -> bool:
+    """A dense model whose head decodes boxes and has NMS settings (what :class:`_Deploy` needs); a segmenter's
+    head also has ``decode``, of logits into labels."""
+    return is_dense(model) and all(hasattr(model.head, a) for a in ('decode', 'conf', 'iou', 'max_det'))
+
+
 def _graph_module(model: nn.Module, nms: bool = False) -> nn.Module:
     if nms:
-        if not is_dense(model) or not hasattr(model.head, 'decode'):
-            raise ValueError(f'nms=True needs a detector (a model with forward_raw and head.decode); got '
-                             f'{getattr(model, "zoo_name", type(model).__name__)}')
+        if not is_detector(model):
+            raise ValueError(f'nms=True needs a detector (a dense model whose head decodes boxes: decode, conf, iou, '
+                             f'max_det); got {getattr(model, "zoo_name", type(model).__name__)}')
         return _Deploy(model)
     return _Raw(model) if is_dense(model) else model
+
+
+def output_names(model: nn.Module, nms: bool = False) -> list[str]:
+    """The names of the graph's outputs as ``export`` writes them (and ``zoo export``'s card lists them):
+    ``detections`` with ``nms``, a detector's raw maps ``stride8``, ``stride16``, ... (one per level), ``logits``
+    for classifiers, segmenters and language models, ``denoised`` for a denoiser."""
+    if nms:
+        return ['detections']
+    if is_detector(model):
+        return [f'stride{s}' for s in model.strides]
+    import zoo
+    name = getattr(model, 'zoo_name', None)
+    task = zoo.model_info(name).task if name in zoo.list_models() else 'classification'
+    return ['denoised'] if task == 'denoising' else ['logits']
 
 
 def _batch2(example: torch.Tensor) -> torch.Tensor:
@@ -226,7 +251,8 @@ def export(model: nn.Module, path, example: torch.Tensor, *, format: str = 'onnx
     A dense model is saved as its network (``forward_raw``: one output per level); ``nms=True`` saves a detector
     with decode and NMS in the graph instead (one (B, max_det, 6) output; see :class:`_Deploy`). ``model`` may
     also be a ``torch.export.ExportedProgram`` (e.g. a loaded pt2 file), converted to ONNX without tracing again.
-    Returns the path.
+    The ONNX graph's input is ``input``, its outputs are named by :func:`output_names` (a program's keep the
+    exporter's names) and its dynamic dimension is ``batch``. Returns the path.
     """
     if format not in FORMATS:
         raise ValueError(f"unknown export format {format!r}; expected one of {', '.join(FORMATS)}")
@@ -238,6 +264,7 @@ def export(model: nn.Module, path, example: torch.Tensor, *, format: str = 'onnx
         else:
             _onnx_program(model, example, dynamic_batch).save(str(path))
         return path
+    names = output_names(model, nms)
     example = _batch2(example) if dynamic_batch else example
     with _frozen(model):
         net = _graph_module(model, nms)
@@ -245,11 +272,12 @@ def export(model: nn.Module, path, example: torch.Tensor, *, format: str = 'onnx
             ep = torch.export.export(net, (example,), dynamic_shapes=_dynamic(dynamic_batch))
             torch.export.save(ep, path)
         else:
-            _onnx_program(net, example, dynamic_batch).save(str(path))
+            _onnx_program(net, example, dynamic_batch, names).save(str(path))
     return path
 
 
-def _onnx_program(net: nn.Module, example: torch.Tensor, dynamic_batch: bool = True):
+def _onnx_program(net: nn.Module, example: torch.Tensor, dynamic_batch: bool = True,
+                  names: list[str] | None = None):
     """``torch.onnx.export(dynamo=True)``, then constant folding, common subexpressions and dead nodes removed.
 
     Not the exporter's ``optimize=True``: its pattern rewriter took 2/3 of a Mamba-YOLO export (~70 s of ~100 s
@@ -266,8 +294,10 @@ def _onnx_program(net: nn.Module, example: torch.Tensor, dynamic_batch: bool = T
     with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):
         warnings.simplefilter('ignore')
         # zoo's operators (the selective scan) have no ONNX meaning: exported written out as plain tensor ops
+        # the dynamic shapes again: given a program without them, the exporter names the batch after its symbol (s77)
         program = torch.onnx.export(decompose(net, (example,), _dynamic(dynamic_batch)), (example,), dynamo=True,
-                                    input_names=['input'], verbose=False, report=False, optimize=False)
+                                    input_names=['input'], output_names=names, dynamic_shapes=_dynamic(dynamic_batch),
+                                    verbose=False, report=False, optimize=False)
     model = program.model
     common.InlinePass()(model)
     fold_constants_ir(model)
@@ -293,7 +323,10 @@ class _Runtime(nn.Module):
 
 
 class _DenseRuntime(nn.Module):
-    """A dense model whose network runs in a runtime and whose prediction runs eagerly (the model's head)."""
+    """A dense model whose network (``forward_raw``) runs in a runtime. Everything after the network is the eager
+    model's own code called with this network in its place: ``forward`` is ``model.predict`` (a detector's decode
+    and NMS, a segmenter's logits and argmax), ``logits`` a segmenter's whole-image or sliding-window inference,
+    ``head`` its loss. A system therefore evaluates a runtime through the same lines as the eager model."""
 
     def __init__(self, net: nn.Module, model: nn.Module):
         super().__init__()
@@ -301,14 +334,27 @@ class _DenseRuntime(nn.Module):
         self.strides, self.num_classes = model.strides, model.num_classes
         self.zoo_name = getattr(model, 'zoo_name', type(model).__name__)
         self.runtime = getattr(net, 'runtime', None)
+        self._model = [model]  # its inference code; in a list, so its weights are not registered here a second time
 
     def forward_raw(self, x: torch.Tensor) -> list[torch.Tensor]:
         return list(self.net(x))
 
-    @torch.no_grad()
-    def forward(self, x: torch.Tensor, metas=None) -> list[dict]:
+    def _float_raw(self, x: torch.Tensor) -> list[torch.Tensor]:
         # the head's float32 weights decode the maps: a network run in bfloat16 (autocast) hands over float32
-        return self.head.predict([m.float() for m in self.forward_raw(x)], metas)
+        return [m.float() for m in self.net(x)]
+
+    @property
+    def test_mode(self) -> str:
+        """A segmenter's evaluation: ``'whole'`` or ``'slide'`` (the eager model's setting)."""
+        return self._model[0].test_mode
+
+    def logits(self, x: torch.Tensor, test_mode: str | None = None) -> torch.Tensor:
+        """A segmenter's class logits at the input's size (:meth:`zoo.segmentation.Segmenter.logits`)."""
+        return self._model[0].logits(x, test_mode, forward_raw=self._float_raw)
+
+    @torch.no_grad()
+    def forward(self, x: torch.Tensor, metas=None):
+        return self._model[0].predict(x, metas, forward_raw=self._float_raw)
 
 
 class _Eager(nn.Module):
@@ -363,7 +409,7 @@ def optimize(model: nn.Module, runtime: str = 'compile', example: torch.Tensor |
     runtimes are float32 only. A dense model keeps its eager prediction (decode, NMS) after the captured network
     (see the module docstring). With ``example``, ``compile`` compiles on it before returning.
     """
-    _check_runtime(runtime)
+    check_runtime(runtime)
     if runtime in ('onnxruntime', 'openvino'):
         _require(runtime)
     if isinstance(dtype, str):
@@ -371,8 +417,12 @@ def optimize(model: nn.Module, runtime: str = 'compile', example: torch.Tensor |
             _bad_dtype(dtype)
     if mode is not None and runtime != 'compile':
         raise ValueError(f"mode={mode!r} is torch.compile's; runtime {runtime!r} takes none")
+    from ._console import progress
     model.eval()
+    name = getattr(model, 'zoo_name', type(model).__name__)
     dense = is_dense(model)
+    if dense and example is not None and hasattr(model, 'network_input'):
+        example = model.network_input(example)  # a segmenter's network sees a padded (sliding) window, not x
     if runtime in ('eager', 'compile'):
         inner = _Raw(model) if dense else model
         if runtime == 'compile':
@@ -381,7 +431,8 @@ def optimize(model: nn.Module, runtime: str = 'compile', example: torch.Tensor |
             inner = _Raw(model, _compiled(model.forward_raw, options)) if dense else _compiled(model, options)
         net = _Eager(inner, dtype, runtime)
         if runtime == 'compile' and example is not None:
-            net(example)  # compile now, not on the caller's first timed call
+            with progress(f'compiling {name} (torch.compile, inductor with freezing)'):
+                net(example)  # compile now, not on the caller's first timed call
         if not dense:
             return net
         return _DenseRuntime(net, model)  # net gives _Raw's tuple of maps (one per level, or one for a segmenter)
@@ -389,14 +440,15 @@ def optimize(model: nn.Module, runtime: str = 'compile', example: torch.Tensor |
         raise ValueError(f'runtime {runtime!r} runs float32 only; got dtype={dtype}')
     example = _batch2(example if example is not None else example_input(model))
     from torch.utils._pytree import tree_flatten
-    with _frozen(model):
-        graph = _graph_module(model)
-        _, spec = tree_flatten(graph(example))
-        program = _onnx_program(graph, example)
-    with tempfile.TemporaryDirectory() as tmp:
-        path = str(pathlib.Path(tmp) / 'model.onnx')
-        program.save(path)
-        run = _ort_session(path) if runtime == 'onnxruntime' else _openvino(path)
+    with progress(f'exporting {name} to ONNX for {runtime}'):
+        with _frozen(model):
+            graph = _graph_module(model)
+            _, spec = tree_flatten(graph(example))
+            program = _onnx_program(graph, example, names=output_names(model))
+        with tempfile.TemporaryDirectory() as tmp:
+            path = str(pathlib.Path(tmp) / 'model.onnx')
+            program.save(path)
+            run = _ort_session(path) if runtime == 'onnxruntime' else _openvino(path)
     net = _Runtime(run, spec, runtime, keep=model)
     return _DenseRuntime(net, model) if dense else net
 
