@@ -25,6 +25,20 @@ def image_size(path, error: type[DataError] = DataError) -> tuple[int, int]:
     return h, w
 
 
+def folder_dataset_name(layout: str, folder, *more) -> str:
+    """The name runs on data read from the user's files are recorded under (``zoo results --dataset``):
+    ``<layout>:<folder name>@<digest>``, e.g. ``ade20k:scenes@3f2a1c``. The digest is of the absolute paths of
+    ``folder`` and ``more`` (other folders or files the data is read from), so two datasets never share a name
+    (two folders called ``data``, or one folder read in two layouts) and runs on one folder pool as seeds of
+    one dataset; a moved folder is a new name."""
+    import hashlib
+    from pathlib import Path
+
+    paths = [Path(p).resolve() for p in (folder, *more)]
+    digest = hashlib.sha1('\n'.join(map(str, paths)).encode()).hexdigest()[:6]
+    return f'{layout}:{paths[0].name or layout}@{digest}'
+
+
 def split_indices(n: int, fractions: tuple[float, ...], seed: int) -> list[torch.Tensor]:
     """A seeded permutation of ``range(n)`` cut into ``len(fractions) + 1`` parts (the last takes the rest)."""
     if any(f < 0 for f in fractions) or sum(fractions) >= 1:
@@ -117,6 +131,9 @@ class ImageDataModule(LightningDataModule):
     Loaders are :class:`EpochLoader`: a run's batches depend only on ``(seed, epoch)``, also across a resume.
     """
 
+    # the registry task this data serves (``zoo.TASKS``); ``zoo fit`` refuses a system of another task. Not
+    # ``task``: SyntheticLMDataModule's ``task`` is the reasoning task it generates.
+    zoo_task = 'classification'
     num_classes: int
     in_chans: int = 3
 
@@ -159,4 +176,6 @@ class ImageDataModule(LightningDataModule):
         return self._loader(self.test_set, shuffle=False)
 
     def predict_dataloader(self) -> DataLoader:
-        return self._loader(self.test_set, shuffle=False)
+        # ``zoo predict --images DIR`` points the predict split at those files (``zoo.datasets.images``)
+        predict = getattr(self, 'predict_set', None)
+        return self._loader(self.test_set if predict is None else predict, shuffle=False)

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import torch
 
-from ._base import DatasetNotFoundError, ImageDataModule, split_indices
+from ._base import DatasetNotFoundError, ImageDataModule, folder_dataset_name, split_indices
 
 _IMAGENET_MEAN, _IMAGENET_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
 
@@ -28,6 +28,7 @@ class ImageFolderDataModule(ImageDataModule):
         self.val_fraction, self.test_fraction, self.split_seed = val_fraction, test_fraction, split_seed
         self.crop_pct, self.mean, self.std = crop_pct, tuple(mean), tuple(std)
         self.split_folders = (self.root / 'train').is_dir()
+        self.dataset_name = folder_dataset_name('imagefolder', self.root)
         self.classes = self._classes(self.root / 'train' if self.split_folders else self.root)
         self.num_classes = len(self.classes)
         if not self.split_folders:
@@ -56,6 +57,14 @@ class ImageFolderDataModule(ImageDataModule):
             ops = [T.ToImage(), T.Resize(int(self.img_size / self.crop_pct), antialias=True),
                    T.CenterCrop(self.img_size)]
         return T.Compose(ops + [T.ToDtype(torch.float32, scale=True), T.Normalize(self.mean, self.std)])
+
+    def eval_transform(self):
+        """An image file (uint8 RGB (3, H, W)) -> the validation input (``zoo predict --images``)."""
+        return self._transforms(False)
+
+    @property
+    def names(self) -> list[str]:
+        return self.classes
 
     def _open(self, folder: Path, train: bool):
         from torchvision.datasets import ImageFolder

@@ -26,7 +26,6 @@ HELD_OUT_PHOTOS = ('camera', 'coins', 'moon')
 def load_photo(name: str, max_side: int | None = None) -> torch.Tensor:
     """``skimage.data.<name>()`` as a (1, H, W) float tensor in [0, 1], optionally downscaled."""
     import skimage.data
-    from skimage.color import rgb2gray, rgba2rgb
     from skimage.transform import rescale
     loader = getattr(skimage.data, name, None)
     if loader is None:
@@ -37,13 +36,18 @@ def load_photo(name: str, max_side: int | None = None) -> torch.Tensor:
         raise DatasetNotFoundError(f'skimage.data.{name}() is not available offline ({type(e).__name__}: {e}); '
                                    f'install scikit-image with its bundled data (pip install scikit-image) or '
                                    f'choose another image') from None
-    img = np.asarray(img)
-    if img.ndim == 3:
-        img = rgb2gray(rgba2rgb(img) if img.shape[-1] == 4 else img)
-    img = img.astype(np.float32) / (255.0 if img.dtype == np.uint8 or img.max() > 1 else 1.0)
+    img = _grey(np.asarray(img))
     if max_side is not None and max(img.shape) > max_side:
         img = rescale(img, max_side / max(img.shape), anti_aliasing=True).astype(np.float32)
     return torch.from_numpy(np.ascontiguousarray(img))[None]  # (1, H, W)
+
+
+def _grey(img: np.ndarray) -> np.ndarray:
+    """An (H, W), (H, W, 3) or (H, W, 4) image -> (H, W) float32 grey in [0, 1] (scikit-image's luminance)."""
+    from skimage.color import rgb2gray, rgba2rgb
+    if img.ndim == 3:
+        img = rgb2gray(rgba2rgb(img) if img.shape[-1] == 4 else img)
+    return img.astype(np.float32) / (255.0 if img.dtype == np.uint8 or img.max() > 1 else 1.0)
 
 
 class RandomPatches(Dataset):
@@ -87,6 +91,7 @@ class PhotoPatchesDataModule(LightningDataModule):
     Batches are clean images (B, 1, H, W) in [0, 1]; validation and test batches hold one whole image.
     """
 
+    zoo_task = 'denoising'
     in_chans = 1
     num_classes = None
 
@@ -124,5 +129,14 @@ class PhotoPatchesDataModule(LightningDataModule):
     def test_dataloader(self) -> DataLoader:
         return self.val_dataloader()
 
+    def eval_transform(self):
+        """An image file (uint8 RGB (3, H, W)) -> (1, H, W) grey in [0, 1], as the held-out photographs, at the file's
+        own size: a file to denoise brings its own noise, which downscaling to ``max_side`` would average away
+        (``zoo predict --images``)."""
+        return lambda image: torch.from_numpy(_grey(image.permute(1, 2, 0).numpy()))[None]  # CHW -> HWC -> (1, H, W)
+
     def predict_dataloader(self) -> DataLoader:
-        return self.val_dataloader()
+        # ``zoo predict --images DIR`` points the predict split at those files (``zoo.datasets.images``)
+        predict = getattr(self, 'predict_set', None)
+        return self.val_dataloader() if predict is None else EpochLoader(predict, batch_size=1, seed=self.seed,
+                                                                         num_workers=self.num_workers)

@@ -5,6 +5,7 @@
     zoo fit -c ... --ckpt_path last          # resume the latest run of this config
     zoo test -c ... --ckpt_path best         # evaluate the best checkpoint of the latest run
     zoo predict -c ... --ckpt_path best      # the test split -> the task's prediction files in the run folder
+    zoo predict -c ... --ckpt_path best --images DIR   # a folder of new images (zoo.datasets.images)
     zoo fit -c ... --print_config            # the resolved config
 
 Model and data use LightningCLI's subclass form (``class_path`` + ``init_args``). The DataModule is built once;
@@ -50,29 +51,47 @@ def default_callbacks(run_dir: str | Path | None, monitor: str, mode: str, trial
 def model_summary() -> Callback:
     """Lightning's model summary without its FLOPs column and "Total FLOPs: 0": Lightning counts FLOPs only
     for a system with an ``example_input_array`` (ours take the input size from the data), so the 0 it
-    printed was "not measured". Params and MACs of a model: ``zoo bench NAME``."""
+    printed was "not measured". The totals count the network once: a system's EMA copy (``ema``) is a second
+    set of the same weights, not parameters of the model, so it is said apart ("EMA copy: N"). Params and
+    MACs of a model: ``zoo bench NAME``."""
     from lightning.pytorch.callbacks import ModelSummary, RichModelSummary
     from lightning.pytorch.utilities.imports import _RICH_AVAILABLE
 
     base = RichModelSummary if _RICH_AVAILABLE else ModelSummary
 
     class ZooModelSummary(base):
-        @staticmethod
-        def summarize(summary_data, total_parameters, trainable_parameters, model_size, total_training_modes,
+        ema_params = ema_trainable = 0  # the parameters of the system's EMA copy (all of them, trainable ones)
+
+        def _summary(self, trainer, pl_module):
+            ema = getattr(pl_module, 'ema', None)
+            params = list(ema.parameters()) if ema is not None else []
+            self.ema_params = sum(p.numel() for p in params)
+            self.ema_trainable = sum(p.numel() for p in params if p.requires_grad)
+            return super()._summary(trainer, pl_module)
+
+        def summarize(self, summary_data, total_parameters, trainable_parameters, model_size, total_training_modes,
                       total_flops, **kwargs) -> None:
+            network = total_parameters - self.ema_params
+            trainable = trainable_parameters - self.ema_trainable
+            model_size = model_size * network / total_parameters if total_parameters else model_size
             if total_flops:  # measured: Lightning's own table
-                return base.summarize(summary_data, total_parameters, trainable_parameters, model_size,
-                                      total_training_modes, total_flops, **kwargs)
+                return base.summarize(summary_data, network, trainable, model_size, total_training_modes,
+                                      total_flops, **kwargs)
             from lightning.pytorch.utilities.model_summary.model_summary import (get_formatted_model_size,
                                                                                 get_human_readable_count)
+
+            def count(n: int) -> str:
+                return get_human_readable_count(int(n)).strip()
+
             columns = [(name, values) for name, values in summary_data if name != 'FLOPs']
             widths = [max(len(name), *(len(v) for v in values)) if values else len(name) for name, values in columns]
             lines = ['  '.join(name.ljust(w) for (name, _), w in zip(columns, widths))]
             lines += ['  '.join(v.ljust(w) for v, w in zip(row, widths)) for row in zip(*(v for _, v in columns))]
-            lines.append(f'params: {get_human_readable_count(int(total_parameters)).strip()} '
-                         f'({get_human_readable_count(int(total_parameters - trainable_parameters)).strip()} frozen), '
-                         f'{get_formatted_model_size(model_size)} MB; modules in train mode: '
-                         f"{total_training_modes['train']}, in eval mode: {total_training_modes['eval']}")
+            lines.append(f'params: {count(network)} ({count(network - trainable)} frozen), '
+                         f'{get_formatted_model_size(model_size)} MB'
+                         + (f'; EMA copy: {count(self.ema_params)}' if self.ema_params else '')
+                         + f"; modules in train mode: {total_training_modes['train']}, "
+                           f"in eval mode: {total_training_modes['eval']}")
             print('\n'.join(lines))
 
     return ZooModelSummary()
@@ -97,8 +116,9 @@ class ZooCLI(LightningCLI):
     ``trial``: the sweep trial this run belongs to (``recipes.recording.TrialContext``), passed in by
     ``zoo sweep``; ``--db`` is a parsed argument (the results database of this run)."""
 
-    def __init__(self, *args, trial=None, result: CLIRun | None = None, **kwargs):
+    def __init__(self, *args, trial=None, result: CLIRun | None = None, images: str | None = None, **kwargs):
         self.trial, self.result, self.run_dir, self.results_logger = trial, result or CLIRun(0), None, None
+        self.images = images  # zoo predict --images DIR: the folder the predict split reads
         self._ckpt = self._resolved = None
         self._rank0 = True  # this process is the job's global rank 0 (set with the run folder)
         super().__init__(*args, **kwargs)
@@ -183,7 +203,10 @@ class ZooCLI(LightningCLI):
         self.result.run_dir = self.run_dir
 
     def after_instantiate_classes(self) -> None:
-        """A size given on the command line that the data contradicts is an error, not silently replaced."""
+        """Data of another task than the system's, and a size given on the command line that the data
+        contradicts, are errors (before the run folder is written to), not a traceback or a silent replacement."""
+        from .system import require_data_task
+        require_data_task(self.model, self.datamodule)
         for k, v in self._user_sizes.items():
             data = getattr(self.datamodule, k, None)
             if data is not None and data != v:
@@ -223,7 +246,12 @@ class ZooCLI(LightningCLI):
 
     def _run(self, command: str, fn, **kwargs):
         """Run a trainer method: refuse a checkpoint whose weights do not fit the model first (nothing started,
-        nothing written), then record the run in its manifest (``runs.py``) from start to end."""
+        nothing written), then record the run in its manifest (``runs.py``) from start to end.
+
+        Bad input found once the run has started but before its first training step (an optimizer refusing its
+        learning rate, a check in ``setup`` or the first batch) leaves nothing either: no run folder, no results
+        row, ``latest`` untouched (``_discard``). A run that trained keeps its folder and row, failed or not."""
+        start_step = int(self._ckpt.get('global_step') or 0) if self._ckpt is not None else 0
         if self._ckpt is not None:
             check_weights_fit(self._ckpt, kwargs.get('ckpt_path'), self.model)
             self._ckpt = None  # the trainer reads the file itself
@@ -241,11 +269,26 @@ class ZooCLI(LightningCLI):
         finally:
             if rank0:
                 status = runs.finish_manifest(self.run_dir, error)
-                if status == 'failed' and runs.wrote_nothing(self.run_dir):
+                if status == 'failed' and self._rejected(error, start_step):
+                    self._discard()
+                elif status == 'failed' and runs.wrote_nothing(self.run_dir):
                     runs.drop_manifest(self.run_dir)  # failed before writing anything: it leaves nothing behind
                 # ``latest``: the newest fit that wrote a checkpoint and did not fail
                 if command == 'fit' and status != 'failed' and runs.has_checkpoints(self.run_dir):
                     runs.point_latest(self.run_dir)
+
+    def _rejected(self, error: BaseException, start_step: int) -> bool:
+        """The run stopped on bad input (``usage_errors``) before it took a training step or saved a checkpoint.
+        A sweep trial is never rejected here: the sweep records every trial, failed ones included."""
+        return (isinstance(error, usage_errors()) and self.trial is None and self.trainer.global_step <= start_step
+                and not runs.has_checkpoints(self.run_dir))
+
+    def _discard(self) -> None:
+        """Remove what a rejected run wrote: its files (``runs.discard_run``; ``run_cli`` then removes the empty
+        folders it made) and its results-database row."""
+        runs.discard_run(self.run_dir)
+        if self.results_logger is not None:
+            self.results_logger.discard()
 
     def fit(self, **kwargs) -> None:
         self._run('fit', self.trainer.fit, **kwargs)
@@ -257,7 +300,17 @@ class ZooCLI(LightningCLI):
         self._run('test', self.trainer.test, **kwargs)
 
     def predict(self, **kwargs) -> None:
-        """``zoo predict``: the system's prediction writer (``prediction_writer``) writes into the run folder."""
+        """``zoo predict``: the system's prediction writer (``prediction_writer``) writes into the run folder;
+        with ``--images DIR`` the predict split is that folder's files, through the recipe's evaluation pipeline
+        (``zoo.datasets.images``), checked before anything runs."""
+        if self.images is not None:
+            from zoo.datasets.images import predict_dataset
+
+            task = getattr(self.model, 'task', None)
+            if task == 'language_modeling':
+                raise ValueError(f'--images is for image tasks; {self._stem(self.config[self.subcommand])} is a '
+                                 f'language-modelling recipe')
+            self.datamodule.predict_set = predict_dataset(self.datamodule, self.images)
         self._run('predict', self.trainer.predict, **kwargs)
 
 
@@ -268,15 +321,16 @@ def _relative(path) -> str:
     return os.path.relpath(p, cwd) if p.startswith(cwd + os.sep) else str(path)
 
 
-def run_lightning_cli(argv: list[str], raise_errors: bool = False) -> int:
+def run_lightning_cli(argv: list[str], raise_errors: bool = False, images: str | None = None) -> int:
     """Run ``zoo <fit|validate|test|predict> ...``; return a process exit code (2 for bad input)."""
-    return run_cli(argv, raise_errors=raise_errors).code
+    return run_cli(argv, raise_errors=raise_errors, images=images).code
 
 
-def run_cli(argv: list[str], raise_errors: bool = False, trial=None) -> CLIRun:
+def run_cli(argv: list[str], raise_errors: bool = False, trial=None, images: str | None = None) -> CLIRun:
     """Run ``zoo <fit|validate|test|predict> ...``: the exit code (2 for bad input) and the run folder.
     ``raise_errors``: raise a rejected configuration's error instead of printing it (``zoo sweep``
-    stores it in the trial's run row). ``trial``: the sweep trial the run records itself under."""
+    stores it in the trial's run row). ``trial``: the sweep trial the run records itself under.
+    ``images``: ``zoo predict --images DIR``'s folder."""
     argv = list(argv)
     command = argv[0] if argv else 'fit'
     try:
@@ -292,7 +346,7 @@ def run_cli(argv: list[str], raise_errors: bool = False, trial=None) -> CLIRun:
             # exit_on_error=False: parse errors reach ZooCLI.parse_arguments, which makes them one line
             ZooCLI(model_class=LightningModule, datamodule_class=LightningDataModule, subclass_mode_model=True,
                    subclass_mode_data=True, args=argv, auto_configure_optimizers=False,
-                   save_config_kwargs={'overwrite': False}, trial=trial, result=result,
+                   save_config_kwargs={'overwrite': False}, trial=trial, result=result, images=images,
                    parser_kwargs={'prog': 'zoo', 'exit_on_error': False, 'allow_abbrev': False})
     except SystemExit as e:  # --help, --print_config
         result.code = e.code if isinstance(e.code, int) else (0 if e.code is None else 2)
@@ -305,3 +359,17 @@ def run_cli(argv: list[str], raise_errors: bool = False, trial=None) -> CLIRun:
         print(f'zoo {command}: error: {msg}', file=sys.stderr)
         result.code = 2
     return result
+
+
+def check_arguments(argv: list[str]) -> None:
+    """Parse ``zoo fit ...`` as the run would and build nothing (``--print_config``, its output dropped), so a
+    bad argument is found before anything is written: raises the CLI's one-line error (close matches included)."""
+    import contextlib
+    import io
+
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = run_cli([*argv, '--print_config'], raise_errors=True).code
+    if code != 0:
+        lines = err.getvalue().strip().splitlines()
+        raise ValueError(f'zoo {argv[0]} rejected it: {lines[-1] if lines else f"exit code {code}"}')

@@ -4,21 +4,25 @@ Clean batches come from the DataModule (e.g. :class:`zoo.datasets.PhotoPatchesDa
 adds white Gaussian noise of standard deviation ``sigma`` (on the 0-255 scale), trains with the mean
 squared error to the clean image and reports PSNR and SSIM (torchmetrics) on the held-out images.
 Validation noise is drawn from a generator seeded by the batch index, so every epoch and every run sees
-the same noisy inputs and the numbers compare.
+the same noisy inputs and the numbers compare. ``zoo predict`` writes the denoised images as grey PNGs
+(:class:`DenoisedWriter`); with ``--images DIR`` the files are the noisy inputs, denoised as they are.
 """
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Optional
 
 import torch
 import torch.nn.functional as F
+from lightning.pytorch.callbacks import BasePredictionWriter
 from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
+from tqdm import tqdm  # its write() prints above a running progress bar, not glued to its line
 from torchmetrics.image import PeakSignalNoiseRatio, StructuralSimilarityIndexMeasure
 
 from . import optim
 from .system import ZooSystem
 
-__all__ = ['Denoiser', 'add_noise']
+__all__ = ['Denoiser', 'DenoisedWriter', 'add_noise']
 
 
 def add_noise(clean: torch.Tensor, sigma: float, generator: torch.Generator | None = None) -> torch.Tensor:
@@ -45,6 +49,10 @@ class Denoiser(ZooSystem):
                  **kwargs):
         if sigma <= 0:
             raise ValueError(f'sigma must be > 0 (0-255 scale), got {sigma}')
+        if kwargs.get('runtime') in ('onnxruntime', 'openvino'):  # an exported graph has one input size
+            raise ValueError(f"--runtime {kwargs['runtime']} runs an ONNX graph of one image size, and denoising is "
+                             f"evaluated on whole images of their own sizes; use --runtime compile (a graph per "
+                             f"size) or eager")
         super().__init__(name, optimizer=optimizer, lr_scheduler=lr_scheduler, **kwargs)
         if convbn_mode is not None:
             from zoo.layers.convbn import set_mode
@@ -65,7 +73,7 @@ class Denoiser(ZooSystem):
     def _evaluate(self, clean, batch_idx: int, split: str):
         clean = clean[0] if isinstance(clean, (tuple, list)) else clean
         noisy = add_noise(clean, self.hparams.sigma, torch.Generator().manual_seed(10_000 + batch_idx))
-        out = self.model(noisy)
+        out = self.eval_model(noisy)  # the EMA, or the network in zoo test --runtime's runtime
         psnr, ssim = (self.val_psnr, self.val_ssim) if split == 'val' else (self.test_psnr, self.test_ssim)
         psnr(out.clamp(0, 1), clean)
         ssim(out.clamp(0, 1), clean)
@@ -80,6 +88,41 @@ class Denoiser(ZooSystem):
     def test_step(self, clean, batch_idx):
         self._evaluate(clean, batch_idx, 'test')
 
-    def predict_step(self, clean, batch_idx):
-        clean = clean[0] if isinstance(clean, (tuple, list)) else clean
-        return self.model(add_noise(clean, self.hparams.sigma, torch.Generator().manual_seed(10_000 + batch_idx)))
+    def predict_step(self, batch, batch_idx):
+        """The denoised image: of an image file as it is (``--images DIR``: the file brings its own noise), else of
+        the clean test image with the seeded noise validation adds."""
+        from .classification import predicted_dataset
+
+        x = batch[0] if isinstance(batch, (tuple, list)) else batch
+        if getattr(predicted_dataset(self.trainer), 'image_files', None) is None:
+            x = add_noise(x, self.hparams.sigma, torch.Generator().manual_seed(10_000 + batch_idx))
+        return self.eval_model(x)  # the EMA when there is one, as evaluation
+
+    def prediction_writer(self, run_dir: Path) -> BasePredictionWriter:
+        return DenoisedWriter(run_dir)
+
+
+class DenoisedWriter(BasePredictionWriter):
+    """``zoo predict`` for denoising: each denoised image as a grey PNG at its input's size,
+    ``denoised/<path below DIR>.png`` for ``--images DIR`` (``denoised/<index>.png`` for the test split)."""
+
+    def __init__(self, run_dir: str | Path):
+        super().__init__(write_interval='batch')  # images of different sizes: one batch each, written as they come
+        self.run_dir = Path(run_dir) / 'denoised'
+        self.written = 0
+
+    def write_on_batch_end(self, trainer, pl_module, prediction, batch_indices, batch, batch_idx,
+                           dataloader_idx=0) -> None:
+        from torchvision.io import write_png
+
+        from .classification import predicted_dataset
+
+        files = getattr(predicted_dataset(trainer), 'image_files', None)
+        for i, image in zip(batch_indices, prediction):
+            path = self.run_dir / (files.names[i] if files is not None else f'{i:06d}.png')
+            path.parent.mkdir(parents=True, exist_ok=True)
+            write_png((image.detach().float().clamp(0, 1) * 255).round().to(torch.uint8).cpu(), str(path))
+            self.written += 1
+
+    def on_predict_end(self, trainer, pl_module) -> None:
+        tqdm.write(f'zoo predict: {self.written} denoised images in {self.run_dir}')

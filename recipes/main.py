@@ -5,7 +5,8 @@
     zoo bench NAME... [--batch-size 1 16] [--img-size 224] [--vs timm/NAME|official:FILE.py[:CALLABLE]] [--db URL]
               [--runtime eager,compile,onnxruntime[,openvino]] [--dtype bfloat16]
     zoo bench --db URL [--task T] [--dataset D] [--model PATTERN]      (re-measure the models recorded there)
-    zoo export NAME|-c CONFIG [--ckpt_path best|last|PATH] [--format onnx|pt2] [--nms] [--out PATH]
+    zoo export -c CONFIG|NAME [--ckpt_path best|last|PATH] [--random-init [--seed S]] [--format onnx|pt2] [--nms]
+               [--out PATH]
     zoo profile NAME [--runtime eager[,compile]] [--img-size 224]      (time and MACs per block kind)
     zoo results [--task T] [--dataset D] [--model PATTERN] [--metric val/acc1] [--format table|csv|json|markdown]
                 [--plot pareto.png] [--aggregate] [--runs] [--data [--only-best]] [--db URL]
@@ -219,6 +220,7 @@ def _cmd_results(args) -> int:
               if args.format == 'json' else df.to_markdown(index=False))
         return 0
     if args.runs:
+        store.check_filters(task=args.task, dataset=args.dataset, model=args.model)
         df = results.runs(db=store, model=args.model, task=args.task, dataset=args.dataset)
         print(df.to_string(max_colwidth=40) if args.format == 'table' else
               df.to_csv(index=False) if args.format == 'csv' else df.to_json(orient='records', indent=2, default_handler=str)
@@ -246,23 +248,35 @@ def _cmd_results(args) -> int:
         print(f'zoo results: no {args.runtime} latency recorded for the {", ".join(missing)} runs'
               f'{" on a CPU matching " + repr(args.cpu) if args.cpu else ""}; measure their networks with '
               f'`zoo bench --db {db} --runtime {args.runtime}`', file=sys.stderr)
+    mixed = [t for t, b in boards.items() if b['latency_threads'].dropna().nunique() > 1]
+    if mixed:  # each row shows its most trusted record; say that they were not all taken at one thread count
+        print(f'zoo results: the {", ".join(mixed)} latencies were taken at different thread counts (see "latency '
+              'from"); compare at one with --threads N, or re-time them with `zoo bench --db ... --threads N`',
+              file=sys.stderr)
     if args.plot:
         from pathlib import Path
 
         for task, board in boards.items():
-            path = Path(args.plot)
-            if len(boards) > 1:  # pareto.png -> pareto_detection.png, one plot per task
-                path = path.with_name(f'{path.stem}_{task}{path.suffix}')
-            results.plot_pareto(board, path)
-            print(f'Pareto plot written to {path}', file=sys.stderr)
+            datasets = board.dataset.drop_duplicates().tolist() or [None]
+            for dataset in datasets:      # one plot per task and dataset: a front across datasets means nothing
+                one = board if len(datasets) == 1 else board[board.dataset == dataset]
+                tags = [task] * (len(boards) > 1) + [re.sub(r'[^\w.-]+', '-', str(dataset))] * (len(datasets) > 1)
+                path = Path(args.plot)   # pareto.png -> pareto_detection.png, pareto_segmentation_voc.png
+                path = path.with_name('_'.join([path.stem, *tags]) + path.suffix)
+                results.plot_pareto(one, path)
+                print(f'Pareto plot written to {path}', file=sys.stderr)
     return 0
 
 
 def _cmd_sweep(args) -> int:
-    from zoo.recipes.sweep import run_sweep
+    from zoo.recipes.sweep import failure_summary, run_sweep
 
-    run_sweep(args.file, n_trials=args.n_trials, n_jobs=args.n_jobs, db=args.db, study_name=args.study_name,
-              timeout=args.timeout, extra_args=shlex.split(args.trial_args), seed=args.seed)
+    study = run_sweep(args.file, n_trials=args.n_trials, n_jobs=args.n_jobs, db=args.db, study_name=args.study_name,
+                      timeout=args.timeout, extra_args=shlex.split(args.trial_args), seed=args.seed)
+    failed = failure_summary(study, args.db)
+    if failed:  # the input was fine (exit 2 is for that); the trials were not
+        print(f'zoo sweep: error: {failed}', file=sys.stderr)
+        return 1
     return 0
 
 
@@ -280,7 +294,8 @@ _TRAIN_WHAT = {
     'fit': 'Train a recipe: a Lightning system and DataModule from a YAML config (LightningCLI).',
     'validate': 'Evaluate a checkpoint on the validation split.',
     'test': 'Evaluate a checkpoint on the test split.',
-    'predict': 'Predictions of a checkpoint on the predict split: <run>/predictions.csv (id, label, score) and .pt.',
+    'predict': 'Predictions of a checkpoint on the test split, or with --images DIR on a folder of new images, written '
+               'to the run folder: per task a table (classification), boxes drawn (detection), masks (segmentation).',
 }
 _TRAIN_EXAMPLES = {
     'fit': [f'zoo fit -c {DEMO}',
@@ -308,6 +323,8 @@ def train_help(command: str) -> str:
         ('--compile', 'torch.compile the network inside the system (--model.compile true)'),
         ('--runtime RUNTIME', 'zoo test: evaluate the network in eager, compile, onnxruntime or openvino '
                               '(zoo.optimize; recorded as the run\'s runtime)'),
+        ('--images DIR', 'zoo predict: predict the image files in DIR and its sub-folders (any size; no labels) '
+                         'instead of the test split, each prepared as the recipe prepares a test image'),
         ('--seed_everything N', 'the seed of a single run'),
         ('--db PATH|URL|none', "results database of the run (default $ZOO_DB or ./zoo-results.db; 'none': "
                                'do not record)'),
@@ -335,6 +352,7 @@ def train_parser(command: str) -> argparse.ArgumentParser:
     p.add_argument('--seeds', type=_seed_list)
     p.add_argument('--compile', action='store_true')
     p.add_argument('--runtime')
+    p.add_argument('--images')
     return p
 
 
@@ -432,10 +450,13 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser('export', help='write a model (or a recipe\'s trained checkpoint) as ONNX or torch.export '
                                       '.pt2, with a JSON card beside it', formatter_class=raw,
-                       epilog='examples:\n  zoo export resnet_tiny --format onnx --out resnet_tiny.onnx\n'
-                              '  zoo export resnet_tiny --format pt2\n\n'
+                       epilog=f'examples:\n  zoo export -c {DEMO} --ckpt_path best --out digits.onnx\n'
+                              f'  zoo export -c {DEMO} --ckpt_path last --format pt2\n'
+                              '  zoo export resnet_tiny --random-init --seed 0 --out resnet_tiny.onnx\n\n'
                               'With -c CONFIG the newest run of that recipe gives the checkpoint (--ckpt_path best|last'
-                              '|interrupted, as zoo test); --nms puts a detector\'s decode and NMS in the graph.')
+                              '|interrupted, as zoo test) and the card records that run\'s config, class names and '
+                              'preprocessing; --nms puts a detector\'s decode and NMS in the graph. A NAME needs its '
+                              'weights (--ckpt_path FILE) or --random-init.')
     p.add_argument('name', nargs='?', help='a registered model (`zoo list`), or give -c CONFIG')
     p.add_argument('-c', '--config', help='a recipe (file or shipped name): export its run\'s checkpoint')
     p.add_argument('--ckpt_path', help='best, last or interrupted (the newest run of -c CONFIG; default best with -c), '
@@ -443,6 +464,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument('--format', default='onnx', choices=['onnx', 'pt2'],
                    help='onnx (torch.onnx.export, dynamo, dynamic batch) or pt2 (torch.export) (default onnx)')
     p.add_argument('--nms', action='store_true', help='detectors: decode and NMS inside the graph (a deployable file)')
+    p.add_argument('--random-init', action='store_true',
+                   help='export NAME with random weights (no checkpoint), seeded: torch.manual_seed(SEED); '
+                        'zoo.create(NAME) rebuilds them (the card records the seed)')
+    p.add_argument('--seed', type=at_least(0), help='the seed of --random-init (default 0)')
     p.add_argument('--out', help='the file to write (default ./<recipe or model>.onnx|.pt2); the card is <file>.json')
     p.add_argument('--img-size', type=at_least(1), help="traced image size (default: the run's or the model's)")
     p.add_argument('--run_root', help='where -c CONFIG runs are (default $ZOO_RUNS or ./runs)')
@@ -467,10 +492,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument('--json', action='store_true', help='also print the rows as JSON')
     p.set_defaults(func=_cmd_profile)
 
-    p = sub.add_parser('results', help='leaderboards from the results database, one per task (best per model and '
-                                       'model arguments, interval over seeds, latency with its spread)')
+    p = sub.add_parser('results', help='leaderboards from the results database, one per task (best per model, '
+                                       'model arguments and dataset, interval over seeds, latency with its spread)')
     p.add_argument('--task', help='only runs of this task, e.g. classification')
-    p.add_argument('--dataset', help='only runs on this dataset, e.g. digits')
+    p.add_argument('--dataset', help='only runs on this dataset, e.g. digits (a folder dataset: ade20k:NAME@DIGEST, '
+                                     'as the board\'s dataset column shows)')
     p.add_argument('--model', help="glob pattern, e.g. 'poolformer*'")
     p.add_argument('--metric', help="final metric to rank by (default: the task's own: val/acc1 for classification, "
                                     'val/map for detection, val/acc for language modelling, val/psnr for denoising, '
@@ -499,9 +525,11 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser('sweep', help='an Optuna sweep from recipes/sweeps/NAME.py, stored in the results database',
                        formatter_class=raw, epilog=(
                            'examples:\n  zoo sweep recipes/sweeps/poolformer_digits.py --n-trials 20\n'
-                           "  zoo sweep recipes/sweeps/poolformer_digits.py --n-trials 20 --trial-args "
-                           "'--trainer.max_epochs=2'\n\nThe same command resumes a stopped sweep."))
-    p.add_argument('file', help='a search-space file, e.g. recipes/sweeps/poolformer_digits.py')
+                           "  zoo sweep poolformer_digits --n-trials 20 --trial-args "
+                           "'--trainer.max_epochs=2'\n\nThe same command resumes a stopped sweep. Trials write "
+                           'their runs to <run_root>/sweeps/<study>/trial-<n>/, never into the recipe\'s own runs.'))
+    p.add_argument('file', help='a shipped sweep by name (poolformer_digits, from any folder) or a search-space '
+                                'file, e.g. recipes/sweeps/poolformer_digits.py')
     p.add_argument('--n-trials', type=int, default=None, metavar='N',
                    help="trials the study should hold (default: the file's N_TRIALS); the same command resumes")
     p.add_argument('--n-jobs', type=int, default=1, metavar='J', help='parallel worker processes on the study')
@@ -530,6 +558,19 @@ def _join_trial_args(argv: list[str]) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """``zoo ARGS``: the command's exit code. Output piped into a reader that stops early (``zoo list | head``)
+    ends quietly, as Python's documentation recommends for SIGPIPE: stdout is pointed at devnull, so the
+    interpreter's last flush does not fail again, and the exit code is 1."""
+    try:
+        code = _command(argv)
+        sys.stdout.flush()  # a closed pipe shows here, inside the handler, not at interpreter exit
+        return code
+    except BrokenPipeError:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
+
+
+def _command(argv: list[str] | None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     if argv and argv[0] in TRAIN_COMMANDS:
         if '--help-all' in argv:  # LightningCLI's own, complete help
@@ -542,16 +583,25 @@ def main(argv: list[str] | None = None) -> int:
         if ns.compile:                          # zoo fit --compile: the system compiles its network
             rest.append('--model.compile=true')
         if ns.runtime:                          # zoo test --runtime onnxruntime: the system evaluates it there
-            from zoo._runtime import RUNTIMES
-            if argv[0] != 'test' or ns.runtime not in RUNTIMES:
-                print(f'zoo {argv[0]}: error: ' + (f'--runtime {ns.runtime!r} is not one of {", ".join(RUNTIMES)}'
-                      if argv[0] == 'test' else '--runtime is for zoo test (the network evaluated in that runtime);'
-                      ' zoo fit trains eagerly or with --compile'), file=sys.stderr)
+            from zoo._runtime import check_runtime
+            if argv[0] != 'test':
+                print(f'zoo {argv[0]}: error: --runtime is for zoo test (the network evaluated in that runtime); '
+                      'zoo fit trains eagerly or with --compile', file=sys.stderr)
+                return 2
+            try:
+                check_runtime(ns.runtime, '--runtime {runtime!r} is not one of {runtimes}')
+            except ValueError as e:
+                print(f'zoo test: error: {e}', file=sys.stderr)
                 return 2
             rest.append(f'--model.runtime={ns.runtime}')
+        if ns.images is not None and argv[0] != 'predict':
+            print(f'zoo {argv[0]}: error: --images is for zoo predict (a folder of new images to predict); '
+                  f'zoo {argv[0]} uses the recipe\'s data', file=sys.stderr)
+            return 2
         if ns.seeds is None:
-            return run_lightning_cli([argv[0], *rest])
-        codes = [run_lightning_cli([argv[0], *rest, f'--seed_everything={seed}']) for seed in ns.seeds]
+            return run_lightning_cli([argv[0], *rest], images=ns.images)
+        codes = [run_lightning_cli([argv[0], *rest, f'--seed_everything={seed}'], images=ns.images)
+                 for seed in ns.seeds]
         return next((c for c in codes if c), 0)
     parser = build_parser()
     args, unknown = parser.parse_known_args(_join_trial_args(argv))

@@ -18,6 +18,10 @@ that has none and the run before it that has one: an older run is never taken si
 
 A DDP job is one run: its processes share rank 0's folder, whether Lightning, ``torchrun`` or ``srun``
 started them (``docs/cluster.md``).
+
+A sweep trial is a fit of its own recipe under a run root of its own, ``<run_root>/sweeps/<study>/trial-<n>/``
+(:func:`trial_run_root`), so its folder is ``.../trial-<n>/<config stem>/<timestamp>/``: a trial never moves the
+recipe's ``latest`` nor becomes what ``--ckpt_path best`` of the recipe resolves to.
 """
 from __future__ import annotations
 
@@ -25,6 +29,7 @@ import difflib
 import functools
 import json
 import os
+import shutil
 import socket
 from datetime import datetime, timezone
 from pathlib import Path
@@ -50,6 +55,11 @@ def new_run_dir(root: str | Path, stem: str) -> Path:
         except FileExistsError:
             continue
     raise RuntimeError(f'could not create a new run folder under {base}')
+
+
+def trial_run_root(run_root: str | Path, study_name: str, trial_number: int) -> Path:
+    """The run root of one sweep trial: ``<run_root>/sweeps/<study>/trial-<n>`` (see the module docstring)."""
+    return Path(run_root) / 'sweeps' / study_name / f'trial-{trial_number}'
 
 
 def remove_if_empty(made: tuple[Path, ...]) -> None:
@@ -161,6 +171,19 @@ def drop_manifest(run: Path) -> None:
     (Path(run) / MANIFEST).unlink(missing_ok=True)
     for folder in sorted((p for p in Path(run).rglob('*') if p.is_dir()), reverse=True):
         folder.rmdir()  # empty (wrote_nothing): the logger's and checkpoints' folders
+
+
+def discard_run(run: Path) -> None:
+    """Empty the folder of a run rejected as bad input before its first training step: all it wrote is about
+    itself (manifest, resolved config, the loggers' files) and it has no checkpoint, so nothing a user saved is
+    lost. The empty folder goes with the folders the run made (:func:`remove_if_empty`)."""
+    if has_checkpoints(run):
+        raise RuntimeError(f'{run} holds checkpoints; a run that saved one is never discarded')
+    for child in Path(run).iterdir():
+        if child.is_dir() and not child.is_symlink():
+            shutil.rmtree(child)
+        else:
+            child.unlink()
 
 
 def point_latest(run_dir: Path) -> None:

@@ -5,7 +5,8 @@ system/model split: it never defines architecture). The base owns:
 
 - building the model (``zoo.create_with_optional``): the sizes the data knows (``num_classes``, ``in_chans``,
   ``img_size``, ``vocab_size``; ``zoo fit`` links them from the DataModule) reach the models that take them;
-- the task check (a classifier's name given to the detection system is a one-line error);
+- the task checks (a classifier's name given to the detection system is a one-line error, and so is a
+  DataModule of another task: ``require_data_task``, which ``zoo fit`` calls once both are built);
 - an EMA of the weights (timm's ``ModelEmaV3``; ``eval_model`` is what validation, test and predict run);
 - parameter groups (``optim.param_groups``: no weight decay on norms, biases and ``no_weight_decay()``) given
   to an injected optimizer and scheduler (LightningCLI's ``OptimizerCallable`` / ``LRSchedulerCallable``:
@@ -29,10 +30,11 @@ from torch import nn
 
 import zoo
 from zoo._registry import primary_metric
+from zoo._runtime import check_runtime
 
 from . import optim
 
-__all__ = ['ZooSystem', 'require_task', 'block_choices']
+__all__ = ['ZooSystem', 'require_task', 'require_data_task', 'block_choices']
 
 # model_args keys that choose a block: recorded as ``block_choices`` by the results database.
 _BLOCK_KEYS = ('token_mixer', 'canon', 'mixer', 'backbone', 'neck', 'head')
@@ -46,6 +48,22 @@ def require_task(name: str, task: str, system: str) -> None:
     if info.task != task:
         raise ValueError(f'{name} is a {info.task} model; {system} trains task="{task}" models '
                          f'({", ".join(zoo.list_models(task=task))})')
+
+
+def require_data_task(system, datamodule) -> None:
+    """A one-line error when ``datamodule`` serves another task than ``system`` trains (their ``zoo_task`` and
+    ``task``), naming the DataModules of the system's task. Data of another task would otherwise fail deep in the
+    first training step (a detection loss indexing a segmentation mask). A DataModule without ``zoo_task`` (a
+    user's own) is not checked."""
+    task, data_task = getattr(system, 'task', ''), getattr(datamodule, 'zoo_task', None)
+    if not task or not data_task or data_task == task:
+        return
+    import zoo.datasets
+    ours = {n: getattr(zoo.datasets, n) for n in zoo.datasets.__all__ if n.endswith('DataModule')}
+    fitting = [f'zoo.datasets.{n}' for n, cls in ours.items() if getattr(cls, 'zoo_task', None) == task
+               and not any(o is not cls and issubclass(o, cls) for o in ours.values())]  # not a base of others
+    raise ValueError(f'the {task} system needs a {task} DataModule; {type(datamodule).__name__} is a {data_task} one'
+                     + (f' (--data {" or ".join(fitting)})' if fitting else ''))
 
 
 def block_choices(model_args: dict | None) -> dict:
@@ -102,8 +120,7 @@ class ZooSystem(LightningModule):
                  grad_checkpointing: bool = False, channels_last: bool = False):
         super().__init__()
         require_task(name, self.task, type(self).__name__)
-        if runtime not in zoo.RUNTIMES:
-            raise ValueError(f'runtime {runtime!r} is not one of {", ".join(zoo.RUNTIMES)}')
+        check_runtime(runtime, 'runtime {runtime!r} is not one of {runtimes}')
         self._runtime_model = None
         self.save_hyperparameters(ignore=['optimizer', 'lr_scheduler'])
         self.optimizer_factory, self.scheduler_factory = optimizer, lr_scheduler
@@ -180,6 +197,8 @@ class ZooSystem(LightningModule):
         if len(size) == 3:
             img = self.sizes.get('img_size')
             size = (self.sizes.get('in_chans', size[0]), *((img, img) if isinstance(img, int) else img or size[1:]))
+        elif len(size) == 1:  # token windows: an exported graph has one length, the data's
+            size = (getattr(self.trainer.datamodule, 'context_length', None) or size[0],)
         x = example_input(net, size, 2, self.task)
         self._runtime_model = zoo.optimize(net, self.hparams.runtime, x)
 

@@ -10,7 +10,7 @@ from torch.utils.data import Dataset
 from torchvision import tv_tensors
 from torchvision.transforms.v2 import functional as F
 
-from .._base import DatasetNotFoundError, ImageDataModule, split_indices
+from .._base import DatasetNotFoundError, ImageDataModule, folder_dataset_name, split_indices
 from ..shapes import SHAPES
 from .formats import BoxCheck, DetectionDataError, read_coco, read_json, read_yaml, read_yolo
 from .synthetic import Drawn, draw_digits_det, draw_shapes_det, load_digits
@@ -104,6 +104,7 @@ class DetectionDataModule(ImageDataModule):
             ``None``: none (degenerate boxes are still dropped in training).
     """
 
+    zoo_task = 'detection'
     in_chans = 3
     collate_fn = staticmethod(collate)  # targets stay a list, one dict per image
     names: list[str]
@@ -236,7 +237,7 @@ class CocoDetectionDataModule(DetectionDataModule):
         self.root = Path(root)
         self.splits = {'train': train_split, 'val': val_split, 'test': test_split or val_split}
         self.image_dirs = dict(image_dirs or {})
-        self.dataset_name = self.root.name or 'coco'
+        self.dataset_name = folder_dataset_name('coco', self.root)
         # classes come from the training annotations' categories (read now: the model needs num_classes)
         _, self.categories, self.names = self._read('train', check_only_categories=True)
         self.num_classes = len(self.categories)
@@ -288,7 +289,7 @@ class YoloDetectionDataModule(DetectionDataModule):
             raise DetectionDataError(f'{self.data}: no "names" (a list or an {{id: name}} map) and no "nc"')
         self.num_classes = len(self.names)
         self.has_test = bool(cfg.get('test'))
-        self.dataset_name = self.data.parent.name or 'yolo'
+        self.dataset_name = folder_dataset_name('yolo', self.data.parent, self.data)
 
     def setup(self, stage: str | None = None) -> None:
         if self.train_set is not None:

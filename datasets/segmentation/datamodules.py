@@ -11,7 +11,7 @@ import torch
 from torch.utils.data import Dataset
 from torchvision import tv_tensors
 
-from .._base import DatasetNotFoundError, ImageDataModule, split_indices
+from .._base import DatasetNotFoundError, ImageDataModule, folder_dataset_name, split_indices
 from ..detection.synthetic import Drawn, load_digits
 from ..folder import _IMAGENET_MEAN, _IMAGENET_STD
 from ..shapes import SHAPES
@@ -89,6 +89,7 @@ class SegmentationDataModule(ImageDataModule):
         mean, std: normalisation (ImageNet's by default, as timm's and mmseg's backbones expect).
     """
 
+    zoo_task = 'segmentation'
     in_chans = 3
     ignore_index = IGNORE_INDEX
     collate_fn = staticmethod(collate)
@@ -214,26 +215,58 @@ class DigitsSegDataModule(_ProceduralSeg):
         super().setup(stage)
 
 
-def _remap(reduce_zero_label: bool = False, ignore_value: int = IGNORE_INDEX,
-           palette: Sequence[Sequence[int]] | None = None, ignore_colours: Sequence[Sequence[int]] = ()):
-    """``read_labels(mask_path)``: the stored values -> class ids. ``reduce_zero_label`` as mmseg (0 -> 255, k -> k-1,
-    255 stays 255); ``ignore_value``: the stored value that means "ignore" (-> 255); ``palette``: class k's colour in
-    RGB masks."""
-    def read_labels(path: Path) -> np.ndarray:
-        m = read_mask(path, palette, ignore_colours)
-        if ignore_value != IGNORE_INDEX:
-            m = np.where(m == ignore_value, IGNORE_INDEX, m)
-        if reduce_zero_label:
+class _Labels:
+    """A dataset's mask values -> class ids ``0..num_classes-1`` (255: ignore): ``labels(path)`` reads a mask
+    (:func:`read_mask`) and maps it. ``reduce_zero_label`` as mmseg (0 -> 255, k -> k-1, 255 stays 255);
+    ``ignore_value``: the stored value that means "ignore" (-> 255); ``palette``: class k's colour in RGB masks.
+
+    A stored value that is no class is an error naming the file, the value as the file stores it and the values
+    it may hold; :meth:`check` looks only at the distinct values, so setup checks every mask at the cost of
+    decoding it."""
+
+    def __init__(self, num_classes: int, reduce_zero_label: bool = False, ignore_value: int = IGNORE_INDEX,
+                 palette: Sequence[Sequence[int]] | None = None, ignore_colours: Sequence[Sequence[int]] = ()):
+        self.num_classes, self.reduce_zero_label, self.ignore_value = num_classes, reduce_zero_label, ignore_value
+        self.palette, self.ignore_colours = palette, ignore_colours
+
+    def ids(self, stored: np.ndarray) -> np.ndarray:
+        m = stored
+        if self.ignore_value != IGNORE_INDEX:
+            m = np.where(m == self.ignore_value, IGNORE_INDEX, m)
+        if self.reduce_zero_label:
             m = np.where(m == 0, IGNORE_INDEX, np.where(m == IGNORE_INDEX, IGNORE_INDEX, m - 1))
         return m
-    return read_labels
+
+    def _check(self, path: Path, stored: np.ndarray) -> None:
+        flat = stored.ravel()
+        small = flat.size and 0 <= flat.min() and flat.max() < 1 << 16  # grey and palette PNGs: bincount is fast
+        values = np.flatnonzero(np.bincount(flat)) if small else np.unique(flat)
+        ids = self.ids(values)
+        bad = values[((ids < 0) | (ids >= self.num_classes)) & (ids != IGNORE_INDEX)].tolist()
+        if bad:
+            offset = 1 if self.reduce_zero_label else 0
+            ignored = sorted({IGNORE_INDEX, self.ignore_value} | ({0} if self.reduce_zero_label else set()))
+            raise SegmentationDataError(
+                f'{path}: stored value(s) {bad[:5]}{" ..." if len(bad) > 5 else ""} match no class; expected '
+                f'{offset}..{self.num_classes - 1 + offset} (the {self.num_classes} classes'
+                f'{", stored as class id + 1: reduce_zero_label" if self.reduce_zero_label else ""}) or '
+                f'{" / ".join(map(str, ignored))} (ignored)')
+
+    def check(self, path: Path) -> None:
+        """Read the mask at ``path`` and raise if it stores a value that is no class."""
+        self._check(path, read_mask(path, self.palette, self.ignore_colours))
+
+    def __call__(self, path: Path) -> np.ndarray:
+        stored = read_mask(path, self.palette, self.ignore_colours)
+        self._check(path, stored)
+        return self.ids(stored)
 
 
 class _FileSeg(SegmentationDataModule):
     """A folder dataset: subclasses give ``_pairs(which) -> ((image, mask) pairs, the folder or list read)``."""
 
     _palette: list | None = None
-    _read_labels: Callable[[Path], np.ndarray]
+    _read_labels: _Labels
 
     def _pairs(self, which: str) -> tuple[list[tuple[Path, Path]], str]:
         raise NotImplementedError(f'{type(self).__name__} must define _pairs (its folder layout)')
@@ -250,7 +283,7 @@ class _FileSeg(SegmentationDataModule):
                 self.test_set = self.val_set
                 continue
             pairs, where = self._pairs(which)
-            records = file_records(pairs, self._read_labels)
+            records = file_records(pairs, self._read_labels, check_labels=self._read_labels.check)
             setattr(self, f'{which}_set', self._make(records, which == 'train', f'{which} split ({where})'))
         self._check_sizes()
 
@@ -302,8 +335,8 @@ class ADE20KDataModule(_FileSeg):
         self.num_classes = n if reduce_zero_label else n + 1
         self.class_names = names if reduce_zero_label else ['other', *names]
         self.splits = {'train': train_split, 'val': val_split, 'test': test_split or val_split}
-        self.dataset_name = self.root.name or 'ade20k'
-        self._read_labels = _remap(reduce_zero_label=reduce_zero_label)
+        self.dataset_name = folder_dataset_name('ade20k', self.root)
+        self._read_labels = _Labels(self.num_classes, reduce_zero_label=reduce_zero_label)
 
     def _has_test(self) -> bool:
         return self.splits['test'] != self.splits['val']
@@ -366,12 +399,12 @@ class VOCSegDataModule(_FileSeg):
         self.file_ignore_index = ignore_index
         colours = self.palette
         ignore_colours = [voc_palette(256)[ignore_index]] if 0 <= ignore_index < 256 else []
-        self._read_labels = _remap(ignore_value=ignore_index, palette=colours,
+        self._read_labels = _Labels(self.num_classes, ignore_value=ignore_index, palette=colours,
                                    ignore_colours=[c for c in ignore_colours if c not in colours])
         self.dirs = (image_dir, mask_dir, list_dir)
         self.suffixes = (img_suffix, mask_suffix)
         self.splits = {'train': train_split, 'val': val_split, 'test': test_split or val_split}
-        self.dataset_name = self.root.name or 'voc'
+        self.dataset_name = folder_dataset_name('voc', self.root)
 
     def _has_test(self) -> bool:
         return self.splits['test'] != self.splits['val']
@@ -434,9 +467,9 @@ class FolderSegDataModule(_FileSeg):
         self.num_classes = len(self.class_names)
         self._palette = _check_palette(palette, self.num_classes)
         self.file_ignore_index = ignore_index
-        self._read_labels = _remap(reduce_zero_label, ignore_index, self._palette)
+        self._read_labels = _Labels(self.num_classes, reduce_zero_label, ignore_index, self._palette)
         self.by_folder = (self.images / 'train').is_dir()
-        self.dataset_name = self.images.parent.name or self.images.name
+        self.dataset_name = folder_dataset_name('folder', self.images.parent, self.images, self.masks)
         self._all = None
 
     def _has_test(self) -> bool:
