@@ -22,8 +22,9 @@ COMPARE_TEXT = {'<': 'lower than', '>': 'higher than', '~': 'equal (within ±{to
 
 
 def report_paths(bench: Benchmark, out: str | Path | None = None) -> tuple[Path, Path]:
-    """``(<out>/<name>.md, <out>/<name>/)``; ``out`` defaults to ``docs/benchmarks`` beside the benchmark's folder."""
-    out = Path(out) if out is not None else bench.path.resolve().parent.parent / 'docs' / 'benchmarks'
+    """``(<out>/<name>.md, <out>/<name>/)``; ``out`` defaults to ``docs/benchmarks`` below the working folder (never
+    the installed checkout's, unless that is where the user is)."""
+    out = Path(out) if out is not None else Path('docs') / 'benchmarks'
     return out / f'{bench.name}.md', out / bench.name
 
 
@@ -177,14 +178,13 @@ def _md_table(rows: list[dict]) -> str:
     return head + '\n'.join('| ' + ' | '.join(_cell(r[c]) for c in cols) + ' |' for r in rows)
 
 
-def _latency_conditions(store, df) -> str:
-    """'CPU X, N thread(s)' of the benchmark's latency (the CPU ``results.data`` names for each run's record)."""
+def _latency_conditions(df) -> str:
+    """'CPU X, N thread(s)' of the benchmark's latency: the CPU and thread count of the records ``results.data``
+    picked for its runs (``results.pick_latency``, the rule the leaderboard uses too)."""
     cpus = sorted({c for v in df.latency_cpu.dropna() for c in str(v).split(', ')})
     if not cpus:
         return 'no latency measured yet'
-    lat = store.latency()
-    lat = lat[lat.source == 'bench'] if (lat.source == 'bench').any() else lat
-    threads = sorted({int(t) for t in lat.threads.dropna()})
+    threads = sorted({int(t) for v in df.latency_threads.dropna() for t in str(v).split(', ')})
     return (f'CPU: {"; ".join(cpus)}; {", ".join(map(str, threads))} thread(s); median of the controlled protocol '
             '(`zoo bench`, models interleaved in one process)')
 
@@ -205,7 +205,7 @@ def write_report(bench: Benchmark, db: str, out: str | Path | None = None) -> Pa
              'Do not edit by hand.', '']
     if bench.description:
         lines += [bench.description.strip(), '']
-    lines += [f'Latency: {_latency_conditions(store, df)}. Metric: mean over seeds with the Student-t 95 % interval '
+    lines += [f'Latency: {_latency_conditions(df)}. Metric: mean over seeds with the Student-t 95 % interval '
               '(from 3 seeds; fewer show their values). Training time: the sum of the training epochs\' wall time '
               '(validation excluded), mean over seeds.', '']
     for g in bench.groups.values():
