@@ -371,7 +371,9 @@ class ZooArgumentParser(argparse.ArgumentParser):
         if choice:
             what, value = choice.group(1), choice.group(2)
             choices = re.findall(r"'([^']*)'", choice.group(3)) or choice.group(3).split(', ')
-            close = difflib.get_close_matches(value, choices, n=3, cutoff=0.6)
+            # a choice the value begins (--runtime onnx -> onnxruntime) is as close as difflib's matches
+            close = [c for c in choices if value and c.startswith(value)] or \
+                difflib.get_close_matches(value, choices, n=3, cutoff=0.6)
             message = ((f'unknown command {value!r}' if what == 'COMMAND' else f'{what} {value!r} is not one of '
                         f"{', '.join(choices)}") + (f"; did you mean {' or '.join(close)}?" if close else ''))
         self.exit(2, f'{self.prog}: error: {message} (`{self.prog} --help` lists the options)\n')

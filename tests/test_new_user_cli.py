@@ -113,6 +113,7 @@ def test_output_into_a_closed_pipe_ends_quietly(tmp_path, args):
     ['test', '-c', RECIPE, '--runtime', 'onnx'],
     ['bench', 'resnet_tiny', '--runtime', 'eager,onnx'],
     ['profile', 'resnet_tiny', '--runtime', 'onnx'],
+    ['results', '--runtime', 'onnx'],
 ])
 def test_an_unknown_runtime_names_the_close_one(tmp_path, args):
     proc = zoo(*args, cwd=tmp_path)
