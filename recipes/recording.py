@@ -368,10 +368,16 @@ class EpochStats(Callback):
     second (``train/samples_per_s``) and peak memory (``train/peak_mem_mb``: CUDA's allocator peak, or the
     process's resident set on the CPU; ``zoo.eval.profile.peak_memory_mb``). Logged at every epoch's end, so
     every fit, however short and whatever its ``log_every_n_steps``, leaves them in ``metrics.csv`` and in the
-    results database's per-epoch metrics (accuracy against training time is then a query)."""
+    results database's per-epoch metrics (accuracy against training time is then a query). At every validation
+    of a fit, ``train/elapsed_s``: the training wall time so far (validation excluded), logged with that check's
+    metrics, so a validation inside an epoch (``val_check_interval``) has its time too (``zoo.eval.results.curves``)."""
 
     def __init__(self):
         self._samples, self._val_s, self._val_start, self._start = 0, 0.0, None, None
+        self._trained_s = 0.0                   # training wall time of the epochs already ended
+
+    def on_train_start(self, trainer, pl_module) -> None:
+        self._trained_s, self._start = 0.0, None
 
     def on_train_epoch_start(self, trainer, pl_module) -> None:
         from zoo.eval.profile import reset_peak_memory
@@ -388,6 +394,9 @@ class EpochStats(Callback):
 
     def on_validation_start(self, trainer, pl_module) -> None:
         self._val_start = time.perf_counter()
+        if self._start is not None and not trainer.sanity_checking and trainer.state.fn == 'fit':
+            elapsed = self._trained_s + self._val_start - self._start - self._val_s
+            pl_module.log('train/elapsed_s', elapsed, on_step=False, on_epoch=True, rank_zero_only=True)
 
     def on_validation_end(self, trainer, pl_module) -> None:
         if self._val_start is not None and self._start is not None and not trainer.sanity_checking:
@@ -398,6 +407,7 @@ class EpochStats(Callback):
         from zoo.eval.profile import peak_memory_mb
 
         seconds = time.perf_counter() - self._start - self._val_s  # Lightning validates before this hook
+        self._trained_s += seconds
         stats = {'train/epoch_time_s': seconds, 'train/samples_per_s': self._samples / max(seconds, 1e-9)}
         peak = peak_memory_mb(pl_module.device)
         if peak is not None:
