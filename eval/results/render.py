@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import os
 import textwrap
+from pathlib import Path
 
 from .schema import ResultsDBError
 
@@ -171,16 +172,33 @@ for the same board: fixed element ids, no date); returns the matplotlib Figure."
     threads = counts[0] if len(counts) == 1 else None if counts else board.attrs.get('threads')
     where = f", {board.attrs.get('runtime', 'eager')}" + (f" on {board.attrs['cpu']}" if board.attrs.get('cpu') else '')
     threads_text = f', {threads} thread(s)' if threads else ', thread counts differ' if len(counts) > 1 else ''
-    ax.set_xlabel(f'CPU latency, batch 1{threads_text}{where} (ms; median, bar: IQR)')
-    ax.set_ylabel(f'{metric} (mean over seeds; bar: 95 % t-interval, n ≥ 3)')
+    batch = board.attrs.get('batch_size', 1)
+    ax.set_xlabel(f'CPU latency, batch {batch}{threads_text}{where} (ms; median, bar: IQR)')
+    ax.set_ylabel(f"{metric} (mean over seeds; bar: {board.attrs.get('interval_label', '95 % t-interval, n ≥ 3')})")
     parts = [board.attrs.get('task'), board.attrs.get('dataset') or (datasets[0] if datasets else None)]
     ax.set_title(title or ' / '.join(p for p in parts if p) or 'accuracy vs latency')
     ax.grid(alpha=0.3)
     fig.tight_layout()
     if path is not None:
-        if str(path).endswith('.svg'):   # byte-identical for the same board: fixed ids, no date
-            with matplotlib.rc_context({'svg.hashsalt': 'zoo', 'svg.fonttype': 'path'}):
-                fig.savefig(path, metadata={'Date': None})
-        else:
-            fig.savefig(path, dpi=150)
+        save_figure(fig, path)
     return fig
+
+
+def save_figure(fig, path: str | os.PathLike) -> None:
+    """Save a matplotlib figure to ``path`` (its format from the suffix) through a temporary file and a rename, so a
+    failed save leaves the old file whole. An ``.svg`` is byte-identical for the same figure: fixed element ids
+    (``svg.hashsalt``), glyphs as paths, no date."""
+    import matplotlib
+
+    path = Path(path)
+    fmt = path.suffix.lstrip('.').lower() or 'png'
+    tmp = path.with_name(f'.{path.name}.tmp')
+    try:
+        if fmt == 'svg':
+            with matplotlib.rc_context({'svg.hashsalt': 'zoo', 'svg.fonttype': 'path'}):
+                fig.savefig(tmp, format='svg', metadata={'Date': None})
+        else:
+            fig.savefig(tmp, format=fmt, dpi=150)
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
