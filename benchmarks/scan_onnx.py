@@ -21,6 +21,7 @@ import warnings
 from unittest import mock
 
 import torch
+from zoo._runtime import ort_session_options
 from zoo.eval.profile import interleave
 from zoo.layers import selective_scan_graph
 from zoo.layers.selective_scan import selective_scan
@@ -60,9 +61,8 @@ def _session(module, args, form, chunk, path):
         with mock.patch.object(selective_scan_graph, '_scan_graph', decomposed):
             ep = selective_scan_graph.decompose(torch.export.export(module, args), args)
         torch.onnx.export(ep, args, dynamo=True, optimize=False, verbose=False, report=False).save(path)
-    opts = ort.SessionOptions()
-    opts.intra_op_num_threads = 2
-    sess = ort.InferenceSession(path, opts, providers=['CPUExecutionProvider'])
+    # zoo's session options (no thread pool spinning after a call, which would slow the eager scan timed next)
+    sess = ort.InferenceSession(path, ort_session_options(threads=2), providers=['CPUExecutionProvider'])
     feed = {i.name: a.numpy() for i, a in zip(sess.get_inputs(), args)}
     return lambda: sess.run(None, feed)[0]
 

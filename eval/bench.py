@@ -13,10 +13,15 @@ the speed comparison is between models that compute the same function.
 ``zoo bench --db URL`` without model names re-measures the networks of that database's leaderboard (every
 distinct architecture among its finished runs, optionally filtered by ``--task/--dataset/--model``), each
 rebuilt from its run's recorded model arguments at the input shape it was trained at, interleaved in one
-process, and writes the rows (``source='bench'``): one command to refresh latency on a quiet machine.
+process, and writes the rows (``source='bench'``): one command to refresh latency on a quiet machine. Only
+trusted records are written (``untrusted``: a load above ``BUSY_LOAD`` per CPU or an IQR above ``MAX_IQR_RATIO``
+of the median); an untrusted one is timed again after the load falls, and one still untrusted is recorded as a
+failure. Every row keeps ``max_abs_delta``, its largest output difference from eager on the timed input.
 """
 from __future__ import annotations
 
+import math
+import os
 import sys
 import time
 
@@ -228,6 +233,8 @@ def run(names: list[str], vs: str | None = None, batch_sizes=(1,), img_size: int
                 res.dtype = dtype if rt in ('eager', 'compile') else 'float32'
                 res.compile_mode = (compile_mode or 'default') + '+freezing' if rt == 'compile' else None
                 row = {**static[n], **res.as_dict(), 'source': 'bench', 'label': key}
+                # plain: every row is eager float32 itself, the output the others are compared with
+                row['max_abs_delta'] = 0.0 if plain else d_eager
                 if not plain:
                     row.update(compile_s=secs, max_abs_diff_eager=d_eager)
                 eager_key = next((k for k, t in timed.items() if t[0] == n and t[1] == 'eager'), None)
@@ -299,14 +306,22 @@ def recorded_networks(db, task: str | None = None, dataset: str | None = None, m
 def remeasure(db, task: str | None = None, dataset: str | None = None, model: str | None = None,
               repeats: int = MIN_REPEATS, warmup: int = WARMUP, threads: int | None = None,
               budget_s: float | None = BUDGET_S, max_repeats: int | None = None, warn=None, run_ids=None,
-              batch_sizes=(1,), runtimes=('eager',), failures: list | None = None) -> list[dict]:
+              batch_sizes=(1,), runtimes=('eager',), failures: list | None = None, attempts: int = 3,
+              sleep=time.sleep) -> list[dict]:
     """Measure every network ``recorded_networks`` finds, interleaved in one process (each gets
     ``budget_s`` seconds of the shared budget), at each of ``batch_sizes`` (default batch 1) and in each of
     ``runtimes`` (default eager; others through ``zoo.optimize``); one row per network, runtime and batch size,
-    ready for ``record``. A runtime failing on a network is reported to ``warn``, left out, and appended to
-    ``failures`` (when given) as ``{'model', 'arch_fingerprint', 'input_size', 'batch_size', 'runtime',
-    'error'}``, which ``record`` also writes."""
+    ready for ``record``, with ``max_abs_delta``: its largest output difference from eager on the timed input.
+
+    Only trusted records are returned (``untrusted``): before each timing the machine is given time to quiet
+    down (``wait_for_quiet``, sleeping with ``sleep``), and a record that is untrusted is timed again, up to
+    ``attempts`` timings in all. A runtime failing on a network, and a record still untrusted after the last
+    attempt (error ``'untrusted: <reason>'``), is reported to ``warn``, left out, and appended to ``failures``
+    (when given) as ``{'model', 'arch_fingerprint', 'input_size', 'batch_size', 'runtime', 'error'}``, which
+    ``record`` also writes: a loaded or noisy figure is never published."""
     warn = warn or (lambda msg: print(msg, file=sys.stderr))
+    if attempts < 1:
+        raise ValueError(f'attempts must be at least 1, got {attempts}')
     _set_threads(threads)
     nets = recorded_networks(db, task, dataset, model, warn, run_ids)
     if not nets:
@@ -316,39 +331,55 @@ def remeasure(db, task: str | None = None, dataset: str | None = None, model: st
     runtimes = tuple(runtimes)
     one = {n['label']: example_input(n['model'], n['input_size'], 1, n['task']) for n in nets}
     macs = {n['label']: count_macs(n['model'], example=one[n['label']]) for n in nets}
+
+    def failed(n, rt, bs, error):
+        warn(f"zoo bench: {n['label']} in {rt} failed: {error}")
+        if failures is not None:
+            failures.append({'model': n['name'], 'arch_fingerprint': fingerprint(n['model']),
+                             'input_size': n['input_size'], 'batch_size': bs, 'runtime': rt, 'error': error})
+
     rows = []
     for bs in batch_sizes:
         inputs = {n['label']: example_input(n['model'], n['input_size'], bs, n['task']) for n in nets}
-        timed = {}                       # key -> (network record, runtime, module)
+        timed = {}                       # key -> (network record, runtime, module, max |delta| from eager)
         for n in nets:
+            x = inputs[n['label']]
+            with torch.inference_mode():
+                eager_out = _compared(n['model'], x)
             for rt in runtimes:
                 if rt == 'eager':
-                    timed[n['label'] if runtimes == ('eager',) else f"{n['label']} [eager]"] = (n, rt, n['model'])
+                    timed[n['label'] if runtimes == ('eager',) else f"{n['label']} [eager]"] = (n, rt, n['model'], 0.0)
                     continue
                 try:
-                    net, _, _ = _prepare(n['model'], rt, inputs[n['label']], None, None)
+                    net, out, _ = _prepare(n['model'], rt, x, None, None)
                 except Exception as e:  # a runtime failing on one network is a result, not a crash
                     first = (str(e).strip().splitlines() or [''])[0]
-                    error = f'{type(e).__name__}: {first}'[:300]
-                    warn(f"zoo bench: {n['label']} in {rt} failed: {error}")
-                    if failures is not None:
-                        failures.append({'model': n['name'], 'arch_fingerprint': fingerprint(n['model']),
-                                         'input_size': n['input_size'], 'batch_size': bs, 'runtime': rt,
-                                         'error': error})
+                    failed(n, rt, bs, f'{type(e).__name__}: {first}'[:300])
                     continue
-                timed[f"{n['label']} [{rt}]"] = (n, rt, net)
-        if not timed:
-            continue
-        lat = benchmark({k: t[2] for k, t in timed.items()},
-                        inputs={k: inputs[t[0]['label']] for k, t in timed.items()},
-                        threads=threads, batch_size=bs,
-                        **_timing(repeats, warmup, budget_s * len(timed) if budget_s else None, max_repeats))
-        for key, (n, rt, _) in timed.items():
-            res = lat[key]
-            res.model, res.runtime, res.compiled = n['name'], rt, rt == 'compile'
-            res.compile_mode = 'default+freezing' if rt == 'compile' else None
-            rows.append({**count_params(n['model']), **res.as_dict(), 'label': n['label'], 'source': 'bench',
-                         'arch_fingerprint': fingerprint(n['model']), 'macs': macs[n['label']]})
+                timed[f"{n['label']} [{rt}]"] = (n, rt, net, _max_diff(out, eager_out))
+        kept, pending, reasons = {}, list(timed), {}
+        for _ in range(attempts):
+            if not pending:
+                break
+            wait_for_quiet(sleep)    # the preparing above (export, compile) or the last timing loaded the machine
+            lat = benchmark({k: timed[k][2] for k in pending},
+                            inputs={k: inputs[timed[k][0]['label']] for k in pending}, threads=threads, batch_size=bs,
+                            **_timing(repeats, warmup, budget_s * len(pending) if budget_s else None, max_repeats))
+            for key in pending:
+                n, rt, _, delta = timed[key]
+                res = lat[key]
+                res.model, res.runtime, res.compiled = n['name'], rt, rt == 'compile'
+                res.compile_mode = 'default+freezing' if rt == 'compile' else None
+                row = {**count_params(n['model']), **res.as_dict(), 'label': n['label'], 'source': 'bench',
+                       'arch_fingerprint': fingerprint(n['model']), 'macs': macs[n['label']], 'max_abs_delta': delta}
+                reasons[key] = untrusted(row)
+                if reasons[key] is None:
+                    kept[key] = row
+            pending = [k for k in pending if k not in kept]
+        for key in pending:              # untrusted at every attempt: a failure, never a row
+            n, rt, _, _ = timed[key]
+            failed(n, rt, bs, f'untrusted: {reasons[key]} ({attempts} attempt{"s" * (attempts > 1)})')
+        rows += [kept[k] for k in timed if k in kept]
     return rows
 
 
@@ -430,6 +461,99 @@ def noise_warning(rows: list[dict]) -> str | None:
                      f"{f:.0%}: {name}, batch {r['batch_size']})")
     return 'zoo bench: a busy or noisy machine: ' + '; '.join(parts) + '. Re-take these figures on a quiet machine ' \
            'before quoting them.'
+
+
+# ------------------------------------------------------------------------------ which latency records are trusted
+MAX_IQR_RATIO = 0.15   # a published record's IQR at most this fraction of its median (issue 43)
+QUIET_WAIT_S = 90.0    # at most this long waiting for the load to fall before a timing (the 1-minute load
+QUIET_POLL_S = 5.0     # average decays with a 60 s time constant; the kernel updates it every 5 s)
+
+
+def trust_limits() -> tuple[float, float]:
+    """``(busy load per CPU, IQR/median)`` above which a record is untrusted: ``BUSY_LOAD`` and
+    ``MAX_IQR_RATIO``, or ``$ZOO_BUSY_LOAD`` and ``$ZOO_MAX_IQR_RATIO`` where set (e.g. ``inf`` in the test
+    suite, whose own workers keep a 2-core machine at a load of 1 per CPU and whose figures nobody publishes)."""
+    def limit(name, default):
+        text = os.environ.get(name, '').strip()
+        try:
+            return float(text) if text else default
+        except ValueError:
+            raise ValueError(f'${name} must be a number (a limit such as {default}, or inf), got {text!r}') from None
+    return limit('ZOO_BUSY_LOAD', BUSY_LOAD), limit('ZOO_MAX_IQR_RATIO', MAX_IQR_RATIO)
+
+
+def own_load(threads, duration_s) -> float:
+    """What the timing itself adds to the 1-minute load average it ends at: the kernel's average moves towards the
+    number of runnable threads with a 60 s time constant, so ``threads`` threads busy for ``duration_s`` seconds
+    add ``threads * (1 - exp(-duration_s / 60))``; 0.0 when either is unknown."""
+    if not threads or not duration_s:
+        return 0.0
+    return float(threads) * (1.0 - math.exp(-float(duration_s) / 60.0))
+
+
+def _number(v) -> float | None:
+    """A record's field as a float; None when missing or NaN (a DataFrame row's NULL)."""
+    if v is None:
+        return None
+    try:
+        v = float(v)
+    except (TypeError, ValueError):
+        return None
+    return None if v != v else v
+
+
+def untrusted(row) -> str | None:
+    """Why a latency record (a row of ``run``/``remeasure``, or of ``zoo_latency``) must not be published, in one
+    line, or None when it may: the one rejection rule of ``remeasure`` and ``results.pick_latency`` (issue 43).
+
+    Untrusted when the 1-minute load average per CPU is above the busy limit (``BUSY_LOAD``, 0.25) before the
+    timing (``load_1m``) or after it (``load_1m_after``, less what the timing's own threads add: ``own_load``),
+    or when the IQR is above ``MAX_IQR_RATIO`` (0.15) of the median (a hypervisor's other guests show in the
+    spread, not in the load). A figure that is not recorded (a record older than schema 4, no CPU count) cannot
+    be held against the record; exactly at a limit is trusted."""
+    busy, spread = trust_limits()
+    cpus = _number(row.get('cpus'))
+    before, after = _number(row.get('load_1m')), _number(row.get('load_1m_after'))
+    before = before / cpus if before is not None and cpus else None
+    if after is not None and cpus:
+        after = max(0.0, after - own_load(_number(row.get('threads')), _number(row.get('duration_s')))) / cpus
+    else:
+        after = None
+    median, iqr = _number(row.get('median_ms')), _number(row.get('iqr_ms'))
+    ratio = iqr / median if iqr is not None and median else None
+    why = [w for w, bad in (('busy', any(v is not None and v > busy for v in (before, after))),
+                            ('noisy', ratio is not None and ratio > spread)) if bad]
+    if not why:
+        return None
+
+    def fmt(v):
+        return '?' if v is None else f'{v:.2f}'
+    return (f"{' and '.join(why)}: 1-minute load {fmt(before)} per CPU before timing, {fmt(after)} after (less its "
+            f"own threads), IQR/median {fmt(ratio)}; limits {busy:g} per CPU and {spread:g}")
+
+
+def trusted(records):
+    """The rows of a ``zoo_latency`` DataFrame that ``untrusted`` accepts (the benchmark runner counts only these
+    as measured)."""
+    if records is None or records.empty:
+        return records
+    return records[[untrusted(r) is None for r in records.to_dict('records')]]
+
+
+def wait_for_quiet(sleep=time.sleep, limit_s: float | None = None) -> float | None:
+    """Sleep ``QUIET_POLL_S`` seconds at a time (``limit_s`` in all, default ``QUIET_WAIT_S``) until the 1-minute
+    load per CPU is at most the busy limit; returns the last load per CPU (None where the platform has no load
+    average). Bounded: on a machine that stays busy the timing goes ahead, and ``untrusted`` judges its record."""
+    from . import profile     # looked up at the call: tests replace profile.load_average
+
+    busy, cpus = trust_limits()[0], os.cpu_count() or 1
+    for _ in range(int((QUIET_WAIT_S if limit_s is None else limit_s) // QUIET_POLL_S)):
+        load = profile.load_average()
+        if load is None or load / cpus <= busy:
+            break
+        sleep(QUIET_POLL_S)
+    load = profile.load_average()
+    return None if load is None else load / cpus
 
 
 def _cpu() -> str:

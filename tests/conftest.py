@@ -12,6 +12,11 @@ import zoo
 # Keep the suite fast and deterministic on the 2-core CI machine: `make test` runs two pytest workers
 # (pytest-xdist), each on one thread; a plain `pytest` run uses both cores.
 torch.set_num_threads(1 if os.environ.get('PYTEST_XDIST_WORKER') else min(2, os.cpu_count() or 1))
+# The suite's own workers keep the machine busy, so no latency it takes would pass zoo's trust rule (load and
+# IQR limits, zoo.eval.bench.untrusted); its figures are never published: no limits, here and in the zoo
+# subprocesses the tests start. tests/test_latency_trust.py tests the rule with its real limits.
+os.environ.setdefault('ZOO_BUSY_LOAD', 'inf')
+os.environ.setdefault('ZOO_MAX_IQR_RATIO', 'inf')
 
 NUM_CLASSES = 7
 

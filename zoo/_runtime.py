@@ -317,6 +317,11 @@ class _Runtime(nn.Module):
         self._fn, self._spec, self.runtime = fn, spec, name
         self._keep = [keep]  # the eager module stays alive (its weights) but is not a submodule
 
+    @property
+    def session(self):
+        """The ``onnxruntime.InferenceSession`` that runs the graph (None in another runtime)."""
+        return getattr(self._fn, 'session', None)
+
     def forward(self, x: torch.Tensor):
         from torch.utils._pytree import tree_unflatten
         return tree_unflatten(list(self._fn(x)), self._spec)
@@ -370,17 +375,34 @@ class _Eager(nn.Module):
             return self.model(x)
 
 
-def _ort_session(path: str):
+# ONNX Runtime's thread pools spin between calls by default, holding the cores after a session returns: in one
+# process every runtime timed after an ORT session ran on cores ORT was still spinning on (a ResNet-tiny ORT cell
+# published at 17-21 ms took 2.3 ms timed alone; issue 43). Off, the workers sleep as torch's do between calls.
+ORT_NO_SPINNING = {'session.intra_op.allow_spinning': '0', 'session.inter_op.allow_spinning': '0'}
+
+
+def ort_session_options(threads: int | None = None):
+    """``onnxruntime.SessionOptions`` of every zoo session: ``threads`` intra-op threads (default torch's: a fair
+    comparison), one inter-op thread, all graph optimisations, and no thread pool spinning (``ORT_NO_SPINNING``).
+    Public so scripts that build their own sessions (``benchmarks/scan_onnx.py``) time under the same settings."""
     import onnxruntime as ort
     opts = ort.SessionOptions()
-    opts.intra_op_num_threads = torch.get_num_threads()   # the same threads as torch: a fair comparison
+    opts.intra_op_num_threads = threads or torch.get_num_threads()
     opts.inter_op_num_threads = 1
     opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-    sess = ort.InferenceSession(path, opts, providers=['CPUExecutionProvider'])
+    for key, value in ORT_NO_SPINNING.items():
+        opts.add_session_config_entry(key, value)
+    return opts
+
+
+def _ort_session(path: str):
+    import onnxruntime as ort
+    sess = ort.InferenceSession(path, ort_session_options(), providers=['CPUExecutionProvider'])
     name = sess.get_inputs()[0].name
 
     def run(x: torch.Tensor):
         return [torch.from_numpy(o) for o in sess.run(None, {name: x.detach().cpu().numpy()})]
+    run.session = sess           # its settings can be read back (``_Runtime.session``)
     return run
 
 

@@ -371,16 +371,21 @@ def pick_latency(records, threads: int | None = None) -> dict | None:
     """The most trustworthy latency record among ``records`` (rows of ``zoo_latency``), or None: the one rule
     the leaderboard and its plot, ``data()`` and the benchmark report all use.
 
-    Rule: (1) when ``threads`` is asked for, records at that many threads if there are any (by default every
-    thread count counts); (2) by source, ``zoo bench`` records first, then after-training (``fit``) records,
+    Rule: (0) only records ``zoo.eval.bench.untrusted`` accepts (a busy or noisy one is never published); (1) when
+    ``threads`` is asked for, records at that many threads if there are any (by default every thread count
+    counts); (2) by source, ``zoo bench`` records first, then after-training (``fit``) records,
     then records without a source (older than schema 4, or written through the API); (3) then the lowest
     load: the 1-minute load average per CPU before the measurement (unknown load last); (4) then the most
     repeats, then the newest."""
     import numpy as np
 
+    from ..bench import trusted
+
     if records is None or records.empty:
         return None
-    r = records
+    r = trusted(records)
+    if r.empty:
+        return None
     if threads is not None and (r.threads == threads).any():
         r = r[r.threads == threads]
     load = r.load_1m.astype(float) / r.cpus.astype(float).where(r.cpus.astype(float) > 0, 1.0)

@@ -18,8 +18,9 @@ from .schema import STATUSES, UNKNOWN_CPU, ResultsDBError
 from .store import open_db
 
 # The columns ``data()`` always returns, in order. After them come one column per final metric the runs
-# recorded (named as logged, e.g. ``val/acc1``, ``train/peak_mem_mb``), then ``latency_<runtime>_ms`` (batch 1)
-# and ``latency_<runtime>_b16_ms`` (batch 16) for every further runtime the database holds.
+# recorded (named as logged, e.g. ``val/acc1``, ``train/peak_mem_mb``), then the latency columns of every further
+# runtime the database holds: ``latency_<runtime>_ms`` (batch 1) and ``latency_<runtime>_b16_ms`` (batch 16), each
+# followed by the same record's ``_iqr_ms``, ``_load`` and ``_delta`` (``LATENCY_SUFFIXES``).
 DATA_COLUMNS = [
     'run_id',              # zoo_runs.id
     'task', 'dataset', 'model', 'family',
@@ -44,12 +45,34 @@ DATA_COLUMNS = [
     'peak_activation_mb',  # at batch 1 and the input size the run trained at
     'input_shape',         # that input size, one sample
     'arch_fingerprint',
-    'latency_eager_ms', 'latency_eager_b16_ms',
+    'latency_eager_ms',         # median ms of the picked record (pick_latency) at batch 1, eager float32
+    'latency_eager_iqr_ms',     # ... its IQR (ms)
+    'latency_eager_load',       # ... the 1-minute load average per CPU before its timing
+    'latency_eager_delta',      # ... its max |output - eager output| on the timed input (0.0 for eager itself)
+    'latency_eager_b16_ms', 'latency_eager_b16_iqr_ms', 'latency_eager_b16_load', 'latency_eager_b16_delta',
     'latency_cpu',         # the CPU the latency was taken on ('unknown' before schema 5)
     'latency_threads',     # the thread count(s) of those records, e.g. '2' ('1, 2' when runtimes' records differ)
 ]
 # Block kinds get one count column each: ``blocks_<kind>`` (``blocks_token_mixer``), after DATA_COLUMNS.
 LATENCY_BATCHES = {1: '', 16: '_b16'}
+# Beside each ``latency_<runtime><batch>_ms``, the same record's IQR (ms), 1-minute load per CPU and max_abs_delta
+LATENCY_SUFFIXES = ('_iqr_ms', '_load', '_delta')
+
+
+def _latency_columns(runtime: str, batch_suffix: str) -> list[str]:
+    """``latency_onnxruntime_b16_ms`` and its ``_iqr_ms``, ``_load`` and ``_delta`` columns, in that order."""
+    base = f'latency_{runtime}{batch_suffix}'
+    return [f'{base}_ms', *(base + s for s in LATENCY_SUFFIXES)]
+
+
+def _latency_cells(runtime: str, batch_suffix: str, pick: dict | None) -> dict:
+    """The latency columns of one picked record (None everywhere when there is none)."""
+    names = _latency_columns(runtime, batch_suffix)
+    if pick is None:
+        return dict.fromkeys(names)
+    load, cpus = _float(pick.get('load_1m')), _float(pick.get('cpus'))
+    return dict(zip(names, (float(pick['median_ms']), _float(pick.get('iqr_ms')),
+                            load / cpus if load is not None and cpus else None, _float(pick.get('max_abs_delta')))))
 
 
 def data(db=None, task: str | None = None, dataset: str | None = None, model: str | None = None,
@@ -62,7 +85,18 @@ def data(db=None, task: str | None = None, dataset: str | None = None, model: st
     keep their training columns); a ``task``, ``dataset`` or ``model`` that matches no run is an error naming the
     closest recorded values. ``only_best``: per (task, dataset, model, model_args), only the run with the best
     final primary metric (LEMUR's ``only_best_accuracy``). Latency: per run, runtime and batch size (1 and 16), the most
-    trusted inference record (``board.pick_latency``) of the run itself or of its architecture fingerprint."""
+    trusted inference record (``board.pick_latency``, which never picks one ``zoo.eval.bench.untrusted`` rejects)
+    of the run itself or of its architecture fingerprint, as four columns of that one record, e.g. at batch 16 in
+    ONNX Runtime:
+
+    - ``latency_onnxruntime_b16_ms``: its median (ms);
+    - ``latency_onnxruntime_b16_iqr_ms``: its interquartile range (ms);
+    - ``latency_onnxruntime_b16_load``: the 1-minute load average per CPU before it was timed;
+    - ``latency_onnxruntime_b16_delta``: its ``max_abs_delta``, the largest |output - eager float32 output| on the
+      timed input (0.0 for eager; None for records older than schema 7 or outputs that cannot be compared).
+
+    Batch 1 drops the ``_b16`` (``latency_eager_ms``, ``latency_eager_iqr_ms``, ...); all four are None where no
+    trusted record exists."""
     import pandas as pd
 
     from .board import _model_args, is_higher_better, pick_latency
@@ -123,7 +157,7 @@ def data(db=None, task: str | None = None, dataset: str | None = None, model: st
             for bs, suffix in LATENCY_BATCHES.items():
                 sel = cands[(cands.runtime == rt) & (cands.batch_size == bs)] if not cands.empty else cands
                 pick = pick_latency(sel)
-                row[f'latency_{rt}{suffix}_ms'] = None if pick is None else float(pick['median_ms'])
+                row.update(_latency_cells(rt, suffix, pick))
                 if pick is not None:
                     cpus.append(pick.get('cpu_name') or 'unknown')
                     if pick.get('threads') is not None:
@@ -131,7 +165,7 @@ def data(db=None, task: str | None = None, dataset: str | None = None, model: st
         row['latency_cpu'] = ', '.join(sorted(set(cpus))) if cpus else None
         row['latency_threads'] = ', '.join(map(str, sorted(set(threads)))) if threads else None
         rows.append(row)
-    lat_cols = [f'latency_{rt}{s}_ms' for rt in runtimes for s in LATENCY_BATCHES.values()]
+    lat_cols = [c for rt in runtimes for s in LATENCY_BATCHES.values() for c in _latency_columns(rt, s)]
     extra = [f'blocks_{k}' for k in kinds] + metric_cols + [c for c in lat_cols if c not in DATA_COLUMNS]
     df = pd.DataFrame(rows, columns=[*DATA_COLUMNS, *extra])
     if only_best and not df.empty:

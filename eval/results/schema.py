@@ -5,7 +5,7 @@ import datetime as _dt
 
 import sqlalchemy as sa
 
-SCHEMA_VERSION = 6
+SCHEMA_VERSION = 7
 DEFAULT_PATH = 'zoo-results.db'
 STATUSES = ('running', 'finished', 'failed', 'pruned', 'crashed')
 DISABLED = ('none', 'off', '0', 'false', '')
@@ -131,12 +131,17 @@ latency_table = sa.Table(
     sa.Column('cpu_model', sa.String(200), index=True),       # /proc/cpuinfo 'model name' (profile.machine())
     sa.Column('isa', sa.JSON),                                # ISA flags of that CPU: ['avx2', 'avx512f', ...]
     sa.Column('versions', sa.JSON),                           # {'torch': ..., 'onnxruntime': ..., 'zoo': ...}
+    # v7: how far this runtime's output is from eager float32's on the timed input (eager float32: 0.0; rows
+    # before v7, and outputs that cannot be compared such as detections after NMS: NULL)
+    sa.Column('max_abs_delta', sa.Float),
 )
 
 # The columns of zoo_latency that version 4 added, in order.
 LATENCY_V4 = ('source', 'warmup', 'load_1m', 'load_1m_after', 'cpus', 'duration_s')
 # ... and version 5.
 LATENCY_V5 = ('runtime', 'compile_mode', 'cpu_model', 'isa', 'versions')
+# ... and version 7.
+LATENCY_V7 = ('max_abs_delta',)
 # The runtimes a latency row may name (the same names as ``zoo.RUNTIMES``; the store must not import torch).
 LATENCY_RUNTIMES = ('eager', 'compile', 'onnxruntime', 'openvino')
 UNKNOWN_CPU = 'unknown'
@@ -177,7 +182,7 @@ def _col(table: sa.Table, name: str) -> sa.Column:
 def _v1(op) -> None:
     """Version 1: runs, metrics and latency, without fingerprints or sweep links."""
     later = {'zoo_runs': {'arch_fingerprint', 'params', 'macs', 'study_name', 'trial_number', 'heartbeat_s', 'runtime'},
-             'zoo_latency': {'arch_fingerprint', *LATENCY_V4, *LATENCY_V5}, 'zoo_metrics': set()}
+             'zoo_latency': {'arch_fingerprint', *LATENCY_V4, *LATENCY_V5, *LATENCY_V7}, 'zoo_metrics': set()}
     fks = {'zoo_runs': [], 'zoo_metrics': [sa.ForeignKeyConstraint(['run_id'], ['zoo_runs.id'], ondelete='CASCADE')],
            'zoo_latency': [sa.ForeignKeyConstraint(['run_id'], ['zoo_runs.id'], ondelete='SET NULL')]}
     for table in (runs_table, metrics_table, latency_table):
@@ -239,5 +244,13 @@ def _v6(op) -> None:
         op.create_index(f'ix_{t.name}_{col}', t.name, [col])
 
 
-MIGRATIONS = [_v1, _v2, _v3, _v4, _v5, _v6]          # MIGRATIONS[i] takes the schema from version i to version i + 1
+def _v7(op) -> None:
+    """Version 7: each latency row's largest output difference from eager float32 on the timed input
+    (``max_abs_delta``), so a fast runtime that computes something else is visible beside its time (issue 43).
+    Older rows leave it NULL: nobody compared them."""
+    for name in LATENCY_V7:
+        op.add_column('zoo_latency', _col(latency_table, name))
+
+
+MIGRATIONS = [_v1, _v2, _v3, _v4, _v5, _v6, _v7]      # MIGRATIONS[i] takes the schema from version i to version i + 1
 assert len(MIGRATIONS) == SCHEMA_VERSION

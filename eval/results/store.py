@@ -352,8 +352,10 @@ class ResultsDB:
                     **fields) -> int:
         """One latency row. ``fields``: threads, dtype, channels_last, compiled, mode, min_ms, max_ms, iqr_ms,
         throughput, repeats, params, macs, arch_fingerprint, run_id, runtime, compile_mode, cpu_model, isa,
-        versions. Unset, the runtime is 'eager' ('compile' when ``compiled``), the dtype float32, and the CPU,
-        its ISA flags and the library versions are this machine's (``profile.machine()``, ``versions()``)."""
+        versions, max_abs_delta. Unset, the runtime is 'eager' ('compile' when ``compiled``), the dtype float32,
+        the CPU, its ISA flags and the library versions are this machine's (``profile.machine()``,
+        ``versions()``), and ``max_abs_delta`` is 0.0 for eager float32 (the output every runtime is compared
+        with) and NULL otherwise (not compared)."""
         unknown = set(fields) - set(latency_table.c.keys())
         if unknown:
             raise ResultsDBError(f'unknown latency field(s) {sorted(unknown)}; known: {sorted(latency_table.c.keys())}')
@@ -367,6 +369,8 @@ class ResultsDB:
                    dtype='float32', **machine(), versions=versions())
         row.update({k: v for k, v in fields.items() if v is not None})
         row.update(runtime=runtime, compiled=runtime == 'compile')
+        if runtime == 'eager' and row['dtype'] == 'float32':
+            row.setdefault('max_abs_delta', 0.0)
         with self.write() as conn:
             lat_id = conn.execute(latency_table.insert().values(**row)).inserted_primary_key[0]
             if row.get('arch_fingerprint'):
