@@ -1,10 +1,13 @@
 """ConvBN Tune mode vs Eval and Deploy on a fine-tuning step of torchvision's ResNet-50 (CPU).
 
 For each mode: the bytes autograd keeps for backward (distinct non-parameter tensors, counted with
-``torch.autograd.graph.saved_tensors_hooks``), the peak resident memory of a fresh process during one
-step (VmHWM reset before the step, minus the RSS before it), and the step time (forward, cross-entropy, backward, SGD step), interleaved across modes in one
-process, median over repeats. ``mmengine`` is mmengine's efficient ConvBN (``turn_on_efficient_conv_bn_eval``)
-on the same model, for reference.
+``torch.autograd.graph.saved_tensors_hooks``: ``zoo.eval.profile.saved_bytes``), the peak resident memory of a
+fresh process during one step (VmHWM reset before the step, minus the RSS before it), and the step time (forward,
+cross-entropy, backward, SGD step: ``zoo.eval.profile.train_step``), interleaved across modes in one process, median
+over repeats. ``mmengine`` is mmengine's efficient ConvBN (``turn_on_efficient_conv_bn_eval``) on the same model, for
+reference. Every ``zoo fit`` of the ConvBN fine-tuning recipe measures the first and the last of these on its own
+trained network and data (``zoo.eval.profile.convbn_probe``, logged as ``train/saved_backward_vs_eval`` and
+``train/step_time_vs_eval``).
 
     python -m benchmarks.convbn_bench --batch 32 --size 224 --repeats 5
 """
@@ -21,7 +24,8 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from zoo.eval.profile import interleave, peak_memory_mb, reset_peak_memory, resident_memory_mb
+from zoo.eval.profile import (interleave, peak_memory_mb, reset_peak_memory, resident_memory_mb, saved_bytes,
+                              train_step)
 
 MODES = ('eval', 'tune', 'mmengine', 'deploy')
 ROOT = Path(__file__).resolve().parents[1]       # the checkout: the child runs as `python -m benchmarks.convbn_bench`
@@ -46,39 +50,12 @@ def build(mode: str, seed: int = 0) -> nn.Module:
     return model
 
 
-def saved_bytes(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> int:
-    """Bytes of the distinct non-parameter tensors autograd saves during one forward."""
-    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
-    seen: dict[int, int] = {}
-
-    def pack(t):
-        s = t.untyped_storage()
-        if s.data_ptr() not in params:
-            seen[s.data_ptr()] = s.nbytes()
-        return t
-
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        loss = nn.functional.cross_entropy(model(x), y)
-    loss.backward()
-    return sum(seen.values())
-
-
-def make_step(model: nn.Module, x, y):
-    opt = torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.9)
-
-    def step():
-        opt.zero_grad(set_to_none=True)
-        nn.functional.cross_entropy(model(x), y).backward()
-        opt.step()
-    return step
-
-
 def peak_rss_child(mode: str, batch: int, size: int) -> None:
     """Run in a fresh process: RSS growth of one training step over the model and data alone (MiB)."""
     torch.set_num_threads(1)
     model = build(mode).train() if mode != 'mmengine' else build(mode)
     x, y = torch.randn(batch, 3, size, size), torch.randint(0, 1000, (batch,))
-    step = make_step(model, x, y)
+    step = train_step(model, x, y)
     step()  # first step allocates optimizer state; measure the second
     base = resident_memory_mb()
     reset_peak_memory()  # the kernel's peak-RSS mark (VmHWM) to now
@@ -125,7 +102,7 @@ def main(argv=None) -> dict:
         ref = models['eval'](x)
         for m in modes:
             res[m]['max_diff_vs_eval'] = (models[m](x) - ref).abs().max().item()
-    steps = {m: make_step(models[m], x, y) for m in modes}
+    steps = {m: train_step(models[m], x, y) for m in modes}
     for m, times in interleave(steps, args.repeats, warmup=1).items():
         res[m]['step_s'] = statistics.median(times) / 1e3
     if not args.no_rss:

@@ -10,6 +10,7 @@ no memory and almost no time.
 """
 from __future__ import annotations
 
+import copy
 import functools
 import hashlib
 import os
@@ -457,3 +458,77 @@ def network_stats(model: nn.Module, example: torch.Tensor) -> dict:
             'blocks': dict(sorted(blocks.items())),
             'peak_activation_mb': peak_activation_mb(model, example),
             'input_shape': list(example.shape[1:])}
+
+
+# ------------------------------------------------------------------------- memory and time of a training step
+
+
+def saved_bytes(model: nn.Module, x: torch.Tensor, y: torch.Tensor, loss_fn: Callable | None = None) -> int:
+    """Bytes of the distinct non-parameter tensors autograd saves for backward during one training forward
+    (``torch.autograd.graph.saved_tensors_hooks``; a storage saved twice counts once), the activation memory
+    You et al. (ICLR 2024, "Efficient ConvBN Blocks for Transfer Learning and Beyond") compare the ConvBN modes
+    on. Runs the backward too (it frees what was saved), so ``model`` ends with gradients (and, with BN in train
+    mode, updated running statistics): pass a copy where that matters. ``loss_fn(logits, y)`` defaults to
+    cross-entropy."""
+    loss_fn = loss_fn or nn.functional.cross_entropy
+    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    seen: dict[int, int] = {}
+
+    def pack(t):
+        s = t.untyped_storage()
+        if s.data_ptr() not in params:
+            seen[s.data_ptr()] = s.nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        loss = loss_fn(model(x), y)
+    loss.backward()
+    return sum(seen.values())
+
+
+def train_step(model: nn.Module, x: torch.Tensor, y: torch.Tensor, loss_fn: Callable | None = None,
+               lr: float = 1e-3) -> Callable[[], None]:
+    """One training step of ``model`` on the batch ``(x, y)`` as a function for ``interleave``: forward,
+    ``loss_fn(logits, y)`` (cross-entropy by default), backward and an SGD step (momentum 0.9). It changes
+    ``model``'s weights: time a copy."""
+    loss_fn = loss_fn or nn.functional.cross_entropy
+    opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9)
+
+    def step():
+        opt.zero_grad(set_to_none=True)
+        loss_fn(model(x), y).backward()
+        opt.step()
+    return step
+
+
+def convbn_probe(model: nn.Module, x: torch.Tensor, y: torch.Tensor, loss_fn: Callable | None = None,
+                 rounds: int = 15, warmup: int = 2) -> dict:
+    """A network's ConvBN mode against Eval mode with the same weights, on one training batch (You et al., ICLR
+    2024: Tune keeps fewer activations for backward and steps faster than Eval):
+
+    - ``saved_backward_mb``: ``saved_bytes`` of ``model`` as it is (its modes and train/eval flags), in MB;
+    - ``saved_backward_eval_mb``: the same with every Conv+BN pair switched to ``eval``;
+    - ``saved_backward_vs_eval``: their ratio (exactly 1.0 for a network already in Eval mode);
+    - ``step_ms``, ``step_eval_ms``: the median ``train_step`` times of the two, timed interleaved in this
+      process (``interleave``: ``warmup`` calls, then ``rounds`` alternating rounds), on the same batch;
+    - ``step_time_vs_eval``: their ratio.
+
+    Everything runs on deep copies (eager, whatever the network was compiled with): ``model``'s weights, gradients
+    and BN statistics are left as they were. A network in ``deploy`` mode has no BN left to switch: ValueError."""
+    from zoo.layers.convbn import ConvBN, set_mode
+
+    if any(isinstance(m, ConvBN) and m.mode == 'deploy' for m in model.modules()):
+        raise ValueError('convbn_probe: the network is in deploy mode (BN folded into the convs for good); '
+                         'there is no Eval mode to compare it with')
+    nets = {'run': copy.deepcopy(model), 'eval': copy.deepcopy(model)}
+    for net in nets.values():
+        for module in net.modules():      # the eager network (torch.compile's wrapper is not copied)
+            module._compiled_call_impl = None
+    set_mode(nets['eval'], 'eval')
+    saved = {k: saved_bytes(net, x, y, loss_fn) for k, net in nets.items()}
+    # settle=0: two eager torch steps leave no runtime threads spinning for the other to absorb
+    times = interleave({k: train_step(net, x, y, loss_fn) for k, net in nets.items()}, rounds, warmup, settle=0)
+    step = {k: statistics.median(t) for k, t in times.items()}
+    return {'saved_backward_mb': saved['run'] / 2 ** 20, 'saved_backward_eval_mb': saved['eval'] / 2 ** 20,
+            'saved_backward_vs_eval': saved['run'] / saved['eval'],
+            'step_ms': step['run'], 'step_eval_ms': step['eval'], 'step_time_vs_eval': step['run'] / step['eval']}
