@@ -2,12 +2,13 @@
 benchmark's results database alone, byte-identical for the same database (no dates; seeded bootstrap; SVGs with
 fixed ids and no date).
 
-Per group: one table (entry, params, MACs, the group's metric as mean and Student-t 95 % interval over seeds,
-training time, latency at each batch size and runtime, the command that re-runs the row) and metric against
-batch-1 latency with the Pareto front (``results.plot_pareto``). Then the papers' claims, each with zoo's
-measurement: the Welch 95 % interval of the difference of the two entries' means (unequal variances; scipy)
-decides whether the claim holds here, does not hold, or is inconclusive (``claim_verdict``). Across groups
-(``across:`` in the file): IQM and mean with stratified-bootstrap intervals (``results.aggregate``).
+Per group: one table (entry, params, MACs, the group's metric as mean and 95 % interval over seeds, on the
+arcsine scale for a metric bounded in [0, 1] so no end leaves the range, training time, latency median and IQR at
+each batch size and runtime, the command that re-runs the row), the metric against the fastest runtime's latency
+at the group's largest batch with the Pareto front (``results.plot_pareto``), and the metric against training
+time (``results.curves``). Then the papers' claims, decided by ``benchmark_claims`` (paired by seed where the claim
+says so, against the paper's effect or margin, Holm-adjusted across the page, "undertrained" where an entry's
+curve has not converged), and the "across" tables on scores relative to a reference entry per group.
 """
 from __future__ import annotations
 
@@ -17,8 +18,9 @@ from pathlib import Path
 
 from .benchmark_spec import Benchmark, Claim, Group, override_args
 
-HOLDS, FAILS, INCONCLUSIVE = 'holds', 'does not hold', 'inconclusive'
-COMPARE_TEXT = {'<': 'lower than', '>': 'higher than', '~': 'equal (within ±{tol:g}) to'}
+COMPARE_TEXT = {'<': 'lower than', '>': 'higher than', '~': 'equal (within ±{margin:g}) to',
+                '>=': 'not worse (by {margin:g}) than'}
+BOUNDED = {'acc', 'acc1', 'acc5', 'token_acc', 'miou', 'macc', 'aacc', 'map', 'map50', 'map75', 'ssim'}  # in [0, 1]
 
 
 def report_paths(bench: Benchmark, out: str | Path | None = None) -> tuple[Path, Path]:
@@ -36,37 +38,6 @@ def rerun_command(group: Group, entry: str) -> str:
                         f"{group.pretrained_from['group']}/{group.pretrained_from['entry']}>")
     seeds = ','.join(map(str, group.seeds))
     return ' '.join(['zoo fit -c', group.recipe, *(shlex.quote(a) for a in override_args(over)), f'--seeds {seeds}'])
-
-
-def claim_verdict(a, b, compare: str, tolerance: float = 0.01, level: float = 0.95) -> dict:
-    """Whether ``mean(a) <compare> mean(b)`` holds on these seeds: the Welch interval of ``mean(a) - mean(b)``.
-
-    ``>``: holds when the interval lies above 0, does not hold when it lies below, else inconclusive; ``<``
-    mirrored; ``~``: holds when the interval lies inside ±``tolerance``, does not hold when it lies outside it
-    (an equivalence test by interval inclusion, TOST-like). Fewer than two values on a side: inconclusive."""
-    import numpy as np
-    from scipy import stats
-
-    a, b = np.asarray(a, float), np.asarray(b, float)
-    a, b = a[~np.isnan(a)], b[~np.isnan(b)]
-    out = {'mean_a': float(a.mean()) if len(a) else math.nan, 'mean_b': float(b.mean()) if len(b) else math.nan,
-           'n_a': len(a), 'n_b': len(b), 'diff': math.nan, 'low': math.nan, 'high': math.nan}
-    if len(a) < 2 or len(b) < 2:
-        return {**out, 'verdict': INCONCLUSIVE, 'why': 'fewer than two seeds on a side'}
-    out['diff'] = out['mean_a'] - out['mean_b']
-    if np.ptp(a) == 0 and np.ptp(b) == 0:     # no spread at all: the interval is the difference itself
-        lo = hi = out['diff']
-    else:
-        lo, hi = stats.ttest_ind(a, b, equal_var=False).confidence_interval(level)
-    out['low'], out['high'] = float(lo), float(hi)
-    if compare == '~':
-        v = HOLDS if -tolerance <= lo and hi <= tolerance else FAILS if lo > tolerance or hi < -tolerance \
-            else INCONCLUSIVE
-    else:
-        sign = 1 if compare == '>' else -1
-        lo_s, hi_s = sorted((sign * lo, sign * hi))
-        v = HOLDS if lo_s > 0 else FAILS if hi_s < 0 else INCONCLUSIVE
-    return {**out, 'verdict': v, 'why': ''}
 
 
 def _num(v, fmt: str = '{:.4f}') -> str:
@@ -97,77 +68,147 @@ def _latency_failed(failures, fingerprints, runtime: str, batch_size: int) -> st
     return None if hit.empty else str(hit.error.iloc[-1]).strip().splitlines()[0]
 
 
+def interval(metric: str, values) -> tuple[float, float, float]:
+    """Mean and 95 % interval of an entry's seeds: on the arcsine scale for a metric bounded in [0, 1]
+    (``decide.bounded_interval``: no end outside the range), else Student's t. NaN ends below two values."""
+    from zoo.eval.results import decide, t_interval
+
+    mean, half = t_interval(values)
+    if metric.rsplit('/', 1)[-1] in BOUNDED and all(0 <= v <= 1 for v in values):
+        lo, hi = decide.bounded_interval(values)
+        return mean, lo, hi
+    return mean, mean - half, mean + half
+
+
+def latency_column(runtime: str, batch_size: int) -> str:
+    return f'latency_{runtime}{"" if batch_size == 1 else f"_b{batch_size}"}_ms'
+
+
+def _latency_cell(ok, runtime: str, batch_size: int) -> str:
+    """'median (IQR)' in ms of the record ``results.data`` picked (``pick_latency``: trusted records only)."""
+    col = latency_column(runtime, batch_size)
+    med = _first(ok[col]) if col in ok.columns else None
+    if med is None:
+        return ''
+    iqr_col = col[:-3] + '_iqr_ms'
+    iqr = _first(ok[iqr_col]) if iqr_col in ok.columns else None
+    return _num(med, '{:.2f}') + (f' ({iqr:.2f})' if iqr is not None else '')
+
+
+def fastest(ok, runtimes, batch_size: int) -> tuple[float | None, float | None, str | None]:
+    """(median, IQR, runtime) of the fastest runtime of a network at ``batch_size`` (the Pareto plot's axis: the
+    latency a user would deploy, not batch-1 eager dispatch overhead)."""
+    best = (None, None, None)
+    for rt in runtimes:
+        col = latency_column(rt, batch_size)
+        med = _first(ok[col]) if col in ok.columns else None
+        if med is not None and (best[0] is None or med < best[0]):
+            iqr_col = col[:-3] + '_iqr_ms'
+            best = (float(med), _first(ok[iqr_col]) if iqr_col in ok.columns else None, rt)
+    return best
+
+
 def group_table(group: Group, rows, failures=None) -> tuple[list[dict], object, list[str]]:
     """The rows of a group's table, the leaderboard-like frame ``plot_pareto`` draws, and one line per latency
     that failed (``failures``: ``ResultsDB.latency_failures()``) where no measurement exists: its cell says
     "failed"."""
     import pandas as pd
 
-    from zoo.eval.results import MIN_SEEDS_FOR_INTERVAL, t_interval
-
     lines, board, failed_latency = [], [], []
+    plot_batch = max(group.batch_sizes)
     for entry in group.entries:
         mine = rows[rows.entry == entry]
         ok = mine[mine.status == 'finished']
         vals = _values(ok, group.metric)
         n = len(vals)
-        mean, half = t_interval(vals) if n else (math.nan, math.nan)
-        if n >= MIN_SEEDS_FOR_INTERVAL:
-            shown = f'{mean:.4f} [{mean - half:.4f}, {mean + half:.4f}]'
+        mean, lo, hi = interval(group.metric, vals) if n else (math.nan, math.nan, math.nan)
+        if n >= 2:
+            shown = f'{mean:.4f} [{lo:.4f}, {hi:.4f}]'
         elif n:
-            shown = f'{mean:.4f} (n={n}: {", ".join(f"{v:.4f}" for v in sorted(vals))})'
+            shown = f'{mean:.4f} (n=1)'
         else:
             shown = ''
         line = {'entry': entry, 'params (M)': _num(_first(ok.params) / 1e6 if _first(ok.params) else None, '{:.3f}'),
                 'MACs (M)': _num(_first(ok.macs) / 1e6 if _first(ok.macs) else None, '{:.2f}'),
-                f'{group.metric} (95 % CI)': shown, 'seeds': f'{n}/{len(group.seeds)}',
+                f'{group.metric} (95 % CI)': shown, 'seeds': str(n),
                 'train s': _num(ok.train_time_s.astype(float).mean() if len(ok) else None, '{:.1f}')}
         for rt in group.runtimes:
             for bs in group.batch_sizes:
-                col = f'latency_{rt}{"" if bs == 1 else f"_b{bs}"}_ms'
-                line[f'{rt} b{bs} ms'] = _num(_first(ok[col]) if col in ok.columns else None, '{:.2f}')
-                error = None if line[f'{rt} b{bs} ms'] else _latency_failed(failures, ok.arch_fingerprint.dropna(),
-                                                                           rt, bs)
+                line[f'{rt} b{bs} ms (IQR)'] = cell = _latency_cell(ok, rt, bs)
+                error = None if cell else _latency_failed(failures, ok.arch_fingerprint.dropna(), rt, bs)
                 if error:
-                    line[f'{rt} b{bs} ms'] = 'failed'
+                    line[f'{rt} b{bs} ms (IQR)'] = 'failed'
                     failed_latency.append(f'- {entry}: {rt} at batch {bs} failed: {_cell(error)}')
         failed = mine[mine.status.isin(['failed', 'crashed'])]
         line['failed'] = str(len(failed.seed.unique())) if len(failed) else ''
         line['re-run'] = f'`{rerun_command(group, entry)}`'
         lines.append(line)
-        lat = _first(ok[f'latency_{group.runtimes[0]}_ms']) if f'latency_{group.runtimes[0]}_ms' in ok.columns else None
+        lat, iqr, rt = fastest(ok, group.runtimes, plot_batch)
         if n and lat is not None:
-            board.append({'model': entry, 'model_args': '', 'mean': mean,
-                          'ci_low': mean - half if n >= MIN_SEEDS_FOR_INTERVAL else None,
-                          'ci_high': mean + half if n >= MIN_SEEDS_FOR_INTERVAL else None,
-                          'latency_ms': float(lat), 'latency_iqr_ms': None, 'n_seeds': n,
+            board.append({'model': f'{entry} ({rt})', 'model_args': '', 'mean': mean,
+                          'ci_low': lo if n >= 2 else None, 'ci_high': hi if n >= 2 else None,
+                          'latency_ms': lat, 'latency_iqr_ms': iqr, 'n_seeds': n,
                           'values': ', '.join(f'{v:.4g}' for v in sorted(vals))})
     cols = ['model', 'model_args', 'mean', 'ci_low', 'ci_high', 'latency_ms', 'latency_iqr_ms', 'n_seeds', 'values']
     frame = pd.DataFrame(board, columns=cols)
     for c in ('mean', 'ci_low', 'ci_high', 'latency_ms', 'latency_iqr_ms'):
         frame[c] = frame[c].astype(float)
+    frame.attrs['batch_size'] = plot_batch
     return lines, frame, failed_latency
 
 
-def claims_table(bench: Benchmark, df) -> list[dict]:
+def latency_checks(group: Group, rows) -> list[str]:
+    """How the group's published latencies were taken: the highest 1-minute load per CPU and IQR/median among
+    them, and per runtime the largest |output - eager output| (a fast runtime that is wrong must show)."""
+    ok = rows[rows.status == 'finished']
+    loads, ratios, deltas = [], [], {}
+    for rt in group.runtimes:
+        for bs in group.batch_sizes:
+            col = latency_column(rt, bs)[:-3]
+            for suffix, into in (('_load', loads), ('_delta', deltas.setdefault(rt, []))):
+                if col + suffix in ok.columns:
+                    into += [float(v) for v in ok[col + suffix].dropna()]
+            if col + '_iqr_ms' in ok.columns and col + '_ms' in ok.columns:
+                ratios += [float(i) / float(m) for i, m in zip(ok[col + '_iqr_ms'], ok[col + '_ms'])
+                           if i == i and m == m and m]
+    if not loads and not ratios:
+        return []
+    out = [f'Latency records: 1-minute load at most {max(loads):.2f} per CPU, IQR/median at most {max(ratios):.3f} '
+           '(a record above 0.25 or 0.15 is re-taken, never published).' if loads and ratios else '']
+    d = [f'{rt} {max(v):.2g}' for rt, v in deltas.items() if v and rt != 'eager']
+    if d:
+        out.append('Largest |output - eager output| on the timed input: ' + ', '.join(d) + '.')
+    return [x for x in out if x]
+
+
+def claims_table(results) -> list[dict]:
+    """One row per claim of the page (``benchmark_claims.decide_claims``)."""
     out = []
-    for g in bench.groups.values():
-        rows = df[(df.group == g.name) & (df.status == 'finished')]
-        for c in g.claims:
-            a, b = (_values(rows[rows.entry == e], c.metric) for e in c.entries)
-            v = claim_verdict(a, b, c.compare, c.tolerance)
-            out.append({'group': g.name, 'paper': c.paper, 'claim': c.claim,
-                        'tested': f'{c.metric}: {c.entries[0]} {_compare_text(c)} {c.entries[1]}',
-                        'zoo measured': (f'{_num(v["mean_a"])} vs {_num(v["mean_b"])}; difference '
-                                         f'{_num(v["diff"])} [{_num(v["low"])}, {_num(v["high"])}]'
-                                         if v['n_a'] and v['n_b'] else 'no finished runs'),
-                        'seeds': f'{v["n_a"]} / {v["n_b"]}',
-                        'verdict': v['verdict'] + (f' ({v["why"]})' if v['why'] else '')})
+    for r in results:
+        c, g = r.claim, r.group
+        row = {'group': g.name, 'paper': c.paper, 'claim (as the paper states it)': c.claim}
+        if c.not_tested:
+            out.append({**row, 'tested here': '', 'a vs b': '', 'difference a - b (95 % CI)': '', 'seeds': '',
+                        'verdict': f'not tested: {c.not_tested}', 'Holm': '', 'seeds it would need': ''})
+            continue
+        v = r.raw
+        target = (f"; paper's effect {c.effect:g}" if c.effect else '') + (f' ({c.note})' if c.note else '')
+        tested = (f'{c.metric}: {c.entries[0]} {_compare_text(c)} {c.entries[1]}, '
+                  f'{"paired by seed" if c.paired else "unpaired (Welch)"}{target}')
+        measured = (f'{_num(r.mean_a)} vs {_num(r.mean_b)}' if r.n_a and r.n_b else 'no finished runs')
+        diff = (f'{_num(v.estimate)} [{_num(v.low)}, {_num(v.high)}]' if v.n >= 2 else '')
+        verdict = (f'undertrained ({r.gate})' if r.gate else
+                   v.verdict + (f' ({v.why})' if v.why else ''))
+        holm = '' if r.adjusted is None else r.adjusted.verdict
+        out.append({**row, 'tested here': tested, 'a vs b': measured, 'difference a - b (95 % CI)': diff,
+                    'seeds': f'{v.n} of {g.seed_cap()}' if c.paired else f'{r.n_a} / {r.n_b} of {g.seed_cap()}',
+                    'verdict': verdict, 'Holm': holm,
+                    'seeds it would need': '' if r.needed is None else f'~{r.needed}'})
     return out
 
 
 def _compare_text(c: Claim) -> str:
-    return COMPARE_TEXT[c.compare].format(tol=c.tolerance)
+    return COMPARE_TEXT[c.compare].format(margin=c.margin or 0)
 
 
 def _md_table(rows: list[dict]) -> str:
@@ -189,15 +230,56 @@ def _latency_conditions(df) -> str:
             '(`zoo bench`, models interleaved in one process)')
 
 
+def across_table(bench: Benchmark, label: str, df) -> list[dict]:
+    """Every entry's final metric relative to the reference entry's mean in each group (1.0 = the reference;
+    ``decide.normalised``), so a dataset at 0.95 and one at 0.56 weigh alike; the mean over groups of the
+    per-group means, and a percentile bootstrap of the pooled relative scores only from 5 values on."""
+    import numpy as np
+
+    from zoo.eval.results import decide
+
+    from .benchmark_claims import by_seed
+
+    spec = bench.across[label]
+    names, ref = spec['groups'], spec['reference']
+    metric = bench.groups[names[0]].metric
+    scores = {n: {e: list(by_seed(df, n, e, metric).values()) for e in bench.groups[n].entries} for n in names}
+    scores = {n: s for n, s in scores.items() if s.get(ref)}
+    if not scores:
+        return []
+    rel = decide.normalised(scores, ref)
+    entries = [e for e in bench.groups[names[0]].entries if all(e in rel[n] for n in rel)]
+    out = []
+    for e in entries:
+        row = {'entry': e}
+        means = []
+        for n in rel:
+            v = rel[n][e]
+            row[f'{n} (x {ref})'] = f'{np.mean(v):.3f}' if len(v) else ''
+            if len(v):
+                means.append(float(np.mean(v)))
+        pooled = np.concatenate([rel[n][e] for n in rel])
+        row['mean over groups'] = f'{np.mean(means):.3f}' if means else ''
+        if len(pooled) >= decide.MIN_BOOTSTRAP:
+            lo, hi = decide.bootstrap_interval(pooled)
+            row[f'95 % bootstrap ({len(pooled)} runs)'] = f'[{lo:.3f}, {hi:.3f}]'
+        else:
+            row[f'95 % bootstrap ({len(pooled)} runs)'] = f'fewer than {decide.MIN_BOOTSTRAP} runs'
+        out.append(row)
+    return sorted(out, key=lambda r: -float(r['mean over groups'] or 0) if _higher(metric)
+                  else float(r['mean over groups'] or 0))
+
+
 def write_report(bench: Benchmark, db: str, out: str | Path | None = None) -> Path:
     """Write the report of ``bench`` from database ``db``; returns the Markdown file's path."""
     from zoo.eval import results
 
+    from .benchmark_claims import current, decide_claims
+
     md_path, fig_dir = report_paths(bench, out)
     fig_dir.mkdir(parents=True, exist_ok=True)
     store = results.open_db(db, create=False)
-    df = results.data(db=store, status=None)
-    df = df[df.benchmark == bench.name]
+    df = current(bench, results.data(db=store, status=None), store)
     failures = store.latency_failures()
     lines = [f'# Benchmark: {bench.name}', '',
              f'Generated by `zoo benchmark report {bench.name}` from its results database; re-run the whole '
@@ -205,17 +287,25 @@ def write_report(bench: Benchmark, db: str, out: str | Path | None = None) -> Pa
              'Do not edit by hand.', '']
     if bench.description:
         lines += [bench.description.strip(), '']
-    lines += [f'Latency: {_latency_conditions(df)}. Metric: mean over seeds with the Student-t 95 % interval '
-              '(from 3 seeds; fewer show their values). Training time: the sum of the training epochs\' wall time '
-              '(validation excluded), mean over seeds.', '']
+    lines += [f'Latency: {_latency_conditions(df)}; a cell is the median and, in brackets, the IQR (ms). Metric: '
+              'mean over seeds with its 95 % interval (arcsine scale for a metric in [0, 1], else Student\'s t). '
+              'Training time: the sum of the training epochs\' wall time (validation excluded), mean over seeds.',
+              '']
+    claims = decide_claims(bench, df, store)
     for g in bench.groups.values():
         rows = df[df.group == g.name]
         table, board, failed_latency = group_table(g, rows, failures)
         data = g.dataset or "the recipe's"
+        seeds = (f'seeds {", ".join(map(str, g.seeds))}' if not g.max_seeds else
+                 f'seeds 0-{len(g.seeds) - 1}, more (up to {g.max_seeds}) where a claim is still open')
         lines += [f'## {g.name}', '', f'{g.description.strip()}  ' if g.description else '',
                   f'Task {g.task}, data {data}, recipe `{g.recipe}` with '
-                  f'{" ".join(f"`{a}`" for a in override_args(g.overrides)) or "no overrides"}; seeds '
-                  f'{", ".join(map(str, g.seeds))}; metric `{g.metric}`.', '', _md_table(table), '']
+                  f'{" ".join(f"`{a}`" for a in override_args(g.overrides)) or "no overrides"}; {seeds}; metric '
+                  f'`{g.metric}`' + (f' (floor {g.floor:g}: learned nothing)' if g.floor is not None else '') + '.',
+                  '', _md_table(table), '']
+        lines += latency_checks(g, rows)
+        if lines[-1]:
+            lines.append('')
         svg = fig_dir / f'{g.name}.svg'
         if board.empty:
             svg.unlink(missing_ok=True)
@@ -223,10 +313,13 @@ def write_report(bench: Benchmark, db: str, out: str | Path | None = None) -> Pa
         else:
             cpu = ', '.join(sorted({str(c) for c in rows.latency_cpu.dropna()}))
             board.attrs.update(metric=g.metric, higher_is_better=_higher(g.metric), task=g.task, dataset=g.dataset,
-                               runtime=g.runtimes[0], cpu=cpu or None)
+                               runtime='fastest runtime', cpu=cpu or None,
+                               interval_label='95 % interval, arcsine scale' if g.metric.rsplit('/', 1)[-1] in BOUNDED
+                               else '95 % t-interval')
             results.plot_pareto(board, svg, title=f'{bench.name} / {g.name}')
-            lines += [f'![{g.metric} against batch-1 {g.runtimes[0]} latency, Pareto front in red]'
-                      f'({bench.name}/{g.name}.svg)', '']
+            lines += [f'![{g.metric} against the fastest runtime\'s latency at batch {board.attrs["batch_size"]}, '
+                      f'Pareto front in red]({bench.name}/{g.name}.svg)', '']
+        lines += _curves_section(bench, g, rows, store, fig_dir)
         errors = rows[rows.status.isin(['failed', 'crashed'])]
         for r in errors.sort_values(['entry', 'seed']).itertuples():
             first = str(r.error or '').strip().splitlines()
@@ -234,32 +327,85 @@ def write_report(bench: Benchmark, db: str, out: str | Path | None = None) -> Pa
         lines += failed_latency
         if len(errors) or failed_latency:
             lines.append('')
-    claims = claims_table(bench, df)
     if claims:
         lines += ['## Claims of the papers, measured here', '',
-                  'Each claim compares two entries of its group; the verdict is decided by the Welch 95 % interval '
-                  'of the difference of their means over seeds (holds: the interval lies on the claimed side, or '
-                  'within the tolerance for `~`; does not hold: it lies on the other side or outside the '
-                  'tolerance; else inconclusive). CPU scale: a few epochs on small data, not the papers\' setting.',
-                  '', _md_table(claims), '']
-    for label, names in bench.across.items():
-        names = names if isinstance(names, list) else [names]
-        ids = df[df.group.isin(names) & (df.status == 'finished')].run_id.tolist()
-        metric = bench.groups[names[0]].metric
-        runs = store.runs(status='finished')
-        runs = runs[runs.id.isin(ids)]
-        lines += [f'## Across {label}: {", ".join(names)}', '',
-                  f'IQM and mean of `{metric}` over the groups\' datasets and seeds, with stratified-bootstrap 95 % '
-                  'intervals (Agarwal et al. 2021; `zoo results --aggregate`).', '']
-        if runs.empty or metric not in runs.columns:
-            lines += ['(no finished runs yet)', '']
-            continue
-        agg = results.aggregate(metric, runs=runs, common=False)
-        lines += [results.format_aggregate(agg, 'markdown'), '']
+                  'Each claim compares two entries of its group on the interval of a - b at 95 % (paired by seed '
+                  'where a seed fixes initialisation, data order and checkpoint; else Welch). Verdicts: **holds** '
+                  '(the interval excludes 0 and not the paper\'s effect; for `~`, it lies inside ±margin: TOST); '
+                  '**smaller than claimed** (it excludes the paper\'s effect from below); **does not hold** (it '
+                  'lies against the claim, or outside ±margin); **inconclusive** (otherwise); **undertrained** (an '
+                  'entry\'s validation curve still rose by more than the interval\'s half-width at its last check, '
+                  'or ended at its floor: more steps decide it, not a verdict). Holm: the verdict re-decided at '
+                  'Holm\'s step-down error across every claim of this page. Seeds it would need: at the observed '
+                  'spread, for the interval to reach a verdict (a claim still inconclusive at its cap).', '',
+                  _md_table(claims_table(claims)), '']
+    if bench.recheck:
+        lines += stability_section(bench, results.data(db=store, status=None), store, claims)
+    for label in bench.across:
+        spec = bench.across[label]
+        metric = bench.groups[spec['groups'][0]].metric
+        lines += [f'## Across {label}: {", ".join(spec["groups"])}', '',
+                  f'`{metric}` of every entry relative to `{spec["reference"]}`\'s mean in each group (1.0 = the '
+                  'reference), so groups at different levels weigh alike.', '',
+                  _md_table(across_table(bench, label, df)), '']
     text = '\n'.join(lines).rstrip() + '\n'
     md_path.parent.mkdir(parents=True, exist_ok=True)
     md_path.write_text(text)
     return md_path
+
+
+def stability_section(bench: Benchmark, df_all, store, claims) -> list[str]:
+    """The ``recheck`` groups' claims decided again on fresh seeds (``zoo benchmark run NAME --fresh-seeds``)
+    beside the main verdicts: a decision someone else can re-run gives the same verdict on other seeds."""
+    from .benchmark_claims import current, decide_claims
+
+    fresh = bench.fresh_seeds()
+    decided = decide_claims(fresh, current(fresh, df_all, store), store)
+    again = {(r.group.name, r.claim.claim): r for r in decided}
+    k = bench.recheck['seeds_from']
+    rows = []
+    for r in claims:
+        other = again.get((r.group.name, r.claim.claim))
+        if other is None or r.claim.not_tested:
+            continue
+        v2 = other.raw
+        rows.append({'group': r.group.name, 'claim': r.claim.claim,
+                     'seeds 0.. verdict': r.status, 'seeds 0.. difference': _diff(r),
+                     f'seeds {k}.. verdict': other.status if other.n_a or other.n_b else 'not run yet',
+                     f'seeds {k}.. difference': _diff(other) if v2 is not None else '',
+                     'same': ('yes' if other.status == r.status else 'no') if other.n_a and other.n_b else ''})
+    return [f'## The same claims on fresh seeds ({k}, {k + 1}, ...)', '',
+            f'`zoo benchmark run {bench.name} --fresh-seeds` decides the claims of '
+            f'{", ".join(bench.recheck["groups"])} again on seeds no verdict here has seen, by the same rule.', '',
+            _md_table(rows), '']
+
+
+def _diff(r) -> str:
+    v = r.raw
+    return '' if v is None or v.n < 2 else f'{_num(v.estimate)} [{_num(v.low)}, {_num(v.high)}] (n={v.n})'
+
+
+def _curves_section(bench: Benchmark, g: Group, rows, store, fig_dir: Path) -> list[str]:
+    """The metric against training wall time per entry (``results.curves``: mean and the seeds' min..max band),
+    the time each entry needs to reach the group's target and its value at equal training time."""
+    from zoo.eval.results import ResultsDBError, curves
+
+    from .benchmark_claims import run_ids
+
+    entries = {e: run_ids(rows, g.name, e) for e in g.entries}
+    entries = {e: ids for e, ids in entries.items() if ids}
+    svg = fig_dir / f'{g.name}_time.svg'
+    try:
+        gc = curves.group_curves(store, entries, g.metric, higher_is_better=_higher(g.metric)) if entries else None
+    except ResultsDBError:
+        gc = None
+    if gc is None:
+        svg.unlink(missing_ok=True)
+        return []
+    curves.plot_curves(gc.bands, svg, f'{bench.name} / {g.name}: {g.metric} against training time', g.metric,
+                       target=gc.target, equal_time=gc.equal_time)
+    return [f'![{g.metric} against training wall time, mean and min..max band over seeds]'
+            f'({bench.name}/{g.name}_time.svg)', '', _md_table(gc.table), '']
 
 
 def _higher(metric: str) -> bool:

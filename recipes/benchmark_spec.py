@@ -12,14 +12,26 @@
         metric: val/acc1                # default: the task's primary metric
         entries:                        # name -> overrides of this entry (or a list of model names)
           pooling: {model.name: metaformer_tiny, model.model_args: {token_mixer: pooling}}
-        seeds: [0, 1, 2]
+        seeds: {min: 3, max: 6}         # or a list: exactly those seeds (see below)
+        floor: 0.1                      # the metric's value that learned nothing (chance, the noisy input's PSNR)
         batch_sizes: [1, 16]            # latency batch sizes, a subset of {1, 16}
         runtimes: [eager]               # eager, compile, onnxruntime, openvino
         pretrained_from: {group: blocks_shapes, entry: resnet_standard, arg: model.checkpoint}
-        claims:                         # a paper's claim, checked on the group's runs (benchmark_report.py)
+        claims:                         # a paper's claim, decided on the group's runs (benchmark_claims.py)
           - {claim: 'Tune mode keeps accuracy', paper: 'You et al. 2024', metric: val/acc1, compare: '~',
-             entries: [tune, eval], tolerance: 0.01}
-    across: {classification: [blocks_digits, blocks_shapes]}   # IQM over these groups (report)
+             entries: [tune, eval], margin: 0.01, paired: true}
+          - {claim: 'Weighted convolution is more accurate', compare: '>', entries: [weighted, standard],
+             effect: 0.10, paired: true}  # effect: the paper's gain in the metric's units
+          - {claim: 'PIIP-H beats InternViT at the same FLOPs', not_tested: 'needs pretrained 6B branches'}
+    across: {classification: {groups: [blocks_digits, blocks_shapes], reference: resnet_standard}}
+
+A claim: ``compare`` '>' / '<' (entry a higher / lower than b; ``effect`` the paper's gain, > 0, optional) or '~'
+(equal within ``margin``, by TOST); ``paired: true`` decides on per-seed differences (a seed fixes the
+initialisation, the data order and any pretrained checkpoint across the group's entries), else Welch.
+``not_tested: WHY`` states a claim a CPU cannot test, so the report says so instead of testing another one.
+``seeds: {min: M, max: N}``: every entry runs seeds 0..M-1; the runner adds one seed at a time (M, M+1, ...) to
+the entries of the claims still inconclusive, up to N (``decide.next_seeds``). A list fixes the seeds.
+``across``: the groups' runs of every entry as scores relative to the ``reference`` entry of each group.
 
 An override ``KEY: VALUE`` becomes the argument ``--KEY=VALUE`` of ``zoo fit -c RECIPE`` (a mapping or list
 VALUE as one flow-style YAML string), so each row of the report is re-run by the command printed beside it.
@@ -36,15 +48,18 @@ import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
 
-TOP_KEYS = ('name', 'description', 'defaults', 'groups', 'across')
+TOP_KEYS = ('name', 'description', 'defaults', 'groups', 'across', 'recheck')
+RECHECK_KEYS = ('seeds_from', 'groups')
 GROUP_KEYS = ('task', 'dataset', 'recipe', 'overrides', 'metric', 'entries', 'seeds', 'batch_sizes', 'runtimes',
-              'pretrained_from', 'claims', 'description')
+              'pretrained_from', 'claims', 'description', 'floor')
 DEFAULT_KEYS = ('seeds', 'batch_sizes', 'runtimes', 'overrides')
-CLAIM_KEYS = ('claim', 'paper', 'metric', 'compare', 'entries', 'tolerance')
+CLAIM_KEYS = ('claim', 'paper', 'metric', 'compare', 'entries', 'margin', 'effect', 'paired', 'not_tested', 'note')
+SEED_KEYS = ('min', 'max')
+ACROSS_KEYS = ('groups', 'reference')
 PRETRAINED_KEYS = ('group', 'entry', 'arg')
 RUNTIMES = ('eager', 'compile', 'onnxruntime', 'openvino')
 BATCH_SIZES = (1, 16)
-COMPARISONS = ('<', '>', '~')
+COMPARISONS = ('<', '>', '~', '>=')   # '>=': a matches or beats b (non-inferiority within margin)
 BENCHMARKS = Path(__file__).resolve().parents[1] / 'benchmarks'   # a checkout's benchmarks/ folder
 
 
@@ -54,12 +69,17 @@ class BenchmarkError(ValueError):
 
 @dataclass(frozen=True)
 class Claim:
+    """A paper's claim on two entries of a group (``entries``: a, b), as the paper states it."""
     claim: str
     metric: str
-    compare: str
-    entries: tuple[str, str]
+    compare: str = ''
+    entries: tuple[str, ...] = ()
     paper: str = ''
-    tolerance: float = 0.01
+    margin: float | None = None        # '~': the largest difference that still counts as equal
+    effect: float | None = None        # '>' / '<': the paper's gain in the metric's units
+    paired: bool = False
+    not_tested: str = ''               # why a CPU cannot test it (then nothing is compared)
+    note: str = ''                     # what the CPU-scale test changes from the paper's conditions
 
 
 @dataclass(frozen=True)
@@ -77,6 +97,15 @@ class Group:
     pretrained_from: dict | None = None
     claims: tuple[Claim, ...] = ()
     description: str = ''
+    max_seeds: int = 0                 # seeds: {min, max}: the cap of the sequential rule (0: the seeds are fixed)
+    floor: float | None = None         # the group metric's value that learned nothing
+
+    @property
+    def min_seeds(self) -> int:
+        return len(self.seeds)
+
+    def seed_cap(self) -> int:
+        return max(self.max_seeds, len(self.seeds))
 
 
 @dataclass(frozen=True)
@@ -100,14 +129,39 @@ class Benchmark:
     groups: dict[str, Group]
     description: str = ''
     across: dict = field(default_factory=dict)
+    recheck: dict = field(default_factory=dict)   # {'seeds_from': 100, 'groups': [...]}: the stability re-run
+
+    def fresh_seeds(self) -> 'Benchmark':
+        """The ``recheck`` groups with their seeds moved to ``seeds_from`` (100, 101, ...): the same claims decided
+        again on seeds no verdict has seen (their jobs have other keys, so they never mix with the main runs)."""
+        import dataclasses
+
+        if not self.recheck:
+            raise BenchmarkError(f'{self.path}: no recheck section (expected recheck: {{seeds_from: 100, groups: '
+                                 '[GROUP, ...]}})')
+        k = self.recheck['seeds_from']
+        keep = {}
+        for name in self.recheck['groups']:
+            g = self.groups[name]
+            keep[name] = dataclasses.replace(g, seeds=tuple(s + k for s in g.seeds))
+        return dataclasses.replace(self, groups=keep, across={}, recheck={})
 
     def jobs(self) -> list[Job]:
+        """The first seeds of every entry (the runner adds the sequential rule's further seeds)."""
+        return [self.job(g.name, entry, seed) for g in self.groups.values() for entry in g.entries
+                for seed in g.seeds]
+
+    def job(self, group: str, entry: str, seed: int) -> Job:
+        g = self.groups[group]
+        merged = {**g.overrides, **g.entries[entry]}
+        return Job(g.name, entry, seed, g.recipe, merged, job_key(g.recipe, merged, seed))
+
+    def possible_jobs(self) -> list[Job]:
+        """Every job the file allows: each entry at every seed up to its group's cap."""
         out = []
         for g in self.groups.values():
-            for entry, over in g.entries.items():
-                merged = {**g.overrides, **over}
-                for seed in g.seeds:
-                    out.append(Job(g.name, entry, seed, g.recipe, merged, job_key(g.recipe, merged, seed)))
+            seeds = list(g.seeds) + [max(g.seeds) + 1 + i for i in range(g.seed_cap() - len(g.seeds))]
+            out += [self.job(g.name, entry, s) for entry in g.entries for s in seeds]
         return out
 
     def model_of(self, job: Job) -> str:
@@ -205,12 +259,39 @@ def load(name: str) -> Benchmark:
             if pf['entry'] not in groups[pf['group']].entries:
                 raise BenchmarkError(f'{path}: group {g.name}: pretrained_from names entry {pf["entry"]!r}, not in '
                                      f'group {pf["group"]}{_close(pf["entry"], list(groups[pf["group"]].entries))}')
-    across = raw.get('across') or {}
-    for label, names in _keys(f'{path}: across', across, list(across)).items():
-        for n in names if isinstance(names, list) else [names]:
+    across = {}
+    for label, a in _keys(f'{path}: across', raw.get('across') or {}, list(raw.get('across') or {})).items():
+        a = _keys(f'{path}: across {label}', a, ACROSS_KEYS)
+        names = a.get('groups') or []
+        names = names if isinstance(names, list) else [names]
+        if not names or not a.get('reference'):
+            raise BenchmarkError(f'{path}: across {label}: expected {{groups: [GROUP, ...], reference: ENTRY}} '
+                                 '(scores are relative to the reference entry of each group)')
+        for n in names:
             if n not in groups:
                 raise BenchmarkError(f'{path}: across {label}: unknown group {n!r}{_close(n, list(groups))}')
-    return Benchmark(str(raw.get('name') or path.stem), path, groups, str(raw.get('description') or ''), across)
+            if a['reference'] not in groups[n].entries:
+                raise BenchmarkError(f'{path}: across {label}: reference {a["reference"]!r} is not an entry of group '
+                                     f'{n}{_close(a["reference"], list(groups[n].entries))}')
+        across[label] = {'groups': names, 'reference': str(a['reference'])}
+    recheck = raw.get('recheck') or {}
+    if recheck:
+        recheck = _keys(f'{path}: recheck', recheck, RECHECK_KEYS)
+        k, names = recheck.get('seeds_from'), recheck.get('groups') or []
+        if not isinstance(k, int) or isinstance(k, bool) or k < 1 or not isinstance(names, list) or not names:
+            raise BenchmarkError(f'{path}: recheck: expected {{seeds_from: N >= 1, groups: [GROUP, ...]}}; got {recheck!r}')
+        for n in names:
+            if n not in groups:
+                raise BenchmarkError(f'{path}: recheck: unknown group {n!r}{_close(n, list(groups))}')
+            if groups[n].pretrained_from and groups[n].pretrained_from['group'] not in names:
+                raise BenchmarkError(f'{path}: recheck: group {n} fine-tunes from {groups[n].pretrained_from["group"]}'
+                                     ', which must be rechecked too (its fresh seeds give the checkpoints)')
+            if min(groups[n].seeds) + k <= max(groups[n].seed_cap() - 1, max(groups[n].seeds)):
+                raise BenchmarkError(f'{path}: recheck: seeds_from {k} overlaps group {n}\'s own seeds (up to '
+                                     f'{groups[n].seed_cap() - 1}); pick a larger one')
+        recheck = {'seeds_from': k, 'groups': [str(n) for n in names]}
+    return Benchmark(str(raw.get('name') or path.stem), path, groups, str(raw.get('description') or ''), across,
+                     recheck)
 
 
 def _int_list(where: str, v, allowed=None) -> tuple:
@@ -253,27 +334,74 @@ def _group(path: Path, name: str, g: dict, defaults: dict) -> Group:
         pf = {'arg': 'model.checkpoint', **_keys(f'{where}: pretrained_from', pf, PRETRAINED_KEYS)}
         if not pf.get('group') or not pf.get('entry'):
             raise BenchmarkError(f'{where}: pretrained_from needs group and entry')
-    claims = []
-    for i, c in enumerate(g.get('claims') or []):
-        c = _keys(f'{where}: claim {i + 1}', c, CLAIM_KEYS)
-        for k in ('claim', 'compare', 'entries'):
-            if k not in c:
-                raise BenchmarkError(f'{where}: claim {i + 1}: missing {k!r}')
-        if c['compare'] not in COMPARISONS:
-            raise BenchmarkError(f'{where}: claim {i + 1}: compare {c["compare"]!r} is not one of < > ~')
-        pair = c['entries']
-        if not isinstance(pair, list) or len(pair) != 2:
-            raise BenchmarkError(f'{where}: claim {i + 1}: entries must name two entries of the group')
-        for e in pair:
-            if e not in entries:
-                raise BenchmarkError(f'{where}: claim {i + 1}: unknown entry {e!r}{_close(e, list(entries))}')
-        claims.append(Claim(str(c['claim']), str(c.get('metric') or metric), c['compare'], tuple(pair),
-                            str(c.get('paper') or ''), float(c.get('tolerance', 0.01))))
-    return Group(name, g['task'], str(g.get('dataset') or ''), str(g['recipe']), overrides, entries,
-                 _int_list(f'{where}: seeds', g.get('seeds', defaults.get('seeds', [0]))),
+    claims = tuple(_claim(f'{where}: claim {i + 1}', c, entries, metric) for i, c in enumerate(g.get('claims') or []))
+    seeds, max_seeds = _seeds(f'{where}: seeds', g.get('seeds', defaults.get('seeds', [0])))
+    floor = g.get('floor')
+    if floor is not None and (isinstance(floor, bool) or not isinstance(floor, (int, float))):
+        raise BenchmarkError(f'{where}: floor must be a number (the metric at chance, or the noisy input\'s); '
+                             f'got {floor!r}')
+    return Group(name, g['task'], str(g.get('dataset') or ''), str(g['recipe']), overrides, entries, seeds,
                  _int_list(f'{where}: batch_sizes', g.get('batch_sizes', defaults.get('batch_sizes', [1])),
                            BATCH_SIZES),
-                 tuple(runtimes), str(metric), pf, tuple(claims), str(g.get('description') or ''))
+                 tuple(runtimes), str(metric), pf, claims, str(g.get('description') or ''), max_seeds,
+                 None if floor is None else float(floor))
+
+
+def _seeds(where: str, v) -> tuple[tuple[int, ...], int]:
+    """A list (those seeds, fixed) or ``{min: M, max: N}`` (seeds 0..M-1, the sequential rule up to N)."""
+    if not isinstance(v, dict):
+        return _int_list(where, v), 0
+    v = _keys(where, v, SEED_KEYS)
+    lo, hi = v.get('min'), v.get('max')
+    if not all(isinstance(x, int) and not isinstance(x, bool) for x in (lo, hi)) or not 2 <= lo <= hi:
+        raise BenchmarkError(f'{where}: expected {{min: M, max: N}} with 2 <= M <= N; got {v!r}')
+    return tuple(range(lo)), hi
+
+
+def _number(where: str, c: dict, key: str) -> float | None:
+    v = c.get(key)
+    if v is None:
+        return None
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not v > 0:
+        raise BenchmarkError(f"{where}: {key} must be a number > 0 in the metric's units; got {v!r}")
+    return float(v)
+
+
+def _claim(where: str, c, entries: dict, metric: str) -> Claim:
+    c = _keys(where, c, CLAIM_KEYS)
+    if 'claim' not in c:
+        raise BenchmarkError(f'{where}: missing {"claim"!r} (the claim as the paper states it)')
+    common = dict(claim=str(c['claim']), metric=str(c.get('metric') or metric), paper=str(c.get('paper') or ''),
+                  note=str(c.get('note') or ''))
+    if c.get('not_tested'):
+        extra = [k for k in ('compare', 'entries', 'margin', 'effect', 'paired') if k in c]
+        if extra:
+            raise BenchmarkError(f'{where}: a claim marked not_tested compares nothing; remove {", ".join(extra)}')
+        return Claim(**common, not_tested=str(c['not_tested']))
+    for k in ('compare', 'entries'):
+        if k not in c:
+            raise BenchmarkError(f'{where}: missing {k!r} (or not_tested: WHY for a claim a CPU cannot test)')
+    if c['compare'] not in COMPARISONS:
+        raise BenchmarkError(f'{where}: compare {c["compare"]!r} is not one of < > ~ >=')
+    pair = c['entries']
+    if not isinstance(pair, list) or len(pair) != 2:
+        raise BenchmarkError(f'{where}: entries must name two entries of the group')
+    for e in pair:
+        if e not in entries:
+            raise BenchmarkError(f'{where}: unknown entry {e!r}{_close(e, list(entries))}')
+    margin, effect = _number(where, c, 'margin'), _number(where, c, 'effect')
+    if c['compare'] in ('~', '>=') and margin is None:
+        raise BenchmarkError(f"{where}: a {c['compare']!r} claim needs margin: the largest difference that still "
+                             "counts as equal, in the metric's units")
+    if c['compare'] in ('<', '>') and margin is not None:
+        raise BenchmarkError(f"{where}: margin is for equality claims ('~'); a {c['compare']!r} claim takes effect "
+                             "(the paper's gain)")
+    if c['compare'] in ('~', '>=') and effect is not None:
+        raise BenchmarkError(f"{where}: effect is for '>' and '<' claims; a {c['compare']!r} claim takes margin")
+    paired = c.get('paired', False)
+    if not isinstance(paired, bool):
+        raise BenchmarkError(f'{where}: paired must be true or false; got {paired!r}')
+    return Claim(**common, compare=c['compare'], entries=tuple(pair), margin=margin, effect=effect, paired=paired)
 
 
 def check(bench: Benchmark, say=print) -> int:

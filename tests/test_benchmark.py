@@ -15,7 +15,6 @@ import pytest
 import yaml
 
 from zoo.eval import results as R
-from zoo.recipes.benchmark_report import FAILS, HOLDS, INCONCLUSIVE, claim_verdict
 from zoo.recipes.main import main
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -98,7 +97,7 @@ def test_run_once_then_nothing_and_the_report_is_byte_identical(ran, monkeypatch
     text = out[0][0].decode()
     assert '| pooling |' in text and '| identity |' in text and 'eager b16 ms' in text
     assert 'zoo fit -c poolformer/poolformer_tiny_digits_15e' in text and '--seeds 0' in text
-    assert 'pooling beats identity' in text and 'fewer than two seeds' in text and 'CPU:' in text
+    assert 'pooling beats identity' in text and 'an interval needs two' in text and 'CPU:' in text
     assert '](tiny/mixers.svg)' in text and b'<svg' in out[0][1]
 
 
@@ -271,13 +270,13 @@ def test_paper_blocks_passes_the_dry_run(capsys):
     assert main(['benchmark', 'run', str(ROOT / 'benchmarks' / 'paper_blocks.yaml'), '--dry-run',
                  '--db', 'none']) == 0
     out = capsys.readouterr().out
-    for group in ('blocks_digits', 'blocks_shapes', 'detectors_shapes_det', 'canon_copy', 'dncnn_photos',
-                  'convbn_finetune', 'segmentation_upernet', 'segmentation_semfpn'):
+    for group in ('mixers_shapes', 'weighted_shapes', 'resnet_shapes', 'convbn_finetune', 'detectors_shapes_det',
+                  'canon_copy', 'dncnn_photos', 'piip_upernet'):
         assert f'ok  {group}/' in out
     assert 'paper_blocks: 8 groups' in out and '\n      ' not in out   # one line per job
 
 
-def test_the_published_paper_blocks_report_is_what_its_shipped_database_gives(tmp_path):
+def test_the_published_paper_blocks_report_is_what_its_shipped_database_gives(tmp_path, monkeypatch):
     """docs/benchmarks/paper_blocks.md and its figures, regenerated from the committed benchmarks/paper_blocks.db,
     are the committed ones: the page byte-identical (it is the database's, not edited by hand, and a change to the
     report code shows here until the page is regenerated), the same figures (their bytes are matplotlib's, which
@@ -285,6 +284,8 @@ def test_the_published_paper_blocks_report_is_what_its_shipped_database_gives(tm
     from zoo.recipes.benchmark_report import write_report
     from zoo.recipes.benchmark_spec import load
 
+    for limit in ('ZOO_BUSY_LOAD', 'ZOO_MAX_IQR_RATIO'):     # the page users get: the real trust limits
+        monkeypatch.delenv(limit, raising=False)
     bench = load(str(ROOT / 'benchmarks' / 'paper_blocks.yaml'))
     db = tmp_path / 'paper_blocks.db'                 # a copy: the report only reads, but the shipped file stays
     db.write_bytes((ROOT / 'benchmarks' / 'paper_blocks.db').read_bytes())
@@ -296,16 +297,6 @@ def test_the_published_paper_blocks_report_is_what_its_shipped_database_gives(tm
     assert figures == sorted(p.name for p in (published / 'paper_blocks').glob('*.svg')) and len(figures) >= 6
     for name in figures:
         assert (published / 'paper_blocks' / name).read_text().lstrip().startswith('<?xml')
-
-
-def test_claim_verdicts():
-    assert claim_verdict([0.9, 0.91, 0.92], [0.5, 0.52, 0.51], '>')['verdict'] == HOLDS
-    assert claim_verdict([0.9, 0.91, 0.92], [0.5, 0.52, 0.51], '<')['verdict'] == FAILS
-    assert claim_verdict([0.9, 0.7, 0.5], [0.6, 0.8, 0.55], '>')['verdict'] == INCONCLUSIVE
-    assert claim_verdict([0.900, 0.901, 0.902], [0.901, 0.902, 0.900], '~', tolerance=0.01)['verdict'] == HOLDS
-    assert claim_verdict([0.9, 0.91, 0.92], [0.5, 0.52, 0.51], '~')['verdict'] == FAILS
-    v = claim_verdict([0.9], [0.5, 0.6], '>')
-    assert v['verdict'] == INCONCLUSIVE and 'fewer than two' in v['why']
 
 
 @pytest.mark.slow

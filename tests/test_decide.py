@@ -140,7 +140,7 @@ def test_fewer_than_two_seeds_is_inconclusive():
 
 
 @pytest.mark.parametrize('kwargs, message', [
-    ({'direction': '>='}, "direction must be one of '>', '<', '~'"),
+    ({'direction': '>>'}, "direction must be one of '>', '<', '~', '>='"),
     ({'direction': '~'}, 'needs margin > 0'),
     ({'direction': '>', 'effect': -1.0}, '> 0 in the claimed direction'),
     ({'direction': '>', 'margin': 0.1}, "margin is for equality claims"),

@@ -34,7 +34,7 @@ from .stats import bootstrap_ci, t_interval
 
 HOLDS, SMALLER, FAILS, INCONCLUSIVE = 'holds', 'smaller than claimed', 'does not hold', 'inconclusive'
 VERDICTS = (HOLDS, SMALLER, FAILS, INCONCLUSIVE)
-DIRECTIONS = ('>', '<', '~')
+DIRECTIONS = ('>', '<', '~', '>=')
 METRIC_DIRECTIONS = ('maximize', 'minimize')
 LEVEL = 0.95
 ALPHA = (1 - LEVEL) / 2      # the one-sided error of each end of a 95 % interval
@@ -216,6 +216,8 @@ class Verdict:
         effect E, max(m, E - m) (excluding 0 or E both decide). '~': |margin - |m|| (inside or outside)."""
         if self.direction == '~':
             return abs(self.margin - abs(self.estimate))
+        if self.direction == '>=':
+            return abs(self.estimate + self.margin)
         m = self.estimate if self.direction == '>' else -self.estimate
         return abs(m) if self.effect is None else max(m, self.effect - m)
 
@@ -239,9 +241,9 @@ def verdict(diffs_or_samples, *, direction: str, effect: float | None = None, ma
     interval lies inside (-margin, +margin); does not hold when the interval lies wholly outside it (the
     difference is shown to exceed the margin: L > margin or H < -margin); else inconclusive."""
     if direction not in DIRECTIONS:
-        raise ValueError(f"direction must be one of '>', '<', '~' (a higher than, lower than, equal to b); "
-                         f'got {direction!r}')
-    if direction == '~':
+        raise ValueError(f"direction must be one of '>', '<', '~', '>=' (a higher than, lower than, equal to, not "
+                         f'worse than b); got {direction!r}')
+    if direction in ('~', '>='):
         if effect is not None:
             raise ValueError("effect is the paper's gain for '>' and '<' claims; an equality claim ('~') takes "
                              'margin')
@@ -268,6 +270,8 @@ def verdict(diffs_or_samples, *, direction: str, effect: float | None = None, ma
         return Verdict(INCONCLUSIVE, f'{e.n} seed(s): an interval needs two', p=math.nan, **common)
     if direction == '~':
         return _equivalence(e, margin, common)
+    if direction == '>=':
+        return _non_inferiority(e, margin, common)
     sign = 1 if direction == '>' else -1
     lo, hi = sorted((sign * e.low, sign * e.high))
     p = _p_above(sign * e.estimate, e.se, e.df, 0.0)
@@ -299,6 +303,20 @@ def _equivalence(e: _Estimate, margin: float, common: dict) -> Verdict:
     else:
         v, why = INCONCLUSIVE, f'the interval crosses ±{margin:g} ({ps})'
     return Verdict(v, why, p=max(p_low, p_high), p_low=p_low, p_high=p_high, **common)
+
+
+def _non_inferiority(e: _Estimate, margin: float, common: dict) -> Verdict:
+    """'>=' ("a matches or beats b"): the one-sided test of H0 d <= -margin (Lakens 2017, the lower half of
+    TOST). Holds when the interval's lower end lies above -margin; does not hold when its upper end lies below
+    -margin (a is shown worse by more than the margin); else inconclusive."""
+    p = _p_above(e.estimate, e.se, e.df, -margin)
+    if e.low > -margin:
+        v, why = HOLDS, f'the interval lies above -{margin:g}: a is not worse by the margin (p = {p:.3g})'
+    elif e.high < -margin:
+        v, why = FAILS, f'the interval lies below -{margin:g}: a is worse than b by more than the margin'
+    else:
+        v, why = INCONCLUSIVE, f'the interval crosses -{margin:g} (p = {p:.3g})'
+    return Verdict(v, why, p=p, p_low=p, **common)
 
 
 # ------------------------------------------------------------------------------------------- Holm
