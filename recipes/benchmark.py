@@ -20,7 +20,11 @@ Latency (unless ``--no-latency``): once no job is left, every finished network o
 ``zoo bench`` record at the group's batch sizes is re-measured in this process, interleaved
 (``zoo.eval.bench.remeasure``, the path of ``zoo bench --db``). A runtime that fails on a network (compile or
 export error) is recorded as a latency failure with its error, shown in the report, and tried again only with
-``--retry-failed``. Run it on a quiet machine; ``--threads K`` sets the threads of training and timing.
+``--retry-failed``. A record above the busy load or with IQR/median above 0.15 (``zoo.eval.bench.untrusted``) is
+re-taken (``remeasure`` waits for a quiet machine and tries ``attempts`` times) and never published: one still noisy
+is recorded as an ``untrusted:`` failure, which the next invocation tries again. ONNX Runtime sessions do not spin
+their thread pools, so the runtime timed after them is not slowed. ``--threads K`` sets the threads of training and
+timing.
 """
 from __future__ import annotations
 
@@ -31,6 +35,7 @@ import threading
 import time
 from pathlib import Path
 
+from . import benchmark_executor
 from .benchmark_spec import Benchmark, BenchmarkError, Job, check, load
 from .errors import at_least
 
@@ -82,7 +87,11 @@ class Runner:
         self.time_s = time_s                 # zoo bench --time: the timing budget per network (None: its default)
         self.store = open_db(db)
         self.say = say or (lambda msg: print(msg, file=sys.stderr))
-        self.jobs = bench.jobs()
+        # the first seeds, and the further seeds the sequential rule added in an earlier invocation
+        base = bench.jobs()
+        known = self.states()
+        keys = {j.key for j in base}
+        self.jobs = base + [j for j in bench.possible_jobs() if j.key in known and j.key not in keys]
         self.tried: set[str] = set()       # jobs this invocation started (a failure is not retried twice)
         self.done: list[tuple[Job, str, float]] = []
         self._mutex = threading.Lock()
@@ -193,6 +202,45 @@ class Runner:
 
     # -- the loop
     def run(self, progress: bool = True) -> dict:
+        """Run every pending job, then the seeds the sequential rule adds to the claims still inconclusive, until
+        it adds none; returns {'finished': n, 'failed': n, ...}."""
+        counts: dict[str, int] = {}
+        while True:
+            for k, v in self.run_pending(progress).items():
+                counts[k] = counts.get(k, 0) + v
+            if not self.add_seeds():
+                return counts
+
+    def add_seeds(self) -> int:
+        """Add the jobs of the next seed of every claim still inconclusive past the convergence gate, below its
+        group's cap (``benchmark_claims.seeds_to_add``); returns how many were added."""
+        from zoo.eval import results
+
+        from .benchmark_claims import current, decide_claims, seeds_to_add
+
+        if not any(g.max_seeds for g in self.bench.groups.values()):
+            return 0
+        df = current(self.bench, results.data(db=self.store, status=None), self.store)
+        state = self.states()
+        attempted: dict = {}
+        for j in self.bench.possible_jobs():
+            if j.key in state:
+                attempted.setdefault((j.group, j.entry), set()).add(j.seed)
+        have = {j.key for j in self.jobs}
+        added = 0
+        claims = decide_claims(self.bench, df, self.store)
+        for group, entry, seed in seeds_to_add(self.bench, claims, attempted):
+            job = self.bench.job(group, entry, seed)
+            if job.key in have:
+                continue
+            self.jobs.append(job)
+            have.add(job.key)
+            added += 1
+            self.say(f'{group}/{entry}: adding seed {seed} (a claim on it is still inconclusive; cap '
+                     f'{self.bench.groups[group].max_seeds} seeds)')
+        return added
+
+    def run_pending(self, progress: bool = True) -> dict:
         """Run every pending job with ``workers`` threads; returns {'finished': n, 'failed': n, ...}."""
         todo = len(self.pending())
         counts: dict[str, int] = {}
@@ -255,11 +303,16 @@ class Runner:
                     continue
                 for rt in g.runtimes:
                     for bs in g.batch_sizes:
-                        have = set() if lat.empty else set(lat[(lat.source == 'bench') & (lat.batch_size == bs)
-                                                               & _runtime_is(lat, rt)].arch_fingerprint.dropna())
-                        if not self.retry and not failed.empty:   # a recorded failure is retried on request only
-                            have |= set(failed[(failed.batch_size == bs) & (failed.runtime == rt)]
-                                        .arch_fingerprint.dropna())
+                        # measured: a trusted record only (zbench.untrusted: load and IQR limits); an old record
+                        # taken under load is re-taken
+                        ok = zbench.trusted(lat)
+                        have = set() if ok is None or ok.empty else set(
+                            ok[(ok.source == 'bench') & (ok.batch_size == bs) & _runtime_is(ok, rt)]
+                            .arch_fingerprint.dropna())
+                        if not self.retry and not failed.empty:   # a recorded failure is retried on request only,
+                            gave_up = failed[(failed.batch_size == bs) & (failed.runtime == rt)   # but a noisy
+                                             & ~failed.error.astype(str).str.startswith('untrusted:')]  # one re-taken
+                            have |= set(gave_up.arch_fingerprint.dropna())
                         missing = [i for i in ids if fp.get(i) not in have]
                         if not missing:
                             continue
@@ -312,6 +365,11 @@ def add_parser(sub) -> None:
     p.add_argument('--retry-failed', action='store_true',
                    help='run the failed jobs, and the failed latency measurements, again')
     p.add_argument('--no-latency', action='store_true', help='train only; do not measure latency afterwards')
+    p.add_argument('--group', action='append', metavar='GROUP',
+                   help='run only this group (repeatable; a group it fine-tunes from runs too)')
+    p.add_argument('--fresh-seeds', action='store_true',
+                   help="run: the file's recheck groups on fresh seeds (recheck: seeds_from), the stability check "
+                        'the report sets beside the main verdicts')
     p.add_argument('--dry-run', action='store_true',
                    help='check every name of the file and list what would run; train nothing')
     p.add_argument('--threads', type=at_least(1), metavar='K', help='torch threads of each job and of the timing')
@@ -319,6 +377,7 @@ def add_parser(sub) -> None:
                    help='timing budget per network and batch size (as zoo bench --time; default 2; 0: 20 calls)')
     p.add_argument('--out', help='report: the folder to write NAME.md into (default ./docs/benchmarks in the '
                                  'working folder)')
+    benchmark_executor.add_arguments(p)           # --executor slurm|submitit-local and its options
     p.set_defaults(func=command)
 
 
@@ -329,6 +388,18 @@ def command(args) -> int:
         print(f'zoo benchmark: error: {e}', file=sys.stderr)
         return 2
     db = args.db or default_db(bench)
+    if getattr(args, 'group', None):
+        try:
+            bench = only_groups(bench, args.group)
+        except BenchmarkError as e:
+            print(f'zoo benchmark: error: {e}', file=sys.stderr)
+            return 2
+    if args.action == 'run' and args.fresh_seeds:
+        try:
+            bench = bench.fresh_seeds()
+        except BenchmarkError as e:
+            print(f'zoo benchmark: error: {e}', file=sys.stderr)
+            return 2
     if args.action == 'report':
         from .benchmark_report import write_report
 
@@ -350,11 +421,17 @@ def command(args) -> int:
         pending = Runner(bench, db).pending() if _exists(db) else bench.jobs()
         print(f'{bench.name}: {len(bench.groups)} groups, {n} jobs, {len(pending)} not yet in {db}')
         return 0
+    try:
+        submitit_run = benchmark_executor.from_args(args, bench)      # None: the runner's threads
+    except benchmark_executor.ExecutorError as e:
+        print(f'zoo benchmark: error: {e}', file=sys.stderr)
+        return 2
     runner = Runner(bench, db, workers=args.workers, retry_failed=args.retry_failed, threads=args.threads,
                     time_s=args.time)
     todo = len(runner.pending())
     print(f'zoo benchmark: {bench.name}: {len(runner.jobs)} jobs, {todo} to run, database {db}', file=sys.stderr)
-    counts = runner.run(progress=sys.stderr.isatty())
+    counts = (runner.run(progress=sys.stderr.isatty()) if submitit_run is None else
+              benchmark_executor.submit(runner, **submitit_run))
     if not args.no_latency:
         n = runner.measure_latency()
         if n:
@@ -364,6 +441,24 @@ def command(args) -> int:
     print(f'zoo benchmark: {summary}' + (f'; {len(failed)} job(s) failed (see `zoo results --runs --db {db}`; '
                                           f'--retry-failed runs them again)' if failed else ''), file=sys.stderr)
     return 1 if failed else 0
+
+
+def only_groups(bench: Benchmark, names: list[str]) -> Benchmark:
+    """The benchmark restricted to ``names`` and the groups they fine-tune from (``pretrained_from``)."""
+    import dataclasses
+
+    from .benchmark_spec import _close
+
+    keep = []
+    for n in names:
+        if n not in bench.groups:
+            raise BenchmarkError(f'no group {n!r} in {bench.path}{_close(n, list(bench.groups))}')
+        while n is not None and n not in keep:
+            keep.append(n)
+            pf = bench.groups[n].pretrained_from
+            n = pf['group'] if pf else None
+    across = {k: v for k, v in bench.across.items() if set(v['groups']) <= set(keep)}
+    return dataclasses.replace(bench, groups={k: g for k, g in bench.groups.items() if k in keep}, across=across)
 
 
 def _exists(db: str) -> bool:
