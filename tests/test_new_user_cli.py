@@ -10,7 +10,7 @@ import os
 import re
 
 import pytest
-from zoo_cli import db_runs, error_line, tree, zoo
+from zoo_cli import db_runs, error_line, tree, zoo, zoo_in_process
 
 RECIPE = 'poolformer/poolformer_tiny_digits_15e'
 STEM = 'poolformer_tiny_digits_15e'
@@ -86,9 +86,11 @@ def test_bad_input_found_after_the_run_started_leaves_nothing(tmp_path, args, ex
 
 
 def test_a_run_that_trained_keeps_its_failed_folder_and_row(tmp_path):
-    """The other side of the rule: bad data met after a training step is a failed run, kept with its error."""
-    proc = zoo('fit', '-c', RECIPE, '--trainer.max_epochs=1', '--trainer.limit_train_batches=3', *QUIET,
-               '--trainer.callbacks+=interrupt_callback.FailAt', '--trainer.callbacks.init_args.step=1', cwd=tmp_path)
+    """The other side of the rule: bad data met after a training step is a failed run, kept with its error (in this
+    process: what the run left is checked; the refusals above run the command line)."""
+    proc = zoo_in_process('fit', '-c', RECIPE, '--trainer.max_epochs=1', '--trainer.limit_train_batches=3', *QUIET,
+                          '--trainer.callbacks+=interrupt_callback.FailAt', '--trainer.callbacks.init_args.step=1',
+                          cwd=tmp_path)
     assert proc.returncode == 2, proc.stderr[-3000:]
     [run] = [p for p in (tmp_path / 'runs' / STEM).iterdir()]
     assert json.loads((run / 'run.json').read_text())['status'] == 'failed'

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from zoo_cli import error_line, tree, zoo
+from zoo_cli import error_line, tree, zoo, zoo_in_process
 
 import zoo as zoo_lib
 
@@ -53,10 +53,11 @@ def _assert_graph_matches_card(path, card):
 
 @pytest.fixture(scope='module')
 def seg_run(tmp_path_factory):
-    """A segmentation recipe trained as a new user tries it: fewer samples (24) and one short epoch."""
+    """A segmentation recipe trained as a new user tries it: fewer samples (24) and one short epoch (in this
+    process: the tests are about what the export of the run writes)."""
     cwd = tmp_path_factory.mktemp('seg')
     (cwd / 'tiny_seg.yaml').write_text(SEG_RECIPE)
-    proc = zoo('fit', '-c', 'tiny_seg.yaml', '--data.num_samples', '24', *QUIET, cwd=cwd)
+    proc = zoo_in_process('fit', '-c', 'tiny_seg.yaml', '--data.num_samples', '24', *QUIET, cwd=cwd)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return cwd
 
@@ -64,8 +65,8 @@ def seg_run(tmp_path_factory):
 @pytest.fixture(scope='module')
 def det_run(tmp_path_factory):
     cwd = tmp_path_factory.mktemp('det')
-    proc = zoo('fit', '-c', DET, '--data.num_samples', '40', '--data.img_size', '64', '--data.batch_size', '8',
-               *QUIET, cwd=cwd)
+    proc = zoo_in_process('fit', '-c', DET, '--data.num_samples', '40', '--data.img_size', '64',
+                          '--data.batch_size', '8', *QUIET, cwd=cwd)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return cwd
 
@@ -73,7 +74,7 @@ def det_run(tmp_path_factory):
 def test_segmentation_card_records_the_run_its_classes_preprocessing_and_logits(seg_run):
     """Defect 5: the card held the recipe file's config (600 samples, 12 epochs), no class names, and
     described a segmenter's output in a detector's words; the graph named its batch s77 and its output otherwise."""
-    proc = zoo('export', '-c', 'tiny_seg.yaml', '--ckpt_path', 'best', '--out', 'seg.onnx', cwd=seg_run)
+    proc = zoo_in_process('export', '-c', 'tiny_seg.yaml', '--ckpt_path', 'best', '--out', 'seg.onnx', cwd=seg_run)
     assert proc.returncode == 0, proc.stderr[-3000:]
     card = json.loads((seg_run / 'seg.onnx.json').read_text())
     [run] = [p for p in (seg_run / 'runs' / 'tiny_seg').iterdir() if not p.is_symlink()]
@@ -118,7 +119,7 @@ def test_nms_on_a_segmenter_is_one_line_and_writes_nothing(seg_run):
 
 def test_detection_card_has_class_names_and_the_letterbox(det_run):
     """Defect 5: class_names was null and no preprocessing said how to map boxes back to the file's pixels."""
-    proc = zoo('export', '-c', DET, '--ckpt_path', 'best', '--out', 'det.onnx', cwd=det_run)
+    proc = zoo_in_process('export', '-c', DET, '--ckpt_path', 'best', '--out', 'det.onnx', cwd=det_run)
     assert proc.returncode == 0, proc.stderr[-3000:]
     card = json.loads((det_run / 'det.onnx.json').read_text())
     assert card['class_names'] == ['circle', 'triangle', 'square', 'star', 'cross', 'ring']
@@ -131,7 +132,7 @@ def test_detection_card_has_class_names_and_the_letterbox(det_run):
     assert card['outputs'][0]['shape'] == ['batch', 4 * 16 + 6, 8, 8]
     _assert_graph_matches_card(det_run / 'det.onnx', card)
 
-    proc = zoo('export', '-c', DET, '--nms', '--out', 'deploy.onnx', cwd=det_run)
+    proc = zoo_in_process('export', '-c', DET, '--nms', '--out', 'deploy.onnx', cwd=det_run)
     assert proc.returncode == 0, proc.stderr[-3000:]
     card = json.loads((det_run / 'deploy.onnx.json').read_text())
     [out] = card['outputs']
@@ -142,7 +143,7 @@ def test_detection_card_has_class_names_and_the_letterbox(det_run):
 def test_graph_names_its_input_output_and_batch_as_the_card(tmp_path):
     """The graph named its batch dimension s77 and its output linear while the card said batch and logits."""
     torch.save(zoo_lib.create('resnet_tiny').state_dict(), tmp_path / 'w.pth')
-    proc = zoo('export', 'resnet_tiny', '--ckpt_path', 'w.pth', '--out', 'r.onnx', cwd=tmp_path)
+    proc = zoo_in_process('export', 'resnet_tiny', '--ckpt_path', 'w.pth', '--out', 'r.onnx', cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert _graph_names(tmp_path / 'r.onnx') == (['input'], ['logits'], ['batch', 'batch'])
     card = json.loads((tmp_path / 'r.onnx.json').read_text())

@@ -19,7 +19,7 @@ import torch
 import yaml
 from PIL import Image
 
-from zoo_cli import db_runs, error_line, tree, zoo
+from zoo_cli import db_runs, error_line, tree, zoo, zoo_in_process
 
 pytestmark = pytest.mark.xdist_group('test_new_user_predict')
 
@@ -34,13 +34,15 @@ def _recipe(root: Path, name: str, model: dict, data: dict) -> Path:
 
 
 def _fit(root: Path, recipe: Path) -> None:
-    proc = zoo('fit', '-c', recipe, *QUIET, cwd=root)
+    """``zoo fit`` in this process: the tests check what the fitted run predicts, not the command line of the fit."""
+    proc = zoo_in_process('fit', '-c', recipe, *QUIET, cwd=root)
     assert proc.returncode == 0, proc.stderr
 
 
 def _predict(root: Path, recipe: Path, *args) -> Path:
-    """``zoo predict`` of the latest fit: the new run folder, which the closing line names."""
-    proc = zoo('predict', '-c', recipe, '--ckpt_path', 'last', *QUIET, *args, cwd=root)
+    """``zoo predict`` of the latest fit: the new run folder, which the closing line names. In this process: the
+    tests check the files it writes (the bad-input tests below run the command line itself)."""
+    proc = zoo_in_process('predict', '-c', recipe, '--ckpt_path', 'last', *QUIET, *args, cwd=root)
     assert proc.returncode == 0, proc.stderr
     runs = root / 'runs' / recipe.stem
     run = max(p for p in runs.iterdir() if p.is_dir() and not p.is_symlink())

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 import yaml
 from PIL import Image
-from zoo_cli import error_line, tree, zoo
+from zoo_cli import error_line, tree, zoo, zoo_in_process
 
 pytestmark = pytest.mark.xdist_group('test_new_user_results')
 
@@ -77,12 +77,13 @@ def _recipe(path: Path, data_class: str, data_args: dict) -> Path:
 @pytest.fixture(scope='module')
 def two_datasets(tmp_path_factory):
     """One tiny segmentation run on an ADE20K-layout folder and one on a VOC-layout folder, both named ``data``
-    (a new user's first two datasets), recorded in one results database by ``zoo fit``."""
+    (a new user's first two datasets), recorded in one results database by ``zoo fit`` (in this process: the tests
+    read what the fits recorded)."""
     work = tmp_path_factory.mktemp('two_datasets')
     ade, voc = _ade(work / 'ade' / 'data'), _voc(work / 'voc' / 'data')
     for name, cls, root in (('on_ade', 'zoo.datasets.ADE20KDataModule', ade),
                             ('on_voc', 'zoo.datasets.VOCSegDataModule', voc)):
-        proc = zoo('fit', '-c', _recipe(work / f'{name}.yaml', cls, {'root': str(root)}), cwd=work)
+        proc = zoo_in_process('fit', '-c', _recipe(work / f'{name}.yaml', cls, {'root': str(root)}), cwd=work)
         assert proc.returncode == 0, proc.stderr[-3000:]
     return work
 

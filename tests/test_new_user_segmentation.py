@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import yaml
 from PIL import Image
-from zoo_cli import db_runs, error_line, tree, zoo
+from zoo_cli import db_runs, error_line, tree, zoo, zoo_in_process
 
 pytestmark = pytest.mark.xdist_group('test_new_user_segmentation')
 
@@ -34,12 +34,13 @@ def _recipe(folder, data: dict, **trainer) -> str:
 # ------------------------------------------------------------------------------------ 1: zoo test --runtime
 @pytest.fixture(scope='module')
 def trained(tmp_path_factory):
-    """A tiny segmenter on shapes_seg (64 px), fit for a few batches: the folder holding its recipe and run."""
+    """A tiny segmenter on shapes_seg (64 px), fit for a few batches: the folder holding its recipe and run. Fit and
+    tested in this process: the tests check the test metrics recorded, not the command line."""
     folder = tmp_path_factory.mktemp('seg_runtime')
     _recipe(folder, {'class_path': 'zoo.datasets.ShapesSegDataModule',
                      'init_args': {'img_size': 64, 'batch_size': 2, 'num_samples': 100, 'min_px': 12, 'max_px': 32}},
             limit_train_batches=8, limit_val_batches=1)
-    proc = zoo('fit', '-c', 'seg.yaml', cwd=folder)
+    proc = zoo_in_process('fit', '-c', 'seg.yaml', cwd=folder)
     assert proc.returncode == 0, proc.stderr
     return folder
 
@@ -60,7 +61,7 @@ def test_zoo_test_in_a_runtime_records_the_eager_miou(trained, runtime, model_ar
     args = ('test', '-c', 'seg.yaml', '--ckpt_path', 'best', '--model.model_args', model_args)
     before = len(_tests(trained))
     for extra in ((), ('--runtime', runtime)):
-        proc = zoo(*args, *extra, cwd=trained)
+        proc = zoo_in_process(*args, *extra, cwd=trained)
         assert proc.returncode == 0 and 'Traceback' not in proc.stderr, proc.stderr[-3000:]
     rows = _tests(trained).iloc[before:].set_index('runtime')
     assert sorted(rows.index) == sorted(['eager', runtime])
@@ -138,10 +139,10 @@ def test_language_model_test_in_onnxruntime_records_the_eager_loss(tmp_path):
     small = ('--trainer.max_steps', '3', '--data.train_windows', '96', '--data.val_windows', '16',
              '--data.batch_size', '16', '--trainer.val_check_interval', '3', '--trainer.enable_progress_bar', 'false',
              '--trainer.enable_model_summary', 'false')
-    assert zoo('fit', '-c', 'lm/llama_tiny_copy', *small, cwd=tmp_path).returncode == 0
+    assert zoo_in_process('fit', '-c', 'lm/llama_tiny_copy', *small, cwd=tmp_path).returncode == 0
     for extra in ((), ('--runtime', 'onnxruntime')):
-        proc = zoo('test', '-c', 'lm/llama_tiny_copy', '--ckpt_path', 'best', *small, '--trainer.precision',
-                   'bf16-mixed', *extra, cwd=tmp_path)
+        proc = zoo_in_process('test', '-c', 'lm/llama_tiny_copy', '--ckpt_path', 'best', *small, '--trainer.precision',
+                              'bf16-mixed', *extra, cwd=tmp_path)
         assert proc.returncode == 0 and 'Traceback' not in proc.stderr, proc.stderr[-3000:]
     rows = _tests(tmp_path).set_index('runtime')
     eager, ort = rows.loc['eager', 'test/loss'], rows.loc['onnxruntime', 'test/loss']

@@ -8,7 +8,7 @@ import shlex
 from pathlib import Path
 
 import yaml
-from zoo_cli import ROOT, error_line, tree, zoo
+from zoo_cli import ROOT, error_line, tree, zoo, zoo_in_process
 
 RECIPE = 'poolformer/poolformer_tiny_digits_15e'
 STEM = 'poolformer_tiny_digits_15e'
@@ -29,9 +29,11 @@ def _studies(db: Path) -> list[str]:
 
 
 def test_trials_run_in_folders_of_their_own_and_the_recipe_keeps_its_best(tmp_path):
+    """Where the runs go and which checkpoint ``best`` names: the sweep, the tests and the fit run in this process;
+    the one refused command runs as the command line."""
     sweep = write_sweep(tmp_path, "{'model.init_args.optimizer.init_args.lr': "
                                   "trial.suggest_float('lr', 1e-3, 1e-2, log=True)}")
-    proc = zoo('sweep', sweep, '--n-trials', '2', '--trial-args', shlex.join(FAST), cwd=tmp_path)
+    proc = zoo_in_process('sweep', sweep, '--n-trials', '2', '--trial-args', shlex.join(FAST), cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
     runs = tmp_path / 'runs'
     assert not (runs / STEM).exists(), tree(runs)      # nothing in the recipe's own runs, no `latest` moved
@@ -44,24 +46,25 @@ def test_trials_run_in_folders_of_their_own_and_the_recipe_keeps_its_best(tmp_pa
     assert none.returncode == 2 and f"no run of {STEM!r}" in error_line(none)
     # a trial's run is testable with its own config and checkpoint (docs/results.md, "Sweeps")
     trial = runs / 'sweeps' / 'lr' / 'trial-1' / STEM / 'latest'
-    tested = zoo('test', '-c', trial / 'config.yaml', '--ckpt_path', trial / 'checkpoints' / 'last.ckpt',
-                 '--trainer.limit_test_batches=1', '--trainer.enable_progress_bar=false', cwd=tmp_path)
+    tested = zoo_in_process('test', '-c', trial / 'config.yaml', '--ckpt_path', trial / 'checkpoints' / 'last.ckpt',
+                            '--trainer.limit_test_batches=1', '--trainer.enable_progress_bar=false', cwd=tmp_path)
     assert tested.returncode == 0 and 'test/acc1' in tested.stdout, tested.stderr[-3000:]
     # once the recipe is fitted, `best` is that fit's, whatever the sweep did before
-    fit = zoo('fit', '-c', RECIPE, *FAST, cwd=tmp_path)
+    fit = zoo_in_process('fit', '-c', RECIPE, *FAST, cwd=tmp_path)
     assert fit.returncode == 0, fit.stderr[-3000:]
     own = [p for p in (runs / STEM).iterdir() if not p.is_symlink()]
     assert len(own) == 1
-    best = zoo('test', '-c', RECIPE, '--ckpt_path', 'best', '--trainer.limit_test_batches=1',
-               '--trainer.enable_progress_bar=false', cwd=tmp_path)
+    best = zoo_in_process('test', '-c', RECIPE, '--ckpt_path', 'best', '--trainer.limit_test_batches=1',
+                          '--trainer.enable_progress_bar=false', cwd=tmp_path)
     assert best.returncode == 0, best.stderr[-3000:]
     assert f'--ckpt_path best is {own[0]}/checkpoints/best-' in best.stderr, best.stderr[-3000:]
 
 
 def test_a_shipped_sweep_is_found_by_name_from_any_folder(tmp_path):
-    # --timeout 0: the study is created (the file was found and loaded) and no trial is started
+    # --timeout 0: the study is created (the file was found and loaded) and no trial is started; in this process
+    # (what is checked is which file was found), the misspelt name below through the command line
     for i, name in enumerate(['poolformer_digits', 'recipes/sweeps/poolformer_digits.py']):
-        proc = zoo('sweep', name, '--study-name', f'by-name-{i}', '--timeout', '0', cwd=tmp_path)
+        proc = zoo_in_process('sweep', name, '--study-name', f'by-name-{i}', '--timeout', '0', cwd=tmp_path)
         assert proc.returncode == 0, proc.stderr[-3000:]
     assert sorted(_studies(tmp_path / 'zoo-results.db')) == ['by-name-0', 'by-name-1']
     before = tree(tmp_path)
@@ -103,9 +106,10 @@ def test_benchmark_run_and_report_write_beside_the_working_folder(tmp_path):
         'task': 'classification', 'dataset': 'digits', 'recipe': RECIPE, 'overrides': fast, 'seeds': [0],
         'entries': {'pooling': {'model.model_args': {'token_mixer': 'pooling', 'dims': [8, 8, 8, 8],
                                                      'depths': [1, 1, 1, 1]}}}}}}, sort_keys=False))
-    ran = zoo('benchmark', 'run', spec, '--no-latency', cwd=user)
+    # run and report in this process (where they write is checked; the run's fit is a subprocess of its own)
+    ran = zoo_in_process('benchmark', 'run', spec, '--no-latency', cwd=user)
     assert ran.returncode == 0, ran.stderr[-3000:]
-    reported = zoo('benchmark', 'report', spec, cwd=user)
+    reported = zoo_in_process('benchmark', 'report', spec, cwd=user)
     assert reported.returncode == 0, reported.stderr[-3000:]
     assert (user / 'benchmarks' / 'tiny.db').is_file() and (user / 'docs' / 'benchmarks' / 'tiny.md').is_file()
     assert tree(home) == {'benchmarks', 'benchmarks/tiny.yaml'}       # nothing beside the benchmark's file
