@@ -4,7 +4,8 @@ report prints. The statistics are ``zoo.eval.results.decide``'s; this module onl
 For each claim of each group: the two entries' finished runs by seed (``by_seed``), their difference (paired by
 seed when the claim says ``paired: true``, else Welch), the raw verdict against the paper's effect or margin, the
 convergence gate on every seed's validation curve of both entries (``decide.undertrained``: the last check's gain
-against the claim interval's half-width, and the group's floor), Holm's adjustment across every decided-able
+against the claim interval's half-width, or the margin of a '~' / '>=' claim when that is larger, and the group's
+floor), Holm's adjustment across every decided-able
 claim of the page, and, for a claim still inconclusive, the seeds it would need at the observed spread.
 
 The gate reads the claim's metric at each validation check (``zoo_metrics`` rows that are not ``final``). A claim
@@ -137,7 +138,9 @@ def decide_claims(bench: Benchmark, df, store) -> list[ClaimResult]:
             else:
                 r.raw = decide.verdict((list(a.values()), list(b.values())), direction=c.compare, effect=c.effect,
                                        margin=c.margin, paired=False)
-            half = r.raw.half_width if r.raw.n >= 2 else math.inf
+            # the resolution of the decision: the interval's half-width, and for '~' / '>=' at least the margin
+            # (two entries identical seed for seed have a zero-width interval, which no curve could stay under)
+            half = max(r.raw.half_width, c.margin or 0.0) if r.raw.n >= 2 else math.inf
             r.gate = _gate(store, df, g, c, half)
     tested = [r for r in out if r.testable]
     h = decide.holm([r.raw.p for r in tested])

@@ -230,6 +230,36 @@ def _latency_conditions(df) -> str:
             '(`zoo bench`, models interleaved in one process)')
 
 
+def _latency_environment(store, df) -> str:
+    """The ISA flags and library versions of the trusted latency records of this benchmark's networks (a figure
+    means little without them: AMX, AVX-512 VNNI and the runtimes' versions move it)."""
+    import json
+
+    from zoo.eval.bench import trusted
+
+    lat = store.latency()
+    if lat.empty or 'arch_fingerprint' not in df.columns:
+        return ''
+    lat = trusted(lat[lat.arch_fingerprint.isin(set(df.arch_fingerprint.dropna())) & (lat.source == 'bench')])
+    if lat is None or lat.empty:
+        return ''
+    isa, versions = set(), {}
+    for flags, ver in zip(lat.isa, lat.versions):
+        for v, into in ((flags, 'isa'), (ver, 'versions')):
+            if isinstance(v, str):
+                try:
+                    v = json.loads(v)
+                except ValueError:
+                    continue
+            if into == 'isa' and isinstance(v, list):
+                isa |= set(map(str, v))
+            elif into == 'versions' and isinstance(v, dict):
+                for k, x in v.items():
+                    versions.setdefault(str(k), set()).add(str(x))
+    ver = '; '.join(f'{k} {", ".join(sorted(v))}' for k, v in sorted(versions.items()))
+    return (f'ISA flags: {", ".join(sorted(isa)) or "not recorded"}. Versions: {ver or "not recorded"}.')
+
+
 def across_table(bench: Benchmark, label: str, df) -> list[dict]:
     """Every entry's final metric relative to the reference entry's mean in each group (1.0 = the reference;
     ``decide.normalised``), so a dataset at 0.95 and one at 0.56 weigh alike; the mean over groups of the
@@ -291,7 +321,15 @@ def write_report(bench: Benchmark, db: str, out: str | Path | None = None) -> Pa
               'mean over seeds with its 95 % interval (arcsine scale for a metric in [0, 1], else Student\'s t). '
               'Training time: the sum of the training epochs\' wall time (validation excluded), mean over seeds.',
               '']
+    env = _latency_environment(store, df)
+    if env:
+        lines += [env, '']
     claims = decide_claims(bench, df, store)
+    if claims:
+        lines += ['## What the benchmark decides', '', SUMMARY_BEGIN, verdict_table(claims, df), SUMMARY_END, '',
+                  'One row per claim (details, Holm-adjusted verdicts and the seeds each took: "Claims of the '
+                  'papers" below). Latency: each network\'s fastest runtime at batch 16, a over b; training time: '
+                  'the mean over seeds, a over b.', '']
     for g in bench.groups.values():
         rows = df[df.group == g.name]
         table, board, failed_latency = group_table(g, rows, failures)
@@ -331,13 +369,14 @@ def write_report(bench: Benchmark, db: str, out: str | Path | None = None) -> Pa
         lines += ['## Claims of the papers, measured here', '',
                   'Each claim compares two entries of its group on the interval of a - b at 95 % (paired by seed '
                   'where a seed fixes initialisation, data order and checkpoint; else Welch). Verdicts: **holds** '
-                  '(the interval excludes 0 and not the paper\'s effect; for `~`, it lies inside ±margin: TOST); '
-                  '**smaller than claimed** (it excludes the paper\'s effect from below); **does not hold** (it '
-                  'lies against the claim, or outside ±margin); **inconclusive** (otherwise); **undertrained** (an '
-                  'entry\'s validation curve still rose by more than the interval\'s half-width at its last check, '
-                  'or ended at its floor: more steps decide it, not a verdict). Holm: the verdict re-decided at '
-                  'Holm\'s step-down error across every claim of this page. Seeds it would need: at the observed '
-                  'spread, for the interval to reach a verdict (a claim still inconclusive at its cap).', '',
+                  '(the interval excludes 0 and not the paper\'s effect; for `~`, it lies inside ±margin: TOST; '
+                  'for `>=`, above -margin); **smaller than claimed** (it excludes the paper\'s effect from below); '
+                  '**does not hold** (it lies against the claim, or outside the margin); **inconclusive** '
+                  '(otherwise); **undertrained** (an entry\'s validation curve still rose at its last check by more '
+                  'than the interval\'s half-width, or a `~` / `>=` claim\'s margin when larger, or ended at its '
+                  'floor: more steps decide it, not a verdict). Holm: the verdict re-decided at Holm\'s step-down '
+                  'error across every claim of this page. Seeds it would need: at the observed spread, for the '
+                  'interval to reach a verdict (a claim still inconclusive at its cap).', '',
                   _md_table(claims_table(claims)), '']
     if bench.recheck:
         lines += stability_section(bench, results.data(db=store, status=None), store, claims)
@@ -378,6 +417,38 @@ def stability_section(bench: Benchmark, df_all, store, claims) -> list[str]:
             f'`zoo benchmark run {bench.name} --fresh-seeds` decides the claims of '
             f'{", ".join(bench.recheck["groups"])} again on seeds no verdict here has seen, by the same rule.', '',
             _md_table(rows), '']
+
+
+SUMMARY_BEGIN, SUMMARY_END = '<!-- verdicts: begin -->', '<!-- verdicts: end -->'
+
+
+def verdict_table(claims, df) -> str:
+    """The decided results as one short Markdown table: which entry wins, by how much (the interval of a - b), at
+    what latency and training-time cost (a over b); what the README's front page shows (between SUMMARY_BEGIN and
+    SUMMARY_END, checked by the tests against the committed database)."""
+    rows = []
+    for r in claims:
+        c, g = r.claim, r.group
+        if c.not_tested:
+            rows.append({'claim (paper)': f'{c.title or c.claim} ({c.paper.split(",")[0]})', 'a vs b': '', 'verdict':
+                         'not tested on a CPU', 'a - b (95 % CI)': '', 'latency a/b': '', 'training time a/b': ''})
+            continue
+        ok = df[(df.group == g.name) & (df.status == 'finished')]
+        lat, train = [], []
+        for e in c.entries:
+            mine = ok[ok.entry == e]
+            lat.append(fastest(mine, g.runtimes, max(g.batch_sizes))[0])
+            train.append(float(mine.train_time_s.astype(float).mean()) if len(mine) else None)
+        ratio = (lambda x: '' if None in x or not x[1] or x[0] != x[0] or x[1] != x[1] else f'{x[0] / x[1]:.2f}x')
+        v = r.raw
+        rows.append({'claim (paper)': f'{c.title or c.claim} ({c.paper.split(",")[0]})',
+                     'a vs b': f'{c.entries[0]} {c.compare} {c.entries[1]}',
+                     'verdict': r.status if r.adjusted is None or r.adjusted.verdict == r.status
+                     else f'{r.status} (Holm: {r.adjusted.verdict})',
+                     'a - b (95 % CI)': '' if v is None or v.n < 2 else
+                     f'{v.estimate:+.4g} [{v.low:+.4g}, {v.high:+.4g}] {c.metric}, n={v.n}',
+                     'latency a/b': ratio(lat), 'training time a/b': ratio(train)})
+    return _md_table(rows)
 
 
 def _diff(r) -> str:

@@ -53,7 +53,8 @@ RECHECK_KEYS = ('seeds_from', 'groups')
 GROUP_KEYS = ('task', 'dataset', 'recipe', 'overrides', 'metric', 'entries', 'seeds', 'batch_sizes', 'runtimes',
               'pretrained_from', 'claims', 'description', 'floor')
 DEFAULT_KEYS = ('seeds', 'batch_sizes', 'runtimes', 'overrides')
-CLAIM_KEYS = ('claim', 'paper', 'metric', 'compare', 'entries', 'margin', 'effect', 'paired', 'not_tested', 'note')
+CLAIM_KEYS = ('claim', 'title', 'paper', 'metric', 'compare', 'entries', 'margin', 'effect', 'paired', 'not_tested',
+              'note')
 SEED_KEYS = ('min', 'max')
 ACROSS_KEYS = ('groups', 'reference')
 PRETRAINED_KEYS = ('group', 'entry', 'arg')
@@ -80,6 +81,7 @@ class Claim:
     paired: bool = False
     not_tested: str = ''               # why a CPU cannot test it (then nothing is compared)
     note: str = ''                     # what the CPU-scale test changes from the paper's conditions
+    title: str = ''                    # a few words for the front page's table (default: the claim)
 
 
 @dataclass(frozen=True)
@@ -372,7 +374,7 @@ def _claim(where: str, c, entries: dict, metric: str) -> Claim:
     if 'claim' not in c:
         raise BenchmarkError(f'{where}: missing {"claim"!r} (the claim as the paper states it)')
     common = dict(claim=str(c['claim']), metric=str(c.get('metric') or metric), paper=str(c.get('paper') or ''),
-                  note=str(c.get('note') or ''))
+                  note=str(c.get('note') or ''), title=str(c.get('title') or ''))
     if c.get('not_tested'):
         extra = [k for k in ('compare', 'entries', 'margin', 'effect', 'paired') if k in c]
         if extra:

@@ -188,12 +188,12 @@ def test_the_runner_adds_a_seed_to_an_undecided_claim_and_stops_at_the_cap(tmp_p
     assert '](seq/mixers_time.svg)' in text and (tmp_path / 'docs' / 'benchmarks' / 'seq' / 'mixers_time.svg').exists()
 
 
-def _write_runs(store, b, values: dict) -> None:
+def _write_runs(store, b, values: dict, group: str = 'mixers') -> None:
     """One finished run per (entry, seed) with its curve of val/acc1 (the last value is also the final one)."""
     for (entry, seed), curve in values.items():
-        job = b.job('mixers', entry, seed)
-        rid = store.start_run('metaformer_tiny', task='classification', dataset='digits', seed=seed,
-                              hparams={'benchmark': {'name': b.name, 'group': 'mixers', 'entry': entry,
+        job = b.job(group, entry, seed)
+        rid = store.start_run('metaformer_tiny', task='classification', dataset=b.groups[group].dataset, seed=seed,
+                              hparams={'benchmark': {'name': b.name, 'group': group, 'entry': entry,
                                                      'key': job.key}})
         for i, v in enumerate(curve):
             store.log_metrics(rid, {'val/acc1': v}, epoch=i, step=i)
@@ -246,3 +246,31 @@ def test_bad_recheck_sections(tmp_path, recheck, message):
     path.write_text(yaml.safe_dump(raw))
     with pytest.raises(BenchmarkError, match=message):
         load(str(path))
+
+
+def test_across_tables_are_relative_to_the_reference_entry(tmp_path):
+    """Two groups at different levels (digits around 0.9, shapes around 0.5): every entry's mean over the
+    reference's mean per group, then the mean over groups; the 6 runs pooled get a percentile bootstrap.
+    By hand: pooling 0.90/0.91/0.92 over identity's mean 0.61 = 1.4918; on shapes 0.55/0.56/0.57 over 0.50 =
+    1.12; mean over groups 1.3059."""
+    from zoo.recipes.benchmark_report import across_table
+
+    path = spec(tmp_path, [], seeds=[0, 1, 2])
+    raw = yaml.safe_load(path.read_text())
+    raw['groups']['shapes'] = {**raw['groups']['mixers'], 'dataset': 'shapes'}
+    raw['across'] = {'both': {'groups': ['mixers', 'shapes'], 'reference': 'identity'}}
+    path.write_text(yaml.safe_dump(raw))
+    b = load(str(path))
+    store = R.open_db(str(tmp_path / 'r.db'))
+    _write_runs(store, b, {('pooling', s): [v] for s, v in zip((0, 1, 2), (0.90, 0.91, 0.92))}
+                | {('identity', s): [v] for s, v in zip((0, 1, 2), (0.60, 0.61, 0.62))})
+    _write_runs(store, b, {('pooling', s): [v] for s, v in zip((0, 1, 2), (0.55, 0.56, 0.57))}
+                | {('identity', s): [0.5] for s in (0, 1, 2)}, group='shapes')
+    df = BC.current(b, R.data(db=store, status=None), store)
+    rows = across_table(b, 'both', df)
+    assert [r['entry'] for r in rows] == ['pooling', 'identity']
+    assert rows[0]['mixers (x identity)'] == '1.492' and rows[0]['shapes (x identity)'] == '1.120'
+    assert rows[0]['mean over groups'] == '1.306' and rows[1]['mean over groups'] == '1.000'
+    lo, hi = (float(x) for x in rows[0]['95 % bootstrap (6 runs)'].strip('[]').split(', '))
+    assert 1.09 < lo < 1.306 < hi < 1.51
+    R.close_all()

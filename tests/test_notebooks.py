@@ -170,17 +170,20 @@ def _benchmark_db(tmp_path: Path) -> tuple[Path, Path]:
         'entries': {m: {'model.name': 'metaformer_tiny', 'model.model_args': {'token_mixer': m}}
                     for m in ('pooling', 'attention')},
         'claims': [{'claim': 'attention beats pooling', 'compare': '>', 'entries': ['attention', 'pooling']}]}},
-        'across': {'classification': ['mixers']}}
+        'across': {'classification': {'groups': ['mixers'], 'reference': 'pooling'}}}
     path = tmp_path / 'benchmarks' / 'nb.yaml'
     path.parent.mkdir()
     path.write_text(yaml.safe_dump(spec))
+    from zoo.recipes.benchmark_spec import load
+    bench = load(str(path))
     db_path = tmp_path / 'benchmarks' / 'nb.db'
     db = R.open_db(str(db_path))
     for mixer, accs, ms in (('pooling', (0.90, 0.91, 0.92), 1.0), ('attention', (0.95, 0.96, 0.97), 3.0)):
         for seed, acc in enumerate(accs):
             rid = db.start_run('metaformer_tiny', task='classification', dataset='digits', seed=seed,
                                hparams={'model_args': {'token_mixer': mixer}, 'benchmark': {
-                                   'name': 'nb', 'group': 'mixers', 'entry': mixer, 'key': f'{mixer}{seed}'}},
+                                   'name': 'nb', 'group': 'mixers', 'entry': mixer,
+                                   'key': bench.job('mixers', mixer, seed).key}},
                                params=1000, macs=2_000_000, arch_fingerprint=f'fp-{mixer}')
             db.log_metrics(rid, {'val/acc1': acc, 'train/epoch_time_s': 1.0}, epoch=0)
             db.log_metrics(rid, {'val/acc1': acc}, final=True)
@@ -198,7 +201,7 @@ def test_benchmark_notebook_draws_the_report_from_a_database(tmp_path):
     assert 'benchmark: nb | 1 groups, 6 jobs' in text and "6 runs; {'finished': 6}" in text
     assert 'mixers: classification on digits, metric val/acc1' in text
     assert '0.9600 [' in text and 'attention beats pooling' in text and "verdicts: {'holds': 1}" in text
-    assert 'classification: val/acc1 over mixers' in text
+    assert 'classification: val/acc1 over mixers relative to pooling' in text and '1.055' in text   # 0.96 / 0.91
     assert_readable(report, 'benchmark.ipynb', 1)
 
 
