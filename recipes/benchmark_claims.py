@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 from .benchmark_spec import Benchmark, Claim, Group
 
-UNDERTRAINED, NOT_TESTED = 'undertrained', 'not tested on a CPU'
+UNDERTRAINED, NOT_TESTED, NOT_RUN = 'undertrained', 'not tested on a CPU', 'not run yet'
 
 
 @dataclass
@@ -41,6 +41,8 @@ class ClaimResult:
             return NOT_TESTED
         if self.gate:
             return UNDERTRAINED
+        if not (self.n_a and self.n_b):
+            return NOT_RUN
         return self.raw.verdict
 
     @property

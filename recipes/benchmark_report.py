@@ -197,7 +197,7 @@ def claims_table(results) -> list[dict]:
                   f'{"paired by seed" if c.paired else "unpaired (Welch)"}{target}')
         measured = (f'{_num(r.mean_a)} vs {_num(r.mean_b)}' if r.n_a and r.n_b else 'no finished runs')
         diff = (f'{_num(v.estimate)} [{_num(v.low)}, {_num(v.high)}]' if v.n >= 2 else '')
-        verdict = (f'undertrained ({r.gate})' if r.gate else
+        verdict = (f'undertrained ({r.gate})' if r.gate else r.status if not (r.n_a and r.n_b) else
                    v.verdict + (f' ({v.why})' if v.why else ''))
         holm = '' if r.adjusted is None else r.adjusted.verdict
         out.append({**row, 'tested here': tested, 'a vs b': measured, 'difference a - b (95 % CI)': diff,
@@ -390,6 +390,9 @@ def write_report(bench: Benchmark, db: str, out: str | Path | None = None) -> Pa
     text = '\n'.join(lines).rstrip() + '\n'
     md_path.parent.mkdir(parents=True, exist_ok=True)
     md_path.write_text(text)
+    for old in fig_dir.glob('*.svg'):       # the figures of groups the file no longer has
+        if f']({bench.name}/{old.name})' not in text:
+            old.unlink()
     return md_path
 
 
@@ -430,7 +433,7 @@ def verdict_table(claims, df) -> str:
     for r in claims:
         c, g = r.claim, r.group
         if c.not_tested:
-            rows.append({'claim (paper)': f'{c.title or c.claim} ({c.paper.split(",")[0]})', 'a vs b': '', 'verdict':
+            rows.append({'claim (paper)': _title(c), 'a vs b': '', 'verdict':
                          'not tested on a CPU', 'a - b (95 % CI)': '', 'latency a/b': '', 'training time a/b': ''})
             continue
         ok = df[(df.group == g.name) & (df.status == 'finished')]
@@ -441,7 +444,7 @@ def verdict_table(claims, df) -> str:
             train.append(float(mine.train_time_s.astype(float).mean()) if len(mine) else None)
         ratio = (lambda x: '' if None in x or not x[1] or x[0] != x[0] or x[1] != x[1] else f'{x[0] / x[1]:.2f}x')
         v = r.raw
-        rows.append({'claim (paper)': f'{c.title or c.claim} ({c.paper.split(",")[0]})',
+        rows.append({'claim (paper)': _title(c),
                      'a vs b': f'{c.entries[0]} {c.compare} {c.entries[1]}',
                      'verdict': r.status if r.adjusted is None or r.adjusted.verdict == r.status
                      else f'{r.status} (Holm: {r.adjusted.verdict})',
@@ -449,6 +452,12 @@ def verdict_table(claims, df) -> str:
                      f'{v.estimate:+.4g} [{v.low:+.4g}, {v.high:+.4g}] {c.metric}, n={v.n}',
                      'latency a/b': ratio(lat), 'training time a/b': ratio(train)})
     return _md_table(rows)
+
+
+def _title(c: Claim) -> str:
+    """'title (first author)' for the front page's table."""
+    who = c.paper.split(',')[0].strip()
+    return f'{c.title or c.claim} ({who})' if who else (c.title or c.claim)
 
 
 def _diff(r) -> str:

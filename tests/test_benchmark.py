@@ -293,6 +293,12 @@ def test_the_published_paper_blocks_report_is_what_its_shipped_database_gives(tm
     R.close_all()
     published = ROOT / 'docs' / 'benchmarks'
     assert md.read_text() == (published / 'paper_blocks.md').read_text()
+    # the README's front-page table is the page's "What the benchmark decides" block, word for word
+    from zoo.recipes.benchmark_report import SUMMARY_BEGIN, SUMMARY_END
+
+    def block(text):
+        return text[text.index(SUMMARY_BEGIN):text.index(SUMMARY_END) + len(SUMMARY_END)]
+    assert block((ROOT / 'README.md').read_text()) == block(md.read_text())
     figures = sorted(p.name for p in (tmp_path / 'paper_blocks').glob('*.svg'))
     assert figures == sorted(p.name for p in (published / 'paper_blocks').glob('*.svg')) and len(figures) >= 6
     for name in figures:

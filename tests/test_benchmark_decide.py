@@ -182,7 +182,9 @@ def test_the_runner_adds_a_seed_to_an_undecided_claim_and_stops_at_the_cap(tmp_p
     assert main(['benchmark', 'report', 'seq']) == 0
     R.close_all()
     text = (tmp_path / 'docs' / 'benchmarks' / 'seq.md').read_text()
-    row = next(line for line in text.splitlines() if 'pooling equals identity' in line)
+    row = next(line for line in text.splitlines() if 'pooling equals identity' in line and 'paired by seed' in line)
+    summary = next(line for line in text.splitlines() if line.startswith('| pooling equals identity |'))
+    assert '| pooling ~ identity | inconclusive |' in summary and 'val/loss, n=3' in summary, summary
     assert '| inconclusive' in row and '3 of 3' in row and 'paired by seed' in row, row
     assert '| ~' in row, row                                        # the seeds the spread would need
     assert '](seq/mixers_time.svg)' in text and (tmp_path / 'docs' / 'benchmarks' / 'seq' / 'mixers_time.svg').exists()
