@@ -388,18 +388,19 @@ def command(args) -> int:
         print(f'zoo benchmark: error: {e}', file=sys.stderr)
         return 2
     db = args.db or default_db(bench)
-    if getattr(args, 'group', None):
-        try:
-            bench = only_groups(bench, args.group)
-        except BenchmarkError as e:
-            print(f'zoo benchmark: error: {e}', file=sys.stderr)
-            return 2
-    if args.action == 'run' and args.fresh_seeds:
-        try:
+    if args.action == 'report' and (args.group or args.fresh_seeds):
+        # the page is the whole file's: a partial one written over it would lose its other groups
+        print('zoo benchmark: error: --group and --fresh-seeds select what `run` trains; `report` writes the whole '
+              "file's page (the fresh seeds' verdicts are on it)", file=sys.stderr)
+        return 2
+    try:
+        if args.fresh_seeds:
             bench = bench.fresh_seeds()
-        except BenchmarkError as e:
-            print(f'zoo benchmark: error: {e}', file=sys.stderr)
-            return 2
+        if args.group:
+            bench = only_groups(bench, args.group)
+    except BenchmarkError as e:
+        print(f'zoo benchmark: error: {e}', file=sys.stderr)
+        return 2
     if args.action == 'report':
         from .benchmark_report import write_report
 

@@ -93,6 +93,9 @@ def test_group_selection_keeps_what_it_fine_tunes_from(capsys):
         only_groups(b, ['canon_cpy'])
     assert main(['benchmark', 'run', 'paper_blocks', '--group', 'canon_cpy', '--dry-run']) == 2
     assert 'did you mean canon_copy' in capsys.readouterr().err
+    assert main(['benchmark', 'report', 'paper_blocks', '--group', 'canon_copy']) == 2     # never a partial page
+    assert "writes the whole file's page" in capsys.readouterr().err
+    assert list(only_groups(b.fresh_seeds(), ['canon_copy']).groups) == ['canon_copy']
 
 
 # ------------------------------------------------------------------------------------------- non-inferiority
