@@ -191,5 +191,8 @@ def test_the_committed_benchmark_database_opens_with_the_new_column(tmp_path):
     db = R.open_db(str(db_path))
     assert db.schema_version() == R.SCHEMA_VERSION == 7
     lat = db.latency()
-    assert len(lat) and lat.max_abs_delta.isna().all()                    # nobody compared the old records
+    old = lat[lat.measured_at.astype(str) < '2026-12-01']                # taken before schema 7 existed
+    assert len(old) and old.max_abs_delta.isna().all()                    # nobody compared the old records
+    new = lat[(lat.measured_at.astype(str) >= '2026-12-01') & (lat.source == 'bench')]
+    assert len(new) and new.max_abs_delta.notna().all()                   # every zoo bench record since has it
     assert 'latency_eager_delta' in R.data(db=db).columns
