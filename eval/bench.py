@@ -491,17 +491,6 @@ def own_load(threads, duration_s) -> float:
     return float(threads) * (1.0 - math.exp(-float(duration_s) / 60.0))
 
 
-def _number(v) -> float | None:
-    """A record's field as a float; None when missing or NaN (a DataFrame row's NULL)."""
-    if v is None:
-        return None
-    try:
-        v = float(v)
-    except (TypeError, ValueError):
-        return None
-    return None if v != v else v
-
-
 def untrusted(row) -> str | None:
     """Why a latency record (a row of ``run``/``remeasure``, or of ``zoo_latency``) must not be published, in one
     line, or None when it may: the one rejection rule of ``remeasure`` and ``results.pick_latency`` (issue 43).
@@ -512,6 +501,8 @@ def untrusted(row) -> str | None:
     spread, not in the load). A figure that is not recorded (a record older than schema 4, no CPU count) cannot
     be held against the record; exactly at a limit is trusted."""
     busy, spread = trust_limits()
+    from .results.data import as_float as _number        # one reading of a stored field, shared with data()
+
     cpus = _number(row.get('cpus'))
     before, after = _number(row.get('load_1m')), _number(row.get('load_1m_after'))
     before = before / cpus if before is not None and cpus else None

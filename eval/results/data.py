@@ -70,9 +70,9 @@ def _latency_cells(runtime: str, batch_suffix: str, pick: dict | None) -> dict:
     names = _latency_columns(runtime, batch_suffix)
     if pick is None:
         return dict.fromkeys(names)
-    load, cpus = _float(pick.get('load_1m')), _float(pick.get('cpus'))
-    return dict(zip(names, (float(pick['median_ms']), _float(pick.get('iqr_ms')),
-                            load / cpus if load is not None and cpus else None, _float(pick.get('max_abs_delta')))))
+    load, cpus = as_float(pick.get('load_1m')), as_float(pick.get('cpus'))
+    return dict(zip(names, (float(pick['median_ms']), as_float(pick.get('iqr_ms')),
+                            load / cpus if load is not None and cpus else None, as_float(pick.get('max_abs_delta')))))
 
 
 def data(db=None, task: str | None = None, dataset: str | None = None, model: str | None = None,
@@ -136,10 +136,10 @@ def data(db=None, task: str | None = None, dataset: str | None = None, model: st
             'hparams': json.dumps({k: v for k, v in hp.items() if k not in ('network', 'network_stats', 'benchmark')},
                                   sort_keys=True, default=str),
             'benchmark': job.get('name'), 'group': job.get('group'), 'entry': job.get('entry'),
-            'metric': metric, 'final': _float(rd.get(metric)) if metric else None, 'best': best,
+            'metric': metric, 'final': as_float(rd.get(metric)) if metric else None, 'best': best,
             'epochs': int(len(times)), 'epoch_time_s': float(times.mean()) if len(times) else None,
             'train_time_s': float(times.sum()) if len(times) else None,
-            'samples_per_s': float(speed.mean()) if len(speed) else None, 'wall_s': _float(rd['wall_s']),
+            'samples_per_s': float(speed.mean()) if len(speed) else None, 'wall_s': as_float(rd['wall_s']),
             'params': _int(rd['params']), 'macs': _int(rd['macs']),
             'size_mb': stats.get('size_mb'), 'weighted_layers': stats.get('weighted_layers'),
             'leaf_modules': stats.get('leaf_modules'), 'blocks': stats.get('blocks') or {},
@@ -150,7 +150,7 @@ def data(db=None, task: str | None = None, dataset: str | None = None, model: st
         for k in kinds:
             row[f'blocks_{k}'] = int((stats.get('blocks') or {}).get(k, 0)) if stats else None
         for m in metric_cols:
-            row[m] = _float(rd.get(m))
+            row[m] = as_float(rd.get(m))
         cands = _candidates(lat, row['run_id'], row['arch_fingerprint'], rd['model'])
         cpus, threads = [], []
         for rt in runtimes:
@@ -231,7 +231,8 @@ def _higher(metric: str) -> bool:
         return True
 
 
-def _float(v) -> float | None:
+def as_float(v) -> float | None:
+    """A stored field as a float; None when missing, NaN (a DataFrame row's NULL) or not a number."""
     if v is None:
         return None
     try:
@@ -242,5 +243,5 @@ def _float(v) -> float | None:
 
 
 def _int(v) -> int | None:
-    f = _float(v)
+    f = as_float(v)
     return None if f is None else int(f)
