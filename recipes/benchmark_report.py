@@ -30,13 +30,14 @@ def report_paths(bench: Benchmark, out: str | Path | None = None) -> tuple[Path,
     return out / f'{bench.name}.md', out / bench.name
 
 
-def rerun_command(group: Group, entry: str) -> str:
-    """The ``zoo fit`` command that re-runs a row: the group's recipe with its and the entry's overrides."""
+def rerun_command(group: Group, entry: str, seeds=None) -> str:
+    """The ``zoo fit`` command that re-runs a row: the group's recipe with its and the entry's overrides, at the
+    seeds the row holds (``seeds``; the group's first seeds when none ran yet)."""
     over = {**group.overrides, **group.entries[entry]}
     if group.pretrained_from:
         over.setdefault(group.pretrained_from['arg'], '<checkpoint of '
                         f"{group.pretrained_from['group']}/{group.pretrained_from['entry']}>")
-    seeds = ','.join(map(str, group.seeds))
+    seeds = ','.join(map(str, sorted(seeds) if seeds else group.seeds))
     return ' '.join(['zoo fit -c', group.recipe, *(shlex.quote(a) for a in override_args(over)), f'--seeds {seeds}'])
 
 
@@ -141,7 +142,7 @@ def group_table(group: Group, rows, failures=None) -> tuple[list[dict], object, 
                     failed_latency.append(f'- {entry}: {rt} at batch {bs} failed: {_cell(error)}')
         failed = mine[mine.status.isin(['failed', 'crashed'])]
         line['failed'] = str(len(failed.seed.unique())) if len(failed) else ''
-        line['re-run'] = f'`{rerun_command(group, entry)}`'
+        line['re-run'] = f'`{rerun_command(group, entry, {int(s) for s in ok.seed.dropna()})}`'
         lines.append(line)
         lat, iqr, rt = fastest(ok, group.runtimes, plot_batch)
         if n and lat is not None:
@@ -155,6 +156,18 @@ def group_table(group: Group, rows, failures=None) -> tuple[list[dict], object, 
         frame[c] = frame[c].astype(float)
     frame.attrs['batch_size'] = plot_batch
     return lines, frame, failed_latency
+
+
+def machines(rows) -> list[str]:
+    """The CPUs a group's runs trained on and its latencies were taken on: a page may join groups run on
+    different machines, and a training time or a latency means little without its CPU."""
+    ok = rows[rows.status == 'finished']
+    trained = sorted({str(c) for c in ok.train_cpu.dropna()}) if 'train_cpu' in ok else []
+    timed = sorted({c for v in ok.latency_cpu.dropna() for c in str(v).split(', ')})
+    if not trained and not timed:
+        return []
+    return [f'Trained on {"; ".join(trained) or "an unrecorded CPU"}; latency taken on '
+            f'{"; ".join(timed) or "no CPU yet"}.', '']
 
 
 def latency_checks(group: Group, rows) -> list[str]:
@@ -341,6 +354,7 @@ def write_report(bench: Benchmark, db: str, out: str | Path | None = None) -> Pa
                   f'{" ".join(f"`{a}`" for a in override_args(g.overrides)) or "no overrides"}; {seeds}; metric '
                   f'`{g.metric}`' + (f' (floor {g.floor:g}: learned nothing)' if g.floor is not None else '') + '.',
                   '', _md_table(table), '']
+        lines += machines(rows)
         lines += latency_checks(g, rows)
         if lines[-1]:
             lines.append('')

@@ -191,6 +191,8 @@ def test_the_runner_adds_a_seed_to_an_undecided_claim_and_stops_at_the_cap(tmp_p
     assert '| inconclusive' in row and '3 of 3' in row and 'paired by seed' in row, row
     assert '| ~' in row, row                                        # the seeds the spread would need
     assert '](seq/mixers_time.svg)' in text and (tmp_path / 'docs' / 'benchmarks' / 'seq' / 'mixers_time.svg').exists()
+    assert text.count('--seeds 0,1,2`') == 2, text                 # each row's re-run command: the seeds it holds
+    assert 'Trained on ' in text                                    # and the CPU that trained them
 
 
 def _write_runs(store, b, values: dict, group: str = 'mixers') -> None:

@@ -37,6 +37,7 @@ DATA_COLUMNS = [
     'train_time_s',        # sum of the training epochs' wall times
     'samples_per_s',       # mean training samples per second
     'wall_s',              # the run's wall time, start to end
+    'train_cpu',           # the CPU the run trained on (its recorded environment; None if not recorded)
     'params', 'macs',
     'size_mb',             # parameters and buffers (MB)
     'weighted_layers',     # depth: convolutions, linear layers, embeddings
@@ -140,6 +141,7 @@ def data(db=None, task: str | None = None, dataset: str | None = None, model: st
             'epochs': int(len(times)), 'epoch_time_s': float(times.mean()) if len(times) else None,
             'train_time_s': float(times.sum()) if len(times) else None,
             'samples_per_s': float(speed.mean()) if len(speed) else None, 'wall_s': as_float(rd['wall_s']),
+            'train_cpu': rd['env'].get('cpu') if isinstance(rd.get('env'), dict) else None,
             'params': _int(rd['params']), 'macs': _int(rd['macs']),
             'size_mb': stats.get('size_mb'), 'weighted_layers': stats.get('weighted_layers'),
             'leaf_modules': stats.get('leaf_modules'), 'blocks': stats.get('blocks') or {},
