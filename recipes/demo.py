@@ -12,6 +12,7 @@ import torch
 
 import zoo
 from zoo._console import console
+from zoo.eval.bench import trust_limits
 from zoo.eval.profile import benchmark, count_macs, count_params
 
 DEMO_RECIPE = Path(__file__).resolve().parent / 'configs' / 'poolformer' / 'poolformer_tiny_digits_15e.yaml'
@@ -56,6 +57,12 @@ def leaderboard() -> None:
         if metric is not None:
             board = results.leaderboard(task, dataset, metric)
             print(results.format_board(board, 'table').rstrip() + f'\n  ({task} / {dataset}, {url})')
+            unmeasured = board.model[board.latency_ms.isna()].tolist()
+            if unmeasured:      # the end-of-fit record follows training: the machine was busy, it is not published
+                busy, iqr = trust_limits()
+                print(f'  no trusted latency yet for {", ".join(dict.fromkeys(unmeasured))}: a record taken while '
+                      f'the machine is busy (1-minute load above {busy:g} per CPU, or IQR above {iqr:g} of the '
+                      f'median) is never published; `zoo bench {unmeasured[0]} --db` on a quiet machine records one')
 
 
 def _last(run: Path, key: str) -> float:
