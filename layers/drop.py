@@ -17,6 +17,9 @@ def drop_path(x: torch.Tensor, p: float, training: bool) -> torch.Tensor:
     return x * mask.div_(keep)
 
 
+torch.fx.wrap('drop_path')  # its mask's shape needs the input's: one call in a torch.fx graph
+
+
 class DropPath(nn.Module):
     def __init__(self, p: float = 0.0):
         super().__init__()

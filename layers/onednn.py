@@ -22,7 +22,7 @@ weights while a model runs inference.
 
 When the fast path runs: CPU, float32, PyTorch built with oneDNN, ``ZOO_ONEDNN`` not ``0``, and nobody is
 looking at the graph. Under ``torch.compile``, ``torch.export`` / ONNX export (``torch.compiler.is_compiling``
-and ``is_exporting``), ``torch.jit.trace`` and any dispatch mode (``FlopCounterMode``, fake tensors) the
+and ``is_exporting``), ``torch.jit.trace``, ``torch.fx`` symbolic tracing and any dispatch mode (``FlopCounterMode``, fake tensors) the
 helpers run the plain ops, so the compiler sees ``aten`` ops it can fuse and freeze, the exporters see ops
 ONNX knows, and the FLOP counter counts every MAC whatever ``requires_grad`` says. oneDNN's fused ops have no
 backward: with autograd, ``linear`` runs ``_Linear`` (oneDNN forward and input gradient) and GELU apart, the
@@ -49,6 +49,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 from torch.autograd.function import once_differentiable
+
+from ._torch_compat import is_fx_symbolic_tracing
 
 __all__ = ['add_tokens', 'clear_prepared', 'compiled_linear_pass', 'conv_add', 'conv_bn_act', 'eager_inference',
            'exact_gelu', 'linear', 'onednn_enabled']
@@ -84,9 +86,9 @@ _is_exporting = getattr(torch.compiler, 'is_exporting', lambda: False)
 
 def _graph_captured() -> bool:
     """Someone is capturing or inspecting the graph: torch.compile (dynamo), torch.export / ONNX export,
-    torch.jit.trace, or a dispatch mode (FlopCounterMode, fake tensors). They get the plain ops they know.
-    ``is_compiling`` comes first: dynamo folds it to a constant and never traces the rest."""
-    return (torch.compiler.is_compiling() or _is_exporting() or torch.jit.is_tracing()
+    torch.jit.trace, torch.fx symbolic tracing, or a dispatch mode (FlopCounterMode, fake tensors). They get the
+    plain ops they know. ``is_compiling`` comes first: dynamo folds it to a constant and never traces the rest."""
+    return (torch.compiler.is_compiling() or _is_exporting() or torch.jit.is_tracing() or is_fx_symbolic_tracing()
             or _get_current_dispatch_mode() is not None)
 
 
@@ -98,7 +100,7 @@ def eager_inference() -> bool:
 
 
 def _use_onednn(x: torch.Tensor, weight: torch.Tensor, grad: bool = False) -> bool:
-    if torch.compiler.is_compiling():
+    if torch.compiler.is_compiling() or is_fx_symbolic_tracing():  # before x's device: an fx Proxy has none
         return False
     return (x.device.type == 'cpu' and x.dtype == torch.float32 and weight.dtype == torch.float32
             and torch.is_grad_enabled() == grad and onednn_enabled() and not _graph_captured())

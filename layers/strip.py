@@ -25,6 +25,9 @@ from torch import nn
 from ._registry import register
 from .onednn import conv_bn_act, exact_gelu
 
+# einops cannot take a torch.fx Proxy: traced as one call (torch.fx.symbolic_trace, create_feature_extractor)
+torch.fx.wrap('rearrange')
+
 
 def _square(input_resolution, who: str) -> int:
     if input_resolution is None:
@@ -182,7 +185,7 @@ class StripTokenMixer(nn.Module):
         self.strip = StripMLPBlock(dim, self.size)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if tuple(x.shape[-2:]) != (self.size, self.size):
+        if not isinstance(x, torch.fx.Proxy) and tuple(x.shape[-2:]) != (self.size, self.size):  # fx: no shape
             raise ValueError(f'the strip token mixer was built for a {self.size}x{self.size} token grid (its weights '
                              f'depend on it) but got {x.shape[-2]}x{x.shape[-1]}; build the model with the input '
                              f'size you feed it (img_size=...)')

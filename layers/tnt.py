@@ -23,6 +23,9 @@ from torch import nn
 from ._registry import register
 from .onednn import linear
 
+# einops cannot take a torch.fx Proxy: traced as one call (torch.fx.symbolic_trace, create_feature_extractor)
+torch.fx.wrap('rearrange')
+
 
 class TokenAttention(nn.Module):
     """Multi-head self-attention over (B, L, dim) tokens: one ``qkv`` Linear, SDPA, ``proj``.
@@ -74,7 +77,7 @@ class WordToSentence(nn.Module):
         self.norm2 = nn.LayerNorm(out_features, eps=eps)
 
     def forward(self, words: torch.Tensor) -> torch.Tensor:
-        return self.norm2(self.proj(self.norm1(words.flatten(2) if words.ndim == 4 else words)))
+        return self.norm2(self.proj(self.norm1(words.flatten(2))))  # (B, N, m, c) -> (B, N, m*c); 3-d: as it is
 
 
 @register('token_mixer', 'tnt', layout='nchw', fixed_size=False, example=dict(dim=16, sentence_size=2),

@@ -84,7 +84,7 @@ def test_tiny_classification_contract(name):
         pre = model.forward_head(feats, pre_logits=True)
         logits = model.forward_head(feats)
         assert torch.allclose(logits, model(x), atol=1e-5)
-    assert pre.shape == (2, model.num_features)
+    assert pre.shape == (2, model.head_hidden_size)
     assert logits.shape == (2, NUM_CLASSES)
     model.reset_classifier(3)
     with torch.no_grad():

@@ -10,6 +10,9 @@ import torch.utils.checkpoint
 from einops import rearrange
 from torch import nn
 
+# einops cannot take a torch.fx Proxy: traced as one call (torch.fx.symbolic_trace, create_feature_extractor)
+torch.fx.wrap('rearrange')
+
 
 class UnknownArgumentError(TypeError):
     """An override the model's constructor does not take (re-raised by ``zoo.create`` with the model name)."""
@@ -63,19 +66,29 @@ def build_model(cls, cfg: dict, overrides: dict):
     """``cls(**{**cfg, **overrides})`` after checking that every override is an argument of ``cls`` (a model class
     or a builder function).
 
-    Every registered family is built here, so argument checks common to all of them live here too."""
-    accepted = accepted_args(cls)
+    Every registered family is built here, so argument checks common to all of them live here too. A classifier
+    (a :class:`ClassifierBase`) also takes timm's ``global_pool`` (``''``: no pooling, with ``num_classes=0``)."""
+    classifier = isinstance(cls, type) and issubclass(cls, ClassifierBase)
+    accepted = accepted_args(cls) + (['global_pool'] if classifier else [])
     unknown = sorted(k for k in overrides if k not in accepted)
     if unknown:
         raise UnknownArgumentError(cls, unknown, accepted)
+    overrides = dict(overrides)
+    global_pool = overrides.pop('global_pool', None) if classifier else None
     args = {**cfg, **overrides}
     if 'num_classes' in args:
         check_num_classes(args['num_classes'])
     check_no_numeric_strings(cls, overrides)
     model = cls(**args)
-    if args.get('num_classes') == 0 and not getattr(model, 'features_only', False) \
-            and hasattr(model, 'reset_classifier'):
+    if getattr(model, 'features_only', False):
+        return model  # no head: nothing to pool
+    if global_pool is not None:
+        model.set_global_pool(global_pool)
+    if args.get('num_classes') == 0 and hasattr(model, 'reset_classifier'):
         model.reset_classifier(0)  # the same "no head" everywhere, also where a family would build Linear(d, 0)
+    elif global_pool == '':
+        raise ValueError(f"{cls.__name__}: global_pool='' gives the unpooled feature maps; it needs num_classes=0 "
+                         f'(a linear classifier reads pooled features), got num_classes={model.num_classes}')
     return model
 
 
@@ -84,6 +97,8 @@ def check_image(x: torch.Tensor, in_chans: int, min_size: int, model: str,
     """Raise a clear error for an input the model cannot take, before torch does so deep inside.
     ``size_arg(h, w)``: the constructor argument that builds the model for an ``h`` x ``w`` input, as text
     (default ``img_size=h``)."""
+    if isinstance(x, torch.fx.Proxy):
+        return  # torch.fx symbolic tracing: no concrete shape to check; the traced graph runs the model's ops
     if not isinstance(x, torch.Tensor):
         raise TypeError(f'{model} expects a tensor of shape (B, {in_chans}, H, W), got {type(x).__name__}')
     if x.ndim != 4:
@@ -113,17 +128,25 @@ class FeatureInfo(dict):
     module = property(lambda self: self['module'])
 
 
-def select_features(feature_info: list[FeatureInfo], out_indices) -> tuple[tuple[int, ...], list[FeatureInfo]]:
+def select_features(feature_info: list[FeatureInfo], out_indices, features_only: bool = False):
+    """``(out_indices, feature_info)``: the absolute indices of the levels ``out_indices`` picks (``None`` all) and
+    their entries. With ``features_only`` the entries come as timm's ``FeatureInfo`` (``channels()``,
+    ``reduction()``, ``module_name()``; indexing, slicing, ``len`` and iteration over the levels taken), as timm's
+    own ``features_only`` models carry it; a classifier keeps timm's plain list of every level."""
     n = len(feature_info)
     idx = tuple(i % n for i in out_indices) if out_indices is not None else tuple(range(n))
     if any(not -n <= i < n for i in (out_indices or ())):
         raise ValueError(f'out_indices {tuple(out_indices)} out of range for {n} feature levels')
-    return idx, [feature_info[i] for i in idx]
+    taken = [feature_info[i] for i in idx]
+    if features_only:
+        from timm.models import FeatureInfo as TimmFeatureInfo  # lazily: timm's import is heavy
+        taken = TimmFeatureInfo(taken, len(taken))
+    return idx, taken
 
 
 def take_indices(num_stages: int, indices) -> tuple[list[int], int]:
     """timm's ``feature_take_indices``: ``None`` all, an int the last n, a list those (negative from the end)."""
-    from timm.models._features import feature_take_indices  # lazily: timm's import is heavy
+    from ._timm_compat import feature_take_indices
     return feature_take_indices(num_stages, indices)
 
 
@@ -183,10 +206,39 @@ class ClassifierBase(nn.Module):
 
     head_attr = 'head'              # the attribute reset_classifier replaces
     classifier_prefix = 'head'      # module path of the final linear layer (fine-tuning, checkpoint loading)
+    first_conv = 'stem'             # module path(s) of the first layer that sees the image (pretrained_cfg)
+    global_pool = 'avg'             # timm's name for the head's pooling; '' = none (forward gives forward_features)
+    pool_types: tuple[str, ...] = ('avg', '')  # the global_pool values the family's head implements
+    fixed_input_size = False        # the weights depend on the input size (pretrained_cfg; timm's tests honour it)
+    stage_modules_give_maps = True  # the feature_info modules output the maps (timm's FeatureHookNet hooks them)
     stages_attr = 'stages'          # the ModuleList / Sequential of stages, one per feature level
     stem_names: tuple[str, ...] = ('stem',)  # modules and parameters before the first stage (group_matcher)
     final_norm_attr: str | None = None  # the norm forward_features ends with, if any (timm's norm=, prune_norm)
     grad_checkpointing = False
+
+    @property
+    def head_hidden_size(self) -> int:
+        """timm's width of the pre-logits features (``forward_head(x, pre_logits=True)``, the classifier's input):
+        ``num_features`` unless the head has hidden layers of its own (VGG's 4096-wide MLP)."""
+        return self.__dict__.get('_head_hidden_size', self.num_features)
+
+    @head_hidden_size.setter
+    def head_hidden_size(self, value: int) -> None:
+        self.__dict__['_head_hidden_size'] = value
+
+    def unpooled_size(self, h: int, w: int) -> tuple[int, int] | None:
+        """(H, W) of ``forward_features``' map for an ``h`` x ``w`` input (timm's ``pool_size``): the input over the
+        last stage's stride. ``None`` for families whose features are tokens (TNT, PIIP)."""
+        r = max(f['reduction'] for f in self.feature_info)
+        return -(-h // r), -(-w // r)
+
+    def set_global_pool(self, global_pool: str) -> None:
+        """timm's ``global_pool``: one of the family's ``pool_types``; ``''`` leaves the features unpooled (the
+        head then returns ``forward_features``' output unchanged, which needs ``num_classes=0``)."""
+        if global_pool not in self.pool_types:
+            raise ValueError(f'{getattr(self, "zoo_name", type(self).__name__)}: global_pool must be one of '
+                             f'{", ".join(map(repr, self.pool_types))} (\'\' = unpooled features), got {global_pool!r}')
+        self.global_pool = global_pool
 
     def no_weight_decay(self) -> set[str]:
         """Parameter names kept out of weight decay beyond timm's rule (1-d parameters, biases): none."""
@@ -306,10 +358,22 @@ class ClassifierBase(nn.Module):
             return self.forward_intermediates(x, self.out_indices, stop_early=True, intermediates_only=True)
         return self.forward_head(self.forward_features(x))
 
-    def reset_classifier(self, num_classes: int) -> None:
+    def reset_classifier(self, num_classes: int, global_pool: str | None = None) -> None:
+        """timm's: a new classifier for ``num_classes`` (0: none, ``forward`` gives the pre-logits features) and,
+        when given, a new ``global_pool`` (``''``: no pooling either, ``forward`` gives the unpooled features)."""
+        check_num_classes(num_classes)
+        if (self.global_pool if global_pool is None else global_pool) == '' and num_classes > 0:
+            raise ValueError(f"global_pool='' gives the unpooled feature maps; it needs num_classes=0 (a linear "
+                             f'classifier reads pooled features), got num_classes={num_classes}')
+        if global_pool is not None:
+            self.set_global_pool(global_pool)
         self.num_classes = num_classes
+        self.reset_head(num_classes)
+
+    def reset_head(self, num_classes: int) -> None:
+        """Replace the final linear layer (named ``head_attr``) on the model's device and dtype."""
         p = next(self.parameters())
-        head = (nn.Linear(self.num_features, num_classes, device=p.device, dtype=p.dtype) if num_classes > 0
+        head = (nn.Linear(self.head_hidden_size, num_classes, device=p.device, dtype=p.dtype) if num_classes > 0
                 else nn.Identity())
         setattr(self, self.head_attr, head)
 

@@ -47,18 +47,63 @@ def create(name: str, num_classes: int | None = None, in_chans: int | None = Non
         fn = model_info(name).fn  # KeyError with close matches for an unknown name
         if pretrained:
             raise no_weights_error(name)
+        build = dict(kwargs)
+        feature_cls, out_indices = _feature_cls(name, build) if 'feature_cls' in build else (None, None)
         try:
-            model = fn(**kwargs)
+            model = fn(**build)
         except UnknownArgumentError as e:  # the same error, worded with the registered name
             raise UnknownArgumentError(e.cls, e.unknown, e.accepted, name) from None
         model.zoo_name = name
         if checkpoint is not None:  # a family with timm's and the official head: the one the file needs
-            model = match_checkpoint_head(model, name, kwargs, checkpoint, model_info(name).fn)
+            model = match_checkpoint_head(model, name, build, checkpoint, model_info(name).fn)
         attach_pretrained_cfg(model, name)
+        if feature_cls is not None:  # timm's feature wrapper around the whole model, weights loaded first
+            if checkpoint is not None:
+                load_checkpoint(model, checkpoint, new_head='num_classes' in kwargs)
+                checkpoint = None
+            model = _feature_wrapper(model, name, feature_cls, out_indices)
     if checkpoint is not None:
         load_checkpoint(model, checkpoint, new_head='num_classes' in kwargs)
     model.zoo_args = kwargs  # what built it: zoo.create(name, **model.zoo_args) builds it again (zoo bench --db)
     return model
+
+
+FEATURE_CLS = ('getter', 'hook')
+
+
+def _feature_cls(name: str, kwargs: dict) -> tuple[str, tuple | None]:
+    """timm's ``feature_cls`` with ``features_only=True``: ``'getter'`` wraps the whole model in timm's
+    ``FeatureGetterNet`` (its ``forward_intermediates``, the model pruned after the last level taken), ``'hook'``
+    in timm's ``FeatureHookNet`` (forward hooks on the ``feature_info`` modules). Takes ``feature_cls``,
+    ``features_only`` and ``out_indices`` (levels of the whole model's ``feature_info``, default all) out of
+    ``kwargs``: the model itself is built as a classifier."""
+    feature_cls = kwargs.pop('feature_cls')
+    if not kwargs.pop('features_only', False):
+        raise ValueError(f'{name}: feature_cls={feature_cls!r} chooses how features_only=True extracts the features; '
+                         f'pass features_only=True with it')
+    if feature_cls not in FEATURE_CLS:
+        raise ValueError(f"{name}: feature_cls must be 'getter' (timm's FeatureGetterNet, over forward_intermediates) "
+                         f"or 'hook' (timm's FeatureHookNet, over forward hooks), got {feature_cls!r}")
+    out_indices = kwargs.pop('out_indices', None)
+    return feature_cls, None if out_indices is None else tuple(out_indices)
+
+
+def _feature_wrapper(model: nn.Module, name: str, feature_cls: str, out_indices: tuple | None) -> nn.Module:
+    if not hasattr(model, 'forward_intermediates'):
+        raise ValueError(f'{name} is not a classifier with feature levels; feature_cls needs one')
+    out_indices = tuple(range(len(model.feature_info))) if out_indices is None else out_indices
+    if feature_cls == 'hook':
+        if not model.stage_modules_give_maps:
+            raise ValueError(f"{name}: feature_cls='hook' reads the outputs of the feature_info modules, which are "
+                             f"tokens in this family, not maps; feature_cls='getter' gives the maps")
+        from timm.models import FeatureHookNet
+        wrapped = FeatureHookNet(model, out_indices=out_indices, no_rewrite=True)
+    else:
+        from ._timm_compat import feature_getter_net
+        wrapped = feature_getter_net()(model, out_indices=out_indices)
+    wrapped.zoo_name = name
+    wrapped.pretrained_cfg = wrapped.default_cfg = dict(model.pretrained_cfg, pool_size=None)
+    return wrapped
 
 
 def load_failure(e: Exception) -> str:

@@ -11,6 +11,11 @@
   (PoolFormer: timm pools then LayerNorms, the official head GroupNorms then pools; same keys, same shapes)
   pick the head the checkpoint was trained with, or warn where the file cannot tell.
 
+Model fields (timm's names): ``fixed_input_size`` and ``min_input_size`` as the model declares them (TNT and
+Strip-MLP take only their built size; PIIP's classifier its one size, its detection pyramid any multiple of what
+its branches need), ``first_conv`` and ``classifier`` (module paths), ``pool_size`` (``forward_features``' grid at
+``input_size``; ``None`` for token features and ``features_only`` models).
+
 Image fields: ``mean``/``std`` are timm's ImageNet defaults unless the family declares its own in a class
 attribute ``data_cfg`` (TNT: 0.5/0.5 as its timm and official configs); channels other than 3 get the
 3-channel average. ``crop_pct`` is 0.875 (timm's default) for models built for 224-class inputs and 1.0 for
@@ -74,13 +79,19 @@ def pretrained_cfg(model: nn.Module, name: str) -> dict:
         mean, std, crop, interpolation = IMAGENET_MEAN, IMAGENET_STD, 1.0, 'bilinear'
     else:  # detection, denoising: [0, 1] images, used whole
         mean, std, crop, interpolation = (0.0,) * c, (1.0,) * c, 1.0, 'bilinear'
-    cfg.update(input_size=(c, h, w), fixed_input_size='fixed_size' in info.capabilities,
+    fixed = getattr(model, 'fixed_input_size', None)  # a classifier says what it is; others: the registry
+    cfg.update(input_size=(c, h, w), fixed_input_size=bool('fixed_size' in info.capabilities if fixed is None else fixed),
                interpolation=interpolation, crop_pct=crop, crop_mode='center',
                mean=_per_channel(mean, c), std=_per_channel(std, c),
                num_classes=getattr(model, 'num_classes', 0))
-    classifier = getattr(model, 'classifier_prefix', None)
-    if classifier:
-        cfg['classifier'] = classifier
+    if getattr(model, 'min_input_size', None) is not None:
+        cfg['min_input_size'] = tuple(model.min_input_size)
+    for key in ('first_conv', 'classifier_prefix'):  # timm's names: first_conv, classifier
+        value = getattr(model, key, None)
+        if value:
+            cfg['classifier' if key == 'classifier_prefix' else key] = value
+    if hasattr(model, 'unpooled_size'):  # timm's pool_size: forward_features' grid at input_size (None: tokens)
+        cfg['pool_size'] = None if getattr(model, 'features_only', False) else model.unpooled_size(h, w)
     cfg.update(family)
     return cfg
 

@@ -39,6 +39,9 @@ from zoo.layers import DropPath, LayerScale, linear_drop_path_rates
 from ._builder import ClassifierBase, FeatureInfo, build_model, check_image, select_features
 from ._registry import register_model
 
+# einops cannot take a torch.fx Proxy: traced as one call (torch.fx.symbolic_trace, create_feature_extractor)
+torch.fx.wrap('rearrange')
+
 __all__ = ['MetaFormer', 'MetaFormerBlock']
 
 
@@ -166,7 +169,7 @@ class MetaFormer(ClassifierBase):
             prev = dims[i]
         self.stages = nn.Sequential(*stages)
         self.features_only = features_only
-        self.out_indices, self.feature_info = select_features(info, out_indices)
+        self.out_indices, self.feature_info = select_features(info, out_indices, features_only)
         self.out_norm = out_norm
         if out_norm:  # official fork_feat: one norm per returned map (its norm0/2/4/6), keyed by level
             self.out_norms = nn.ModuleDict({str(i): layers.get('norm', norms[i])(dims[i]) for i in self.out_indices})
@@ -181,6 +184,7 @@ class MetaFormer(ClassifierBase):
             self.to(memory_format=torch.channels_last)
 
     classifier_prefix = 'head.fc'
+    first_conv = 'stem.conv'
     # timm's and the official head have the same keys and shapes: zoo.create picks the one a checkpoint needs
     checkpoint_head_arg = 'timm_head'
     data_cfg = dict(crop_pct=0.9)  # the official and timm evaluation crop
@@ -218,10 +222,11 @@ class MetaFormer(ClassifierBase):
         return [(r'^stages\.(\d+)\.blocks\.(\d+)\.', None), (r'^stages\.(\d+)\.', None)]  # downsample first
 
     def forward_head(self, x: torch.Tensor, pre_logits: bool = False) -> torch.Tensor:
+        if not self.global_pool:  # global_pool='': the unpooled maps
+            return x
         return self.head(x, pre_logits=pre_logits)
 
-    def reset_classifier(self, num_classes: int) -> None:
-        self.num_classes = num_classes
+    def reset_head(self, num_classes: int) -> None:
         self.head.reset(num_classes)
 
     def remap_checkpoint(self, state_dict: dict) -> dict:

@@ -253,13 +253,20 @@ class PIIP(ClassifierBase):
             for _ in range(len(self.interaction_indexes[0]))] if n > 1 else [])
         self.num_features = sum(embed_dims)  # pre-logits: the branches' pooled tokens, concatenated
         d1 = embed_dims[0]
-        self.feature_info = [FeatureInfo(d1, 4, 'fpn1'), FeatureInfo(d1, 8, 'fpn2'), FeatureInfo(d1, 16, 'fpn3'),
-                             FeatureInfo(d1, 32, 'fpn4')]
-        if features_only:
+        if not features_only:
+            # the classifier's stages are the interaction stages; each gives the last branch's patch tokens (the
+            # full-size image, stride = patch) as a map, made by that stage's interaction units (one branch: its
+            # last block of the stage)
+            self.feature_info = [FeatureInfo(embed_dims[-1], patch_size, f'interactions.{s}' if n > 1 else
+                                             f'branch1.blocks.{end}')
+                                 for s, (_, end) in enumerate(self.interaction_indexes[-1])]
+        else:
+            self.feature_info = [FeatureInfo(d1, 4, 'fpn1'), FeatureInfo(d1, 8, 'fpn2'),
+                                 FeatureInfo(d1, 16, 'fpn3'), FeatureInfo(d1, 32, 'fpn4')]
             if d1 % 32:
                 raise ValueError(f'PIIP features_only: the widest branch ({d1}) must be a multiple of 32 '
                                  f'(GroupNorm(32) in the branch merge and the pyramid)')
-            self.out_indices, self.feature_info = select_features(self.feature_info, out_indices)
+            self.out_indices, self.feature_info = select_features(self.feature_info, out_indices, True)
             for i, d in enumerate(embed_dims):
                 self.add_module(f'merge_branch{i + 1}', nn.Sequential(
                     nn.Conv2d(d, d1, 3, padding=1, bias=False), nn.GroupNorm(32, d1), nn.ReLU(inplace=True),
@@ -281,6 +288,35 @@ class PIIP(ClassifierBase):
 
     def no_weight_decay(self) -> set[str]:
         return {f'branch{i + 1}.{k}' for i in range(self.num_branches) for k in ('pos_embed', 'cls_token')}
+
+    # -- what the model takes (pretrained_cfg) -------------------------------------------------------------
+    global_pool = 'token'  # each head's token (``head_token``: the class token or the first patch token)
+    pool_types = ('token', '')
+    stage_modules_give_maps = False  # the interaction units give every branch's tokens
+
+    @property
+    def first_conv(self) -> tuple[str, ...]:
+        return tuple(f'branch{i + 1}.patch_embed.proj' for i in range(self.num_branches))
+
+    @property
+    def fixed_input_size(self) -> bool:
+        """The classifier takes its one size (position embeddings at each branch's grid); the detection pyramid any."""
+        return not self.features_only
+
+    @property
+    def min_input_size(self) -> tuple[int, int, int]:
+        """The smallest square input every branch can take: each branch image (``branch_inputs``) at least one patch
+        and a multiple of the patch size. The classifier: its one size."""
+        p, last = self.patch_size, self.img_sizes[-1]
+        side = last
+        if self.features_only:
+            side = p
+            while not all(round(side * s / last) >= p and round(side * s / last) % p == 0 for s in self.img_sizes):
+                side += p  # ends at img_sizes[-1] at the latest: the sizes are multiples of p
+        return self.in_chans, side, side
+
+    def unpooled_size(self, h: int, w: int) -> None:
+        return None  # forward_features gives each branch's tokens
 
     # -- forward --------------------------------------------------------------------------------------------
     def _img_sizes_for(self, h: int, w: int) -> str:
@@ -318,8 +354,10 @@ class PIIP(ClassifierBase):
         seq = branch.norm_pre(branch.pos_drop(torch.cat([cls, tokens], 1)))  # as timm's _pos_embed + norm_pre
         return seq[:, 1:], seq[:, :1], grid
 
-    def forward_branches(self, x: torch.Tensor) -> tuple[list[torch.Tensor], list[torch.Tensor | None], list]:
-        """Blocks and interactions: per branch the patch tokens (B, H_i*W_i, D_i), class token and grid."""
+    def forward_branches(self, x: torch.Tensor, num_stages: int | None = None,
+                         taps: list | None = None) -> tuple[list[torch.Tensor], list[torch.Tensor | None], list]:
+        """Blocks and interactions: per branch the patch tokens (B, H_i*W_i, D_i), class token and grid, after the
+        first ``num_stages`` stages (default all); ``taps`` collects the last branch's patch tokens after each."""
         # detection takes any size whose smallest branch image holds a patch (the official pipeline resizes the
         # long side to the largest branch size, so the short side is smaller); classification its one size
         smallest = math.ceil(self.patch_size * self.img_sizes[-1] / self.img_sizes[0])
@@ -337,7 +375,7 @@ class PIIP(ClassifierBase):
             xs.append(t)
             clss.append(c)
             grids.append(g)
-        for stage in range(len(self.interaction_indexes[0])):
+        for stage in range(len(self.interaction_indexes[0]) if num_stages is None else num_stages):
             for i, branch in enumerate(self.branches):
                 start, end = self.interaction_indexes[i][stage]
                 seq = xs[i] if clss[i] is None else torch.cat([clss[i], xs[i]], 1)  # (B, [1+]N, D)
@@ -346,6 +384,8 @@ class PIIP(ClassifierBase):
                 xs[i], clss[i] = (seq, None) if clss[i] is None else (seq[:, 1:], seq[:, :1])
             if n > 1:
                 xs = checkpointed(self._checkpointing(), self.interactions[stage], xs, grids)
+            if taps is not None:
+                taps.append(xs[-1])
         return xs, clss, grids
 
     def forward_features(self, x: torch.Tensor) -> list[torch.Tensor]:
@@ -354,12 +394,18 @@ class PIIP(ClassifierBase):
         if self.features_only:
             raise RuntimeError('PIIP built with features_only=True has no classification path; call forward')
         xs, clss, _ = self.forward_branches(x)
+        return self._final_tokens(xs, clss)
+
+    def _final_tokens(self, xs: list[torch.Tensor], clss: list[torch.Tensor]) -> list[torch.Tensor]:
         if self.head_token == 'first_patch':
             return [b.norm(t) for b, t in zip(self.branches, xs)]
         return [b.norm(torch.cat([c, t], 1)) for b, c, t in zip(self.branches, clss, xs)]
 
     def forward_head(self, x: list[torch.Tensor], pre_logits: bool = False) -> torch.Tensor:
-        """Mean of the branches' logits; ``pre_logits``: their pooled tokens (``head_token``), concatenated."""
+        """Mean of the branches' logits; ``pre_logits``: their pooled tokens (``head_token``), concatenated
+        (``global_pool=''``: the tokens of ``forward_features`` unchanged)."""
+        if not self.global_pool:
+            return x
         if pre_logits or self.num_classes == 0:  # no head (timm's num_classes=0): the pooled features
             return torch.cat([b.forward_head(f, pre_logits=True) for b, f in zip(self.branches, x)], -1)
         return torch.stack([b.forward_head(f) for b, f in zip(self.branches, x)]).mean(0)
@@ -369,26 +415,34 @@ class PIIP(ClassifierBase):
         """One linear head per branch (the logits are their mean)."""
         return tuple(f'branch{i + 1}.head' for i in range(self.num_branches))
 
-    def reset_classifier(self, num_classes: int) -> None:
-        self.num_classes = num_classes
+    def reset_head(self, num_classes: int) -> None:
         for b in self.branches:
             b.reset_classifier(num_classes)
 
-    # -- timm's contract (zoo._builder.ClassifierBase): the stages are the detection pyramid's four levels ----
+    # -- timm's contract (zoo._builder.ClassifierBase) ---------------------------------------------------------
+    # The classifier's stages are its interaction stages; the detection model's (features_only) its pyramid's
+    # four levels.
     @property
     def num_stages(self) -> int:
-        if not self.features_only:
-            raise ValueError("PIIP's intermediates are its detection pyramid (strides 4/8/16/32): build the model "
-                             'with features_only=True')
-        return self._levels
+        return self._levels if self.features_only else len(self.interaction_indexes[0])
 
     def forward_intermediates(self, x: torch.Tensor, indices: int | list[int] | None = None, norm: bool = False,
                               stop_early: bool = False, output_fmt: str = 'NCHW', intermediates_only: bool = False):
-        """timm's signature over the pyramid levels (B, D1, S/s, S/s), s = 4, 8, 16, 32, all made from the branches'
-        merged stride-16 map (the final features): ``stop_early`` saves nothing, ``norm`` has no norm to apply."""
+        """timm's signature. The classifier: after each interaction stage, the last branch's patch tokens (the
+        full-size image) as a map (B, D_last, S/p, S/p) (``norm``: through that branch's final norm); the final
+        features are ``forward_features``'. ``features_only``: the pyramid levels (B, D1, S/s, S/s), s = 4, 8, 16,
+        32, all made from the branches' merged stride-16 map (the final features): ``stop_early`` saves nothing,
+        ``norm`` has no norm to apply."""
         if output_fmt not in ('NCHW', 'NHWC', 'NLC'):
             raise ValueError(f'output_fmt must be one of NCHW, NHWC, NLC, got {output_fmt!r}')
-        take, _ = take_indices(self.num_stages, indices)
+        take, max_index = take_indices(self.num_stages, indices)
+        if not self.features_only:
+            taps = []
+            xs, clss, grids = self.forward_branches(x, max_index + 1 if stop_early else None, taps)
+            (h, w), last = grids[-1], self.branches[-1]
+            feats = [to_format(rearrange(last.norm(taps[i]) if norm else taps[i], 'b (h w) d -> b d h w', h=h, w=w),
+                               output_fmt) for i in take]
+            return feats if intermediates_only else (self._final_tokens(xs, clss), feats)
         xs, _, grids = self.forward_branches(x)
         target = grids[-1]
         out = 0
@@ -401,9 +455,22 @@ class PIIP(ClassifierBase):
         return feats if intermediates_only else (out, feats)
 
     def truncate_stages(self, n: int) -> None:
+        if not self.features_only:  # the first n interaction stages: their blocks in every branch, their units
+            for i, branch in enumerate(self.branches):
+                branch.blocks = branch.blocks[:self.interaction_indexes[i][n - 1][1] + 1]
+            self.interaction_indexes = [ix[:n] for ix in self.interaction_indexes]
+            self.interactions = self.interactions[:n]
+            return
         for i in range(n, self._levels):
             setattr(self, f'fpn{i + 1}', None)
         self._levels = n
+
+    def prune_intermediate_layers(self, indices: int | list[int] = 1, prune_norm: bool = False,
+                                  prune_head: bool = True) -> list[int]:
+        num_features = self.num_features
+        take = super().prune_intermediate_layers(indices, prune_norm, prune_head)
+        self.num_features = num_features  # forward_features still gives every branch's tokens
+        return take
 
     def group_matcher(self, coarse: bool = False) -> dict:
         """Layer ids by interaction stage: the blocks every branch runs in stage s, then that stage's interaction

@@ -202,11 +202,12 @@ class RaftMLP(ClassifierBase):
             prev = dims[i]
         self.levels = nn.Sequential(*levels)
         self.features_only = features_only
-        self.out_indices, self.feature_info = select_features(info, out_indices)
+        self.out_indices, self.feature_info = select_features(info, out_indices, features_only)
         self.norm = None if features_only else nn.LayerNorm(dims[-1])
         self.head = None if features_only else nn.Linear(dims[-1], num_classes)
 
     classifier_prefix = 'head'
+    first_conv = 'levels.0.embed.proj'  # the cross-scale embedding's Linear over the unfolded windows
 
     def _check(self, x: torch.Tensor) -> None:
         check_image(x, self.in_chans, min_size=1, model=getattr(self, 'zoo_name', 'RaftMLP'))
@@ -227,6 +228,8 @@ class RaftMLP(ClassifierBase):
         return [(r'^levels\.(\d+)\.blocks\.(\d+)\.', None), (r'^levels\.(\d+)\.', None)]  # embedding first
 
     def forward_head(self, x: torch.Tensor, pre_logits: bool = False) -> torch.Tensor:
+        if not self.global_pool:  # global_pool='': the unpooled maps
+            return x
         x = self.norm(rearrange(x, 'b c h w -> b h w c')).mean((1, 2))  # LN per token, then mean over tokens
         return x if pre_logits else self.head(x)
 

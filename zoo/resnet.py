@@ -72,6 +72,7 @@ class ResNet(ClassifierBase):
     head_attr = 'fc'
     classifier_prefix = 'fc'
     stages_attr = 'layers'
+    first_conv = 'stem.0.conv'
 
     def __init__(self, block: str = 'basic', layers=(2, 2, 2, 2), num_classes: int = 1000, in_chans: int = 3,
                  widths=(64, 128, 256, 512), stem: str = 'imagenet', conv_layer='standard', den=None,
@@ -107,7 +108,7 @@ class ResNet(ClassifierBase):
         self.layers = nn.ModuleList(stages)
         self.num_features = chs
         self.features_only = features_only
-        self.out_indices, self.feature_info = select_features(info, out_indices)
+        self.out_indices, self.feature_info = select_features(info, out_indices, features_only)
         if not features_only:
             self.drop = nn.Dropout(drop_rate)
             self.fc = nn.Linear(chs, num_classes) if num_classes > 0 else nn.Identity()
@@ -127,6 +128,8 @@ class ResNet(ClassifierBase):
         return self.stem(x)
 
     def forward_head(self, x: torch.Tensor, pre_logits: bool = False) -> torch.Tensor:
+        if not self.global_pool:  # global_pool='': the unpooled maps
+            return x
         x = self.drop(x.mean((2, 3)))  # (B, C, H, W) -> (B, C)
         return x if pre_logits else self.fc(x)
 

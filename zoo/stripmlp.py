@@ -44,6 +44,9 @@ from zoo.layers.strip import StripTokenMixer
 from ._builder import ClassifierBase, FeatureInfo, build_model, check_image, run_blocks, select_features
 from ._registry import register_model
 
+# einops cannot take a torch.fx Proxy: traced as one call (torch.fx.symbolic_trace, create_feature_extractor)
+torch.fx.wrap('rearrange')
+
 __all__ = ['StripMLP', 'StripBlock', 'GRN']
 
 _AFTER = 99998  # timm group_matcher suffix: after every block of the stage (99999 is timm's "previous group")
@@ -141,11 +144,13 @@ class StripMLP(ClassifierBase):
         self.conv_s2_14 = nn.Conv2d(4 * c, 8 * c, 2, stride=2, groups=4 * c, bias=False)
         info = [FeatureInfo(dims[i], 4 * 2 ** i, f'stages.{i}') for i in range(4)]
         self.features_only = features_only
-        self.out_indices, self.feature_info = select_features(info, out_indices)
+        self.out_indices, self.feature_info = select_features(info, out_indices, features_only)
         self.norm = None if features_only else nn.BatchNorm2d(dims[-1])
         self.head = None if features_only else nn.Linear(dims[-1], num_classes)
 
     classifier_prefix = 'head'
+    first_conv = 'patch_embed'
+    fixed_input_size = True  # the strip mixers' weights depend on the grid
 
     # -- the stages timm's contract runs (zoo._builder.ClassifierBase) --------------------------------------
     stem_names = ('patch_embed',)
@@ -198,6 +203,8 @@ class StripMLP(ClassifierBase):
                 (r'^conv_s1_28\.', (1, _AFTER)), (r'^conv_s(?:1|2)_14\.', (2, _AFTER))]
 
     def forward_head(self, x: torch.Tensor, pre_logits: bool = False) -> torch.Tensor:
+        if not self.global_pool:  # global_pool='': the unpooled maps
+            return x
         x = self.norm(x).mean((2, 3))  # BN, then global average pool
         return x if pre_logits else self.head(x)
 

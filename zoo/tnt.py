@@ -52,6 +52,9 @@ from zoo.layers.tnt import TokenAttention, WordToSentence
 from ._builder import ClassifierBase, FeatureInfo, build_model, check_image, select_features
 from ._registry import register_model
 
+# einops cannot take a torch.fx Proxy: traced as one call (torch.fx.symbolic_trace, create_feature_extractor)
+torch.fx.wrap('rearrange')
+
 __all__ = ['TNT', 'TNTBlock', 'WordEmbed']
 
 
@@ -176,7 +179,7 @@ class TNT(ClassifierBase):
         info = [FeatureInfo(embed_dim, patch_size, f'blocks.{i}') for i in range(depth)]  # timm's: one per block
         if out_indices is None and features_only:
             out_indices = (-1,)
-        self.out_indices, self.feature_info = select_features(info, out_indices)
+        self.out_indices, self.feature_info = select_features(info, out_indices, features_only)
         if features_only:
             self.norm = self.head_drop = self.head = None
         else:
@@ -188,6 +191,11 @@ class TNT(ClassifierBase):
         self.apply(self._init_weights)
 
     classifier_prefix = 'head'
+    first_conv = 'word_embed.proj'
+    fixed_input_size = True  # the position embeddings are built for img_size (timm's TNT says the same)
+    global_pool = 'token'    # the class token; timm's TNT also offers 'avg' (mean of the patch tokens)
+    pool_types = ('token', 'avg', '')
+    stage_modules_give_maps = False  # a block gives (words, sentences) tokens; its map is made after it
     data_cfg = dict(mean=(0.5, 0.5, 0.5), std=(0.5, 0.5, 0.5), crop_pct=0.9)  # official and timm evaluation
 
     @staticmethod
@@ -208,7 +216,7 @@ class TNT(ClassifierBase):
         block computes the class token alone (``TNTBlock.forward_class_token``), the only token the head
         reads; with autograd (training, MAC counting) every token runs through every block.
         """
-        if self.features_only or not _inference(self):
+        if self.features_only or not _inference(self) or self.global_pool != 'token':
             return super().forward(x)
         state = self.forward_stem(x)
         for i in range(self.num_stages - 1):
@@ -240,8 +248,13 @@ class TNT(ClassifierBase):
         """Normed sentence tokens (B, 1 + N, d), class token first (``forward_features``)."""
         return state[1] if self.norm is None else self.norm(state[1])
 
+    def unpooled_size(self, h: int, w: int) -> None:
+        return None  # forward_features gives tokens (B, 1 + N, d)
+
     def forward_head(self, x: torch.Tensor, pre_logits: bool = False) -> torch.Tensor:
-        x = self.head_drop(x[:, 0])  # the class token
+        if not self.global_pool:  # global_pool='': every token, unpooled
+            return x
+        x = self.head_drop(x[:, 1:].mean(1) if self.global_pool == 'avg' else x[:, 0])  # patch mean / class token
         return x if pre_logits else self.head(x)
 
 

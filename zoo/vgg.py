@@ -61,21 +61,22 @@ class VGG(ClassifierBase):
         self.features = nn.Sequential(*layers)
         self.min_size = 2 ** cfg.count('M')
         self.features_only = features_only
-        self.out_indices, self.feature_info = select_features(info, out_indices)
+        self.out_indices, self.feature_info = select_features(info, out_indices, features_only)
+        self.first_conv = 'features.0.conv' if batch_norm else 'features.0'
+        self.num_features = chs  # timm's: the channels of forward_features' map
         if features_only:
-            self.num_features = chs
             self._init_weights()
             return
         if stem == 'imagenet':  # torchvision: 7x7 average grid, two 4096-wide hidden layers
             self.pool = nn.AdaptiveAvgPool2d(7)
             self.pre_logits = nn.Sequential(nn.Linear(chs * 49, 4096), nn.ReLU(True), nn.Dropout(drop_rate),
                                             nn.Linear(4096, 4096), nn.ReLU(True), nn.Dropout(drop_rate))
-            self.num_features = 4096
+            self.head_hidden_size = 4096
+            self.pool_types = ('avg',)  # the MLP reads the 7x7 pooled grid: there is no unpooled classifier input
         else:
             self.pool = nn.AdaptiveAvgPool2d(1)
             self.pre_logits = nn.Dropout(drop_rate)
-            self.num_features = chs
-        self.fc = nn.Linear(self.num_features, num_classes) if num_classes > 0 else nn.Identity()
+        self.fc = nn.Linear(self.head_hidden_size, num_classes) if num_classes > 0 else nn.Identity()
         self._init_weights()
 
     def _init_weights(self) -> None:
@@ -120,8 +121,16 @@ class VGG(ClassifierBase):
     def group_matcher(self, coarse: bool = False) -> dict:
         return {'stem': r'^features\.0\.', 'blocks': r'^features\.(\d+)\.'}  # timm's VGG: one group per layer
 
+    def set_global_pool(self, global_pool: str) -> None:
+        if global_pool == '' and self.stem_type == 'imagenet':
+            raise ValueError("VGG with stem='imagenet': its 4096-wide MLP reads the 7x7 average-pooled map, so there "
+                             "is no unpooled head (global_pool=''); forward_features gives the unpooled map")
+        super().set_global_pool(global_pool)
+
     def forward_head(self, x: torch.Tensor, pre_logits: bool = False) -> torch.Tensor:
-        x = self.pre_logits(self.pool(x).flatten(1))  # (B, C, h, w) -> (B, C * h * w) -> (B, num_features)
+        if not self.global_pool:  # global_pool='': the unpooled maps
+            return x
+        x = self.pre_logits(self.pool(x).flatten(1))  # (B, C, h, w) -> (B, C * h * w) -> (B, head_hidden_size)
         return x if pre_logits else self.fc(x)
 
     def remap_checkpoint(self, state_dict: dict) -> dict:
