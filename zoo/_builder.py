@@ -83,12 +83,9 @@ def build_model(cls, cfg: dict, overrides: dict):
     if getattr(model, 'features_only', False):
         return model  # no head: nothing to pool
     if global_pool is not None:
-        model.set_global_pool(global_pool)
+        model.set_global_pool(global_pool, model.num_classes)
     if args.get('num_classes') == 0 and hasattr(model, 'reset_classifier'):
         model.reset_classifier(0)  # the same "no head" everywhere, also where a family would build Linear(d, 0)
-    elif global_pool == '':
-        raise ValueError(f"{cls.__name__}: global_pool='' gives the unpooled feature maps; it needs num_classes=0 "
-                         f'(a linear classifier reads pooled features), got num_classes={model.num_classes}')
     return model
 
 
@@ -232,12 +229,17 @@ class ClassifierBase(nn.Module):
         r = max(f['reduction'] for f in self.feature_info)
         return -(-h // r), -(-w // r)
 
-    def set_global_pool(self, global_pool: str) -> None:
+    def set_global_pool(self, global_pool: str, num_classes: int) -> None:
         """timm's ``global_pool``: one of the family's ``pool_types``; ``''`` leaves the features unpooled (the
-        head then returns ``forward_features``' output unchanged, which needs ``num_classes=0``)."""
+        head then returns ``forward_features``' output unchanged, so the classifier it goes with has
+        ``num_classes=0``)."""
+        name = getattr(self, 'zoo_name', type(self).__name__)
         if global_pool not in self.pool_types:
-            raise ValueError(f'{getattr(self, "zoo_name", type(self).__name__)}: global_pool must be one of '
-                             f'{", ".join(map(repr, self.pool_types))} (\'\' = unpooled features), got {global_pool!r}')
+            raise ValueError(f'{name}: global_pool must be one of {", ".join(map(repr, self.pool_types))} '
+                             f"('' = unpooled features), got {global_pool!r}")
+        if global_pool == '' and num_classes > 0:
+            raise ValueError(f"{name}: global_pool='' gives the unpooled feature maps; it needs num_classes=0 (a "
+                             f'linear classifier reads pooled features), got num_classes={num_classes}')
         self.global_pool = global_pool
 
     def no_weight_decay(self) -> set[str]:
@@ -362,11 +364,7 @@ class ClassifierBase(nn.Module):
         """timm's: a new classifier for ``num_classes`` (0: none, ``forward`` gives the pre-logits features) and,
         when given, a new ``global_pool`` (``''``: no pooling either, ``forward`` gives the unpooled features)."""
         check_num_classes(num_classes)
-        if (self.global_pool if global_pool is None else global_pool) == '' and num_classes > 0:
-            raise ValueError(f"global_pool='' gives the unpooled feature maps; it needs num_classes=0 (a linear "
-                             f'classifier reads pooled features), got num_classes={num_classes}')
-        if global_pool is not None:
-            self.set_global_pool(global_pool)
+        self.set_global_pool(self.global_pool if global_pool is None else global_pool, num_classes)
         self.num_classes = num_classes
         self.reset_head(num_classes)
 

@@ -86,10 +86,10 @@ def pretrained_cfg(model: nn.Module, name: str) -> dict:
                num_classes=getattr(model, 'num_classes', 0))
     if getattr(model, 'min_input_size', None) is not None:
         cfg['min_input_size'] = tuple(model.min_input_size)
-    for key in ('first_conv', 'classifier_prefix'):  # timm's names: first_conv, classifier
-        value = getattr(model, key, None)
-        if value:
-            cfg['classifier' if key == 'classifier_prefix' else key] = value
+    if getattr(model, 'first_conv', None):
+        cfg['first_conv'] = model.first_conv
+    if getattr(model, 'classifier_prefix', None):
+        cfg['classifier'] = model.classifier_prefix  # timm's name for it
     if hasattr(model, 'unpooled_size'):  # timm's pool_size: forward_features' grid at input_size (None: tokens)
         cfg['pool_size'] = None if getattr(model, 'features_only', False) else model.unpooled_size(h, w)
     cfg.update(family)

@@ -121,11 +121,11 @@ class VGG(ClassifierBase):
     def group_matcher(self, coarse: bool = False) -> dict:
         return {'stem': r'^features\.0\.', 'blocks': r'^features\.(\d+)\.'}  # timm's VGG: one group per layer
 
-    def set_global_pool(self, global_pool: str) -> None:
+    def set_global_pool(self, global_pool: str, num_classes: int) -> None:
         if global_pool == '' and self.stem_type == 'imagenet':
             raise ValueError("VGG with stem='imagenet': its 4096-wide MLP reads the 7x7 average-pooled map, so there "
                              "is no unpooled head (global_pool=''); forward_features gives the unpooled map")
-        super().set_global_pool(global_pool)
+        super().set_global_pool(global_pool, num_classes)
 
     def forward_head(self, x: torch.Tensor, pre_logits: bool = False) -> torch.Tensor:
         if not self.global_pool:  # global_pool='': the unpooled maps
