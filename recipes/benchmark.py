@@ -91,17 +91,33 @@ class Runner:
         base = bench.jobs()
         known = self.states()
         keys = {j.key for j in base}
-        self.jobs = base + [j for j in bench.possible_jobs() if j.key in known and j.key not in keys]
+        self.jobs = self._with_dependencies(base + [j for j in bench.possible_jobs()
+                                                    if j.key in known and j.key not in keys])
         self.tried: set[str] = set()       # jobs this invocation started (a failure is not retried twice)
         self.done: list[tuple[Job, str, float]] = []
         self._mutex = threading.Lock()
 
+    def _with_dependencies(self, jobs: list[Job]) -> list[Job]:
+        """``jobs`` and, for a seed the sequential rule added to a fine-tuning group, the pretraining job of that
+        same seed (so the seed fixes the checkpoint too), where the pretraining group's cap allows the seed."""
+        have, out = {j.key for j in jobs}, list(jobs)
+        possible = {j.key for j in self.bench.possible_jobs()}
+        for j in jobs:
+            g = self.bench.groups[j.group]
+            if g.pretrained_from is None:
+                continue
+            dep = self.bench.job(g.pretrained_from['group'], g.pretrained_entry(j.entry), j.seed)
+            if dep.key in possible and dep.key not in have:
+                out.insert(0, dep)
+                have.add(dep.key)
+        return out
+
     # -- what is left
     def _dependency(self, job: Job) -> Job | None:
-        pf = self.bench.groups[job.group].pretrained_from
-        if pf is None:
+        g = self.bench.groups[job.group]
+        if g.pretrained_from is None:
             return None
-        deps = [j for j in self.jobs if j.group == pf['group'] and j.entry == pf['entry']]
+        deps = [j for j in self.jobs if j.group == g.pretrained_from['group'] and j.entry == g.pretrained_entry(job.entry)]
         return next((j for j in deps if j.seed == job.seed), deps[0])
 
     def pending(self, state: dict | None = None) -> list[Job]:
@@ -171,11 +187,9 @@ class Runner:
 
         import zoo
 
-        from .benchmark_spec import override_args
-
         folder = job_dir(self.bench, job)
         folder.mkdir(parents=True, exist_ok=True)
-        argv = [*job.argv(), *override_args(extra), f'--db={self.db}', f'--run_root={folder}',
+        argv = [*job.argv(extra), f'--db={self.db}', f'--run_root={folder}',
                 '--trainer.enable_progress_bar=false']
         env = {**os.environ, 'ZOO_RUN_ID': str(run_id), 'ZOO_BENCHMARK_JOB': json.dumps(self.identity(job)),
                'PYTHONPATH': os.pathsep.join(filter(None, (str(Path(zoo.__file__).resolve().parents[1]),
@@ -233,9 +247,11 @@ class Runner:
             job = self.bench.job(group, entry, seed)
             if job.key in have:
                 continue
-            self.jobs.append(job)
-            have.add(job.key)
-            added += 1
+            for j in self._with_dependencies([job]):
+                if j.key not in have:
+                    self.jobs.append(j)
+                    have.add(j.key)
+                    added += 1
             self.say(f'{group}/{entry}: adding seed {seed} (a claim on it is still inconclusive; cap '
                      f'{self.bench.groups[group].max_seeds} seeds)')
         return added

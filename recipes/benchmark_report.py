@@ -16,7 +16,7 @@ import math
 import shlex
 from pathlib import Path
 
-from .benchmark_spec import Benchmark, Claim, Group, override_args
+from .benchmark_spec import Benchmark, Claim, Group, override_args, with_override
 
 COMPARE_TEXT = {'<': 'lower than', '>': 'higher than', '~': 'equal (within ±{margin:g}) to',
                 '>=': 'not worse (by {margin:g}) than'}
@@ -35,8 +35,8 @@ def rerun_command(group: Group, entry: str, seeds=None) -> str:
     seeds the row holds (``seeds``; the group's first seeds when none ran yet)."""
     over = {**group.overrides, **group.entries[entry]}
     if group.pretrained_from:
-        over.setdefault(group.pretrained_from['arg'], '<checkpoint of '
-                        f"{group.pretrained_from['group']}/{group.pretrained_from['entry']}>")
+        over = with_override(over, group.pretrained_from['arg'],
+                             f"<checkpoint of {group.pretrained_from['group']}/{group.pretrained_entry(entry)}>")
     seeds = ','.join(map(str, sorted(seeds) if seeds else group.seeds))
     return ' '.join(['zoo fit -c', group.recipe, *(shlex.quote(a) for a in override_args(over)), f'--seeds {seeds}'])
 
@@ -343,6 +343,8 @@ def write_report(bench: Benchmark, db: str, out: str | Path | None = None) -> Pa
                   'One row per claim (details, Holm-adjusted verdicts and the seeds each took: "Claims of the '
                   'papers" below). Latency: each network\'s fastest runtime at batch 16, a over b; training time: '
                   'the mean over seeds, a over b.', '']
+    fresh = current(bench.fresh_seeds(), results.data(db=store, status=None), store) if bench.recheck else None
+    lines += cost_lines(df, fresh, store)
     for g in bench.groups.values():
         rows = df[df.group == g.name]
         table, board, failed_latency = group_table(g, rows, failures)
@@ -408,6 +410,36 @@ def write_report(bench: Benchmark, db: str, out: str | Path | None = None) -> Pa
         if f']({bench.name}/{old.name})' not in text:
             old.unlink()
     return md_path
+
+
+def cost_lines(df, fresh, store) -> list[str]:
+    """What the page cost, from the database: the recorded wall time of every run it counts (main seeds and the
+    fresh-seed re-check, failed runs included) and of every latency timing of its networks (retries included).
+    The issue's budget is 4 hours of the 2-core CPU; wall time taken while the machine was busy counts as taken."""
+    import pandas as pd
+
+    from zoo.eval.bench import trusted
+
+    runs = [d for d in (df, fresh) if d is not None and len(d)]
+    if not runs:
+        return []
+    train = [float(pd.to_numeric(d.wall_s, errors='coerce').fillna(0).sum()) for d in runs]
+    fps = set().union(*(set(d.arch_fingerprint.dropna()) for d in runs))
+    lat = store.latency()
+    lat = lat[lat.arch_fingerprint.isin(fps) & (lat.source == 'bench')] if not lat.empty else lat
+    timing = float(lat.duration_s.fillna(0).sum()) if not lat.empty else 0.0
+    published = trusted(lat) if not lat.empty else lat
+    cpus = sorted({str(c) for d in runs for c in d.get('train_cpu', pd.Series(dtype=object)).dropna()})
+    total = sum(train) + timing
+    parts = [f'training {train[0] / 3600:.2f} h ({len(runs[0])} runs)']
+    if len(runs) > 1:
+        parts.append(f'the fresh-seed re-check {train[1] / 3600:.2f} h ({len(runs[1])} runs)')
+    parts.append(f'latency {timing / 60:.0f} min ({len(lat)} timings, {len(published)} of them quiet enough to '
+                 'publish)')
+    return [f'Cost of this page, from the database: {total / 3600:.2f} h of wall time on a 2-core CPU '
+            f'({"; ".join(cpus) or "CPU not recorded"}): {", ".join(parts)}. Wall time as recorded, including runs '
+            'trained while the machine was busy; the time to build and export a network for timing is not counted.',
+            '']
 
 
 def stability_section(bench: Benchmark, df_all, store, claims) -> list[str]:

@@ -17,6 +17,9 @@
         batch_sizes: [1, 16]            # latency batch sizes, a subset of {1, 16}
         runtimes: [eager]               # eager, compile, onnxruntime, openvino
         pretrained_from: {group: blocks_shapes, entry: resnet_standard, arg: model.checkpoint}
+        # or one pretrained entry per entry, and an arg inside an entry's mapping override:
+        # pretrained_from: {group: backbones, entry: {pool: poolformer, conv: resnet},
+        #                   arg: model.model_args.backbone_kwargs.checkpoint}
         claims:                         # a paper's claim, decided on the group's runs (benchmark_claims.py)
           - {claim: 'Tune mode keeps accuracy', paper: 'You et al. 2024', metric: val/acc1, compare: '~',
              entries: [tune, eval], margin: 0.01, paired: true}
@@ -36,7 +39,10 @@ the entries of the claims still inconclusive, up to N (``decide.next_seeds``). A
 An override ``KEY: VALUE`` becomes the argument ``--KEY=VALUE`` of ``zoo fit -c RECIPE`` (a mapping or list
 VALUE as one flow-style YAML string), so each row of the report is re-run by the command printed beside it.
 ``pretrained_from``: every job of the group waits for the named entry's run of the same seed (or its first
-seed) to finish and gets its last checkpoint as ``arg``. Errors are one line with close matches
+seed) to finish and gets its last checkpoint as ``arg`` (a seed the sequential rule adds brings the pretraining
+job of that seed along, where the pretraining group's cap allows it: give both groups the same ``seeds``); ``entry`` is one entry for the whole group or a mapping
+naming each entry's own (two backbones, each pretrained). An ``arg`` below a mapping override (``model.model_args``)
+is set inside that mapping (``with_override``). Errors are one line with close matches
 (``BenchmarkError``: exit code 2 on the command line).
 """
 from __future__ import annotations
@@ -109,6 +115,13 @@ class Group:
     def seed_cap(self) -> int:
         return max(self.max_seeds, len(self.seeds))
 
+    def pretrained_entry(self, entry: str) -> str | None:
+        """The entry of ``pretrained_from['group']`` whose checkpoint ``entry`` fine-tunes (None: from scratch)."""
+        pf = self.pretrained_from
+        if pf is None:
+            return None
+        return pf['entry'][entry] if isinstance(pf['entry'], dict) else pf['entry']
+
 
 @dataclass(frozen=True)
 class Job:
@@ -120,8 +133,12 @@ class Job:
     overrides: dict                    # group overrides, then the entry's
     key: str                           # what the database knows the job by: recipe, overrides and seed
 
-    def argv(self) -> list[str]:
-        return ['fit', '-c', self.recipe, *override_args(self.overrides), f'--seed_everything={self.seed}']
+    def argv(self, extra: dict | None = None) -> list[str]:
+        """``zoo fit`` arguments; ``extra`` (``{arg: value}``, a pretrained checkpoint) set by ``with_override``."""
+        overrides = self.overrides
+        for k, v in (extra or {}).items():
+            overrides = with_override(overrides, k, v)
+        return ['fit', '-c', self.recipe, *override_args(overrides), f'--seed_everything={self.seed}']
 
 
 @dataclass
@@ -186,6 +203,26 @@ def override_args(overrides: dict) -> list[str]:
             v = 'null'
         out.append(f'--{k}={v}')
     return out
+
+
+def with_override(overrides: dict, arg: str, value) -> dict:
+    """``overrides`` with ``arg`` set to ``value``, as a copy. An ``arg`` below a key that holds a mapping
+    (``model.model_args.backbone_kwargs.checkpoint`` under ``model.model_args``) is set inside that mapping, since
+    the command line cannot override one key of a mapping argument; else it is one more ``--arg=value``."""
+    import copy
+
+    for k in sorted(overrides, key=len, reverse=True):
+        if arg.startswith(k + '.') and isinstance(overrides[k], dict):
+            out = copy.deepcopy(overrides)
+            *path, last = arg[len(k) + 1:].split('.')
+            node = out[k]
+            for p in path:
+                if not isinstance(node.get(p, {}), dict):
+                    raise BenchmarkError(f'cannot set {arg}: {k} holds {p}={node[p]!r}, not a mapping')
+                node = node.setdefault(p, {})
+            node[last] = value
+            return out
+    return {**overrides, arg: value}
 
 
 def job_key(recipe: str, overrides: dict, seed: int) -> str:
@@ -258,9 +295,13 @@ def load(name: str) -> Benchmark:
             if pf['group'] not in groups:
                 raise BenchmarkError(f'{path}: group {g.name}: pretrained_from names group {pf["group"]!r}'
                                      f'{_close(pf["group"], list(groups))}')
-            if pf['entry'] not in groups[pf['group']].entries:
-                raise BenchmarkError(f'{path}: group {g.name}: pretrained_from names entry {pf["entry"]!r}, not in '
-                                     f'group {pf["group"]}{_close(pf["entry"], list(groups[pf["group"]].entries))}')
+            if isinstance(pf['entry'], dict) and set(pf['entry']) != set(g.entries):
+                raise BenchmarkError(f'{path}: group {g.name}: pretrained_from entry maps {sorted(pf["entry"])}; '
+                                     f'expected one pretrained entry for each of {sorted(g.entries)}')
+            for e in (pf['entry'].values() if isinstance(pf['entry'], dict) else [pf['entry']]):
+                if e not in groups[pf['group']].entries:
+                    raise BenchmarkError(f'{path}: group {g.name}: pretrained_from names entry {e!r}, not in group '
+                                         f'{pf["group"]}{_close(str(e), list(groups[pf["group"]].entries))}')
     across = {}
     for label, a in _keys(f'{path}: across', raw.get('across') or {}, list(raw.get('across') or {})).items():
         a = _keys(f'{path}: across {label}', a, ACROSS_KEYS)
@@ -423,9 +464,7 @@ def check(bench: Benchmark, say=print) -> int:
         if (job.recipe, json.dumps(job.overrides, sort_keys=True, default=str)) in seen:
             continue
         seen.add((job.recipe, json.dumps(job.overrides, sort_keys=True, default=str)))
-        argv = job.argv()
-        if bench.groups[job.group].pretrained_from:      # the checkpoint exists only once the dependency has run
-            argv = [a for a in argv if not a.startswith(f'--{bench.groups[job.group].pretrained_from["arg"]}=')]
+        argv = job.argv()        # without the pretrained checkpoint: it exists only once the dependency has run
         try:
             check_arguments(argv)
         except Exception as e:      # the CLI's own one-line error (close matches included)

@@ -270,10 +270,12 @@ def test_paper_blocks_passes_the_dry_run(capsys):
     assert main(['benchmark', 'run', str(ROOT / 'benchmarks' / 'paper_blocks.yaml'), '--dry-run',
                  '--db', 'none']) == 0
     out = capsys.readouterr().out
-    for group in ('mixers_shapes', 'weighted_shapes', 'resnet_shapes', 'convbn_finetune', 'detectors_shapes_det',
-                  'canon_copy', 'dncnn_photos', 'piip_upernet'):
+    groups = ('mixers_shapes', 'weighted_shapes', 'mlp_small_data', 'resnet_shapes', 'convbn_finetune',
+              'detectors_shapes_det', 'canon_copy', 'dncnn_photos', 'piip_upernet', 'backbones_shapes64',
+              'semfpn_pretrained')
+    for group in groups:
         assert f'ok  {group}/' in out
-    assert 'paper_blocks: 8 groups' in out and '\n      ' not in out   # one line per job
+    assert f'paper_blocks: {len(groups)} groups' in out and '\n      ' not in out   # one line per job
 
 
 def test_the_published_paper_blocks_report_is_what_its_shipped_database_gives(tmp_path, monkeypatch):
@@ -353,3 +355,63 @@ def test_network_stats_count_blocks_and_grow_with_the_input():
     assert small['size_mb'] == pytest.approx(sum(t.numel() * t.element_size() for t in (*model.parameters(), *model.buffers())) / 2 ** 20)
     assert small['weighted_layers'] >= small['blocks']['conv'] and small['input_shape'] == [3, 16, 16]
     assert large['peak_activation_mb'] > 4 * small['peak_activation_mb'] > 0     # 16x the pixels
+
+
+def test_pretrained_from_per_entry_sets_the_checkpoint_inside_a_mapping_override(tmp_path):
+    """Two backbones, each fine-tuned from its own pretrained entry (a PoolFormer from the PoolFormer, a ResNet from
+    the ResNet), with the checkpoint set inside ``model.model_args`` (the command line cannot override one key of
+    a mapping argument); the job keys never hold the checkpoint's path."""
+    from zoo.recipes.benchmark import Runner
+    from zoo.recipes.benchmark_report import rerun_command
+    from zoo.recipes.benchmark_spec import BenchmarkError, load, with_override
+
+    arg = 'model.model_args.backbone_kwargs.checkpoint'
+    spec = {'groups': {
+        'pretrain': {'task': 'classification', 'recipe': 'resnet/resnet_tiny_shapes_10e',
+                     'entries': {'pool': {'model.name': 'poolformer_tiny'}, 'conv': {'model.name': 'resnet_tiny'}}},
+        'seg': {'task': 'segmentation', 'recipe': 'segmentation/compare_semfpn_poolformer_tiny_shapes_seg',
+                'pretrained_from': {'group': 'pretrain', 'entry': {'pool': 'pool', 'conv': 'conv'}, 'arg': arg},
+                'entries': {'pool': {'model.model_args': {'backbone': 'poolformer_tiny'}},
+                            'conv': {'model.model_args': {'backbone': 'resnet_tiny',
+                                                          'backbone_kwargs': {'stem': 'imagenet'}}}}}}}
+    path = tmp_path / 'benchmarks' / 'ft.yaml'
+    path.parent.mkdir()
+    path.write_text(yaml.safe_dump(spec, sort_keys=False))
+    bench = load(str(path))
+    seg = bench.groups['seg']
+    assert [seg.pretrained_entry(e) for e in ('pool', 'conv')] == ['pool', 'conv']
+    job = bench.job('seg', 'conv', 3)
+    argv = job.argv({arg: '/r/last.ckpt'})
+    assert '--model.model_args={backbone: resnet_tiny, backbone_kwargs: {stem: imagenet, checkpoint: /r/last.ckpt}}' \
+        in argv and argv[-1] == '--seed_everything=3'
+    assert 'checkpoint' not in json.dumps(job.overrides)           # the job (and its key) is untouched
+    runner = Runner(bench, str(tmp_path / 'ft.db'))
+    deps = [runner._dependency(bench.job('seg', e, 0)) for e in ('conv', 'pool')]
+    assert [(d.group, d.entry, d.seed) for d in deps] == [('pretrain', 'conv', 0), ('pretrain', 'pool', 0)]
+    # a seed the sequential rule adds to the fine-tuning group brings its own pretraining job (the seed fixes the
+    # checkpoint), where the pretraining group's cap allows that seed
+    assert [(j.group, j.entry, j.seed) for j in runner._with_dependencies([bench.job('seg', 'pool', 1)])] == [
+        ('seg', 'pool', 1)]                                          # pretrain's seeds are fixed at [0]
+    R.close_all()
+    for g in ('pretrain', 'seg'):
+        spec['groups'][g]['seeds'] = {'min': 2, 'max': 3}
+    path.write_text(yaml.safe_dump(spec, sort_keys=False))
+    bench = load(str(path))
+    runner = Runner(bench, str(tmp_path / 'ft.db'))
+    assert [(j.group, j.entry, j.seed) for j in runner._with_dependencies([bench.job('seg', 'pool', 2)])] == [
+        ('pretrain', 'pool', 2), ('seg', 'pool', 2)]
+    R.close_all()
+    seg = bench.groups['seg']
+    assert 'backbone_kwargs: {checkpoint: <checkpoint of pretrain/pool>}' in rerun_command(seg, 'pool')
+    # an arg with no mapping above it is one more argument; a scalar in the way is an error, not a silent overwrite
+    assert with_override({'trainer.max_epochs': 2}, 'model.checkpoint', 'c') == {'trainer.max_epochs': 2,
+                                                                                'model.checkpoint': 'c'}
+    with pytest.raises(BenchmarkError, match='backbone_kwargs'):
+        with_override({'model.model_args': {'backbone_kwargs': 'x'}}, arg, 'c')
+    # a mapping that leaves an entry out, or names an entry the pretraining group lacks, is one line
+    for entry, message in (({'pool': 'pool'}, "expected one pretrained entry for each of ['conv', 'pool']"),
+                           ({'pool': 'pool', 'conv': 'convv'}, "entry 'convv', not in group pretrain; did you mean conv?")):
+        spec['groups']['seg']['pretrained_from']['entry'] = entry
+        path.write_text(yaml.safe_dump(spec, sort_keys=False))
+        with pytest.raises(BenchmarkError, match=message.replace('[', r'\[').replace(']', r'\]').replace('?', r'\?')):
+            load(str(path))

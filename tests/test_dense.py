@@ -110,3 +110,31 @@ def test_imagenet_checkpoint_into_dense_backbone(tmp_path):
     assert torch.equal(dense.stem.conv.weight, cls.stem.conv.weight)
     with pytest.warns(UserWarning, match='no output norms'):
         zoo.create('poolformer_tiny', features_only=True, out_norm=True, checkpoint=tmp_path / 'cls.pth')
+
+
+@pytest.mark.parametrize('name', ['resnet_tiny', 'vgg_tiny'])
+def test_classifier_checkpoint_into_dense_backbone_drops_the_head(tmp_path, name):
+    """A ``zoo fit`` classifier's weights start the same family's dense backbone (semfpn_pretrained in the paper
+    benchmark fine-tunes a shapes-pretrained ResNet under Semantic FPN): the classifier (and any pre-logits) is a
+    module the backbone does not have, so it is left out, while every backbone weight is loaded."""
+    cls = zoo.create(name, num_classes=6)
+    torch.save(cls.state_dict(), tmp_path / 'cls.pth')
+    dense = zoo.create(name, features_only=True, checkpoint=tmp_path / 'cls.pth')
+    theirs = cls.state_dict()
+    assert all(torch.equal(v, theirs[k]) for k, v in dense.state_dict().items())
+    bad = {k: v[:1] if v.ndim else v for k, v in theirs.items()}       # a backbone weight that does not fit
+    torch.save(bad, tmp_path / 'bad.pth')
+    with pytest.raises(ValueError, match='shape mismatches'):
+        zoo.create(name, features_only=True, checkpoint=tmp_path / 'bad.pth')
+
+
+def test_zoo_args_rebuild_the_architecture_without_a_backbones_checkpoint(tmp_path):
+    """``model.zoo_args`` is what ``zoo bench --db`` rebuilds a recorded network from, long after the run folder
+    holding a backbone's pretrained checkpoint may be gone: the weights path is not part of the architecture."""
+    cls = zoo.create('resnet_tiny', num_classes=6, stem='imagenet')
+    torch.save(cls.state_dict(), tmp_path / 'cls.pth')
+    seg = zoo.create('semfpn_seg_tiny', backbone='resnet_tiny', num_classes=3,
+                     backbone_kwargs={'stem': 'imagenet', 'checkpoint': str(tmp_path / 'cls.pth')})
+    assert seg.zoo_args['backbone_kwargs'] == {'stem': 'imagenet'}
+    again = zoo.create('semfpn_seg_tiny', **seg.zoo_args)
+    assert [(k, v.shape) for k, v in again.state_dict().items()] == [(k, v.shape) for k, v in seg.state_dict().items()]

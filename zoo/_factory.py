@@ -64,8 +64,15 @@ def create(name: str, num_classes: int | None = None, in_chans: int | None = Non
             model = _feature_wrapper(model, name, feature_cls, out_indices)
     if checkpoint is not None:
         load_checkpoint(model, checkpoint, new_head='num_classes' in kwargs)
-    model.zoo_args = kwargs  # what built it: zoo.create(name, **model.zoo_args) builds it again (zoo bench --db)
+    # what built it: zoo.create(name, **model.zoo_args) builds the architecture again (zoo bench --db), without the
+    # weights a backbone's own checkpoint argument loaded (a run folder that may be gone by then)
+    model.zoo_args = _without_checkpoints(kwargs)
     return model
+
+
+def _without_checkpoints(kwargs: dict) -> dict:
+    """``kwargs`` less every nested ``checkpoint`` (``backbone_kwargs={'checkpoint': ...}``): weights, not shape."""
+    return {k: _without_checkpoints(v) if isinstance(v, dict) else v for k, v in kwargs.items() if k != 'checkpoint'}
 
 
 FEATURE_CLS = ('getter', 'hook')
@@ -369,6 +376,11 @@ def load_checkpoint(model: nn.Module, path: str | Path | dict, new_head: bool | 
     sd = remap_checkpoint(model, path if isinstance(path, dict) else read_state_dict(path))
     where = 'the state dict' if isinstance(path, dict) else path
     own = model.state_dict()
+    if getattr(model, 'features_only', False):
+        # a dense backbone has no head: a classification checkpoint's classifier, pre-logits and final norm are
+        # modules it does not have (timm loads features_only models non-strictly); a module it has must match
+        tops = {k.split('.')[0] for k in own}
+        sd = {k: v for k, v in sd.items() if k.split('.')[0] in tops}
     head = classifier_prefix(model)
     if new_head == 'always' and not head:
         raise ValueError(f'{type(model).__name__} does not name its classifier (classifier_prefix); cannot fine-tune')
