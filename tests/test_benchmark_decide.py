@@ -213,7 +213,7 @@ def test_recheck_decides_the_claims_again_on_fresh_seeds(tmp_path):
     jobs get other keys (the main tables never count them), and the report's stability table sets the verdict
     on seeds 0-2 (pooling 0.90/0.91/0.92 vs identity 0.60/0.62/0.61: holds) beside the one on seeds 100-102
     (0.80/0.82/0.81 vs 0.60/0.61/0.59: holds too)."""
-    from zoo.recipes.benchmark_report import stability_section
+    from zoo.recipes.benchmark_report import decided_summary, stability_rows, stability_section, stability_summary
 
     path = spec(tmp_path, [{'claim': 'pooling beats identity', 'compare': '>', 'entries': ['pooling', 'identity'],
                             'paired': True}], seeds={'min': 3, 'max': 4})
@@ -234,10 +234,20 @@ def test_recheck_decides_the_claims_again_on_fresh_seeds(tmp_path):
     assert len(BC.current(b, df, store)) == 6 and len(BC.current(fresh, df, store)) == 6
     claims = BC.decide_claims(b, BC.current(b, df, store), store)
     assert [r.status for r in claims] == [decide.HOLDS]
-    text = '\n'.join(stability_section(b, df, store, claims))
+    assert decided_summary(claims) == ("Decided: 1 of the 1 claims (1 after Holm's correction across the page); 0 not "
+                                       'testable on a CPU, 0 still open or undertrained.')
+    rows = stability_rows(b, df, store, claims)
+    text = '\n'.join(stability_section(b, rows))
     row = next(line for line in text.splitlines() if 'pooling beats identity' in line)
     assert row.count('| holds |') == 2 and row.rstrip().endswith('| yes |'), row
     assert '0.3000 [' in row and '0.2100 [' in row, row              # the two paired mean differences
+    # the front page's sentence counts the decided claims re-run and names those that changed
+    assert stability_summary(b, rows, claims) == ('Re-decided on fresh seeds (100, 101, ...): 1 of the 1 decided '
+                                                  'claims re-run gave the same verdict (pooling beats identity).')
+    rows[0].update({'seeds 100.. verdict': 'inconclusive', 'same': 'no'})
+    assert stability_summary(b, rows, claims).endswith(
+        '0 of the 1 decided claims re-run gave the same verdict; not the same: pooling beats identity: holds, then '
+        'inconclusive.')
     R.close_all()
 
 
