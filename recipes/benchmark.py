@@ -117,7 +117,8 @@ class Runner:
         g = self.bench.groups[job.group]
         if g.pretrained_from is None:
             return None
-        deps = [j for j in self.jobs if j.group == g.pretrained_from['group'] and j.entry == g.pretrained_entry(job.entry)]
+        group, entry = g.pretrained_from['group'], g.pretrained_entry(job.entry)
+        deps = [j for j in self.jobs if j.group == group and j.entry == entry]
         return next((j for j in deps if j.seed == job.seed), deps[0])
 
     def pending(self, state: dict | None = None) -> list[Job]:

@@ -478,14 +478,18 @@ def stability_section(bench: Benchmark, rows: list[dict]) -> list[str]:
             _md_table(rows), '']
 
 
-def decided_summary(claims) -> str:
-    """'N of M claims decided ...': the count the front page leads with, raw and Holm-adjusted."""
+def _decided(verdict: str) -> bool:
+    """holds / smaller than claimed / does not hold: a decision (not inconclusive, undertrained or untested)."""
     from zoo.eval.results import decide
 
-    decided = {decide.HOLDS, decide.SMALLER, decide.FAILS}
+    return verdict in (decide.HOLDS, decide.SMALLER, decide.FAILS)
+
+
+def decided_summary(claims) -> str:
+    """'N of M claims decided ...': the count the front page leads with, raw and Holm-adjusted."""
     tested = [r for r in claims if not r.claim.not_tested]
-    raw = sum(r.status in decided for r in tested)
-    holm = sum(r.adjusted is not None and r.adjusted.verdict in decided for r in tested)
+    raw = sum(_decided(r.status) for r in tested)
+    holm = sum(r.adjusted is not None and _decided(r.adjusted.verdict) for r in tested)
     return (f'Decided: {raw} of the {len(claims)} claims ({holm} after Holm\'s correction across the page); '
             f'{len(claims) - len(tested)} not testable on a CPU, {len(tested) - raw} still open or undertrained.')
 
@@ -493,10 +497,7 @@ def decided_summary(claims) -> str:
 def stability_summary(bench: Benchmark, rows: list[dict], claims) -> str:
     """One sentence for the front page: how many decided claims the fresh seeds decided the same way, and what the
     others gave (the table is the page's last section)."""
-    from zoo.eval.results import decide
-
-    decided = {decide.HOLDS, decide.SMALLER, decide.FAILS}
-    ran = [r for r in rows if r['same'] and r['seeds 0.. verdict'] in decided]
+    ran = [r for r in rows if r['same'] and _decided(r['seeds 0.. verdict'])]
     if not ran:
         return ''
     k = bench.recheck['seeds_from']

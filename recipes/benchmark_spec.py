@@ -40,9 +40,10 @@ An override ``KEY: VALUE`` becomes the argument ``--KEY=VALUE`` of ``zoo fit -c 
 VALUE as one flow-style YAML string), so each row of the report is re-run by the command printed beside it.
 ``pretrained_from``: every job of the group waits for the named entry's run of the same seed (or its first
 seed) to finish and gets its last checkpoint as ``arg`` (a seed the sequential rule adds brings the pretraining
-job of that seed along, where the pretraining group's cap allows it: give both groups the same ``seeds``); ``entry`` is one entry for the whole group or a mapping
-naming each entry's own (two backbones, each pretrained). An ``arg`` below a mapping override (``model.model_args``)
-is set inside that mapping (``with_override``). Errors are one line with close matches
+job of that seed along, where the pretraining group's cap allows it: give both groups the same ``seeds``).
+``entry`` is one entry for the whole group or a mapping naming each entry's own (two backbones, each pretrained).
+An ``arg`` below a mapping override (``model.model_args``) is set inside that mapping (``with_override``).
+Errors are one line with close matches
 (``BenchmarkError``: exit code 2 on the command line).
 """
 from __future__ import annotations

@@ -409,8 +409,9 @@ def test_pretrained_from_per_entry_sets_the_checkpoint_inside_a_mapping_override
     with pytest.raises(BenchmarkError, match='backbone_kwargs'):
         with_override({'model.model_args': {'backbone_kwargs': 'x'}}, arg, 'c')
     # a mapping that leaves an entry out, or names an entry the pretraining group lacks, is one line
-    for entry, message in (({'pool': 'pool'}, "expected one pretrained entry for each of ['conv', 'pool']"),
-                           ({'pool': 'pool', 'conv': 'convv'}, "entry 'convv', not in group pretrain; did you mean conv?")):
+    for entry, message in (
+            ({'pool': 'pool'}, "expected one pretrained entry for each of ['conv', 'pool']"),
+            ({'pool': 'pool', 'conv': 'convv'}, "entry 'convv', not in group pretrain; did you mean conv?")):
         spec['groups']['seg']['pretrained_from']['entry'] = entry
         path.write_text(yaml.safe_dump(spec, sort_keys=False))
         with pytest.raises(BenchmarkError, match=message.replace('[', r'\[').replace(']', r'\]').replace('?', r'\?')):
