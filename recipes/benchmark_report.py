@@ -81,6 +81,15 @@ def interval(metric: str, values) -> tuple[float, float, float]:
     return mean, mean - half, mean + half
 
 
+def difference_ends(metric: str, v) -> tuple[float, float]:
+    """The ends of a claim's interval of a - b as shown: for a metric bounded in [0, 1] a difference lies in
+    [-1, 1], so a t-interval end beyond it (three seeds of a large spread) is shown at the bound. The verdict is the
+    same either way: it compares the ends with 0, the paper's effect and the margin, all inside the range."""
+    if metric.rsplit('/', 1)[-1] in BOUNDED:
+        return max(v.low, -1.0), min(v.high, 1.0)
+    return v.low, v.high
+
+
 def latency_column(runtime: str, batch_size: int) -> str:
     return f'latency_{runtime}{"" if batch_size == 1 else f"_b{batch_size}"}_ms'
 
@@ -209,7 +218,8 @@ def claims_table(results) -> list[dict]:
         tested = (f'{c.metric}: {c.entries[0]} {_compare_text(c)} {c.entries[1]}, '
                   f'{"paired by seed" if c.paired else "unpaired (Welch)"}{target}')
         measured = (f'{_num(r.mean_a)} vs {_num(r.mean_b)}' if r.n_a and r.n_b else 'no finished runs')
-        diff = (f'{_num(v.estimate)} [{_num(v.low)}, {_num(v.high)}]' if v.n >= 2 else '')
+        low, high = difference_ends(c.metric, v)
+        diff = (f'{_num(v.estimate)} [{_num(low)}, {_num(high)}]' if v.n >= 2 else '')
         verdict = (f'undertrained ({r.gate})' if r.gate else r.status if not (r.n_a and r.n_b) else
                    v.verdict + (f' ({v.why})' if v.why else ''))
         holm = '' if r.adjusted is None else r.adjusted.verdict
@@ -537,7 +547,8 @@ def verdict_table(claims, df) -> str:
                      'verdict': r.status if r.adjusted is None or r.adjusted.verdict == r.status
                      else f'{r.status} (Holm: {r.adjusted.verdict})',
                      'a - b (95 % CI)': '' if v is None or v.n < 2 else
-                     f'{v.estimate:+.4g} [{v.low:+.4g}, {v.high:+.4g}] {c.metric}, n={v.n}',
+                     '{:+.4g} [{:+.4g}, {:+.4g}] {}, n={}'.format(v.estimate, *difference_ends(c.metric, v), c.metric,
+                                                                   v.n),
                      'latency a/b': ratio(lat), 'training time a/b': ratio(train)})
     return _md_table(rows)
 
@@ -550,7 +561,10 @@ def _title(c: Claim) -> str:
 
 def _diff(r) -> str:
     v = r.raw
-    return '' if v is None or v.n < 2 else f'{_num(v.estimate)} [{_num(v.low)}, {_num(v.high)}] (n={v.n})'
+    if v is None or v.n < 2:
+        return ''
+    low, high = difference_ends(r.claim.metric, v)
+    return f'{_num(v.estimate)} [{_num(low)}, {_num(high)}] (n={v.n})'
 
 
 def _curves_section(bench: Benchmark, g: Group, rows, store, fig_dir: Path) -> list[str]:

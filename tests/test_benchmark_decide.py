@@ -291,3 +291,17 @@ def test_across_tables_are_relative_to_the_reference_entry(tmp_path):
     lo, hi = (float(x) for x in rows[0]['95 % bootstrap (6 runs)'].strip('[]').split(', '))
     assert 1.09 < lo < 1.306 < hi < 1.51
     R.close_all()
+
+
+def test_a_difference_of_bounded_metrics_is_shown_inside_its_range():
+    """Item 8 (no interval outside the metric's range) for claims too: a - b of two accuracies lies in [-1, 1], so
+    a paired t-interval of three seeds that reaches past it (canon's copy probe on fresh seeds: 0.80 [0.52, 1.08])
+    is shown at the bound; an unbounded metric (PSNR) keeps its ends."""
+    from types import SimpleNamespace
+
+    from zoo.recipes.benchmark_report import difference_ends
+
+    v = SimpleNamespace(low=0.5205, high=1.0782)
+    assert difference_ends('val/acc', v) == (0.5205, 1.0)
+    assert difference_ends('val/miou', SimpleNamespace(low=-1.2, high=-0.1)) == (-1.0, -0.1)
+    assert difference_ends('val/psnr', v) == (0.5205, 1.0782)
