@@ -102,7 +102,7 @@ def parse_runtimes(spec) -> tuple[str, ...]:
 def _max_diff(a, b) -> float | None:
     """Largest absolute difference between two outputs (tensors, or the same nesting of tensors), in float32;
     None when their structure or shapes differ (e.g. detections, whose count may differ)."""
-    from torch.utils._pytree import tree_flatten
+    from zoo.layers._torch_compat import tree_flatten
 
     la, sa = tree_flatten(a)
     lb, sb = tree_flatten(b)

@@ -23,6 +23,8 @@ from collections import defaultdict
 import torch
 from torch import nn
 
+from zoo.layers._torch_compat import BatchNormBase
+
 OTHER = 'other'
 # Unregistered family modules, by the last component of their path or their class name (first match wins).
 NAME_KINDS = (('channel_mix', 'channel_mixer'), ('mlp', 'channel_mixer'), ('ffn', 'channel_mixer'),
@@ -33,7 +35,7 @@ NAME_KINDS = (('channel_mix', 'channel_mixer'), ('mlp', 'channel_mixer'), ('ffn'
               ('embed', 'stem'), ('stem', 'stem'), ('downsample', 'downsample'), ('merging', 'downsample'),
               ('fpn', 'neck'), ('merge_branch', 'neck'),  # PIIP's pyramid for dense heads
               ('neck', 'neck'), ('head', 'head'))
-_TORCH_KINDS = ((nn.modules.batchnorm._BatchNorm, 'norm'), (nn.LayerNorm, 'norm'), (nn.GroupNorm, 'norm'),
+_TORCH_KINDS = ((BatchNormBase, 'norm'), (nn.LayerNorm, 'norm'), (nn.GroupNorm, 'norm'),
                 (nn.GELU, 'act'), (nn.ReLU, 'act'), (nn.SiLU, 'act'), (nn.Hardswish, 'act'))
 
 

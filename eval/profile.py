@@ -515,6 +515,7 @@ def convbn_probe(model: nn.Module, x: torch.Tensor, y: torch.Tensor, loss_fn: Ca
 
     Everything runs on deep copies (eager, whatever the network was compiled with): ``model``'s weights, gradients
     and BN statistics are left as they were. A network in ``deploy`` mode has no BN left to switch: ValueError."""
+    from zoo.layers._torch_compat import drop_compiled_forward
     from zoo.layers.convbn import ConvBN, set_mode
 
     if any(isinstance(m, ConvBN) and m.mode == 'deploy' for m in model.modules()):
@@ -523,7 +524,7 @@ def convbn_probe(model: nn.Module, x: torch.Tensor, y: torch.Tensor, loss_fn: Ca
     nets = {'run': copy.deepcopy(model), 'eval': copy.deepcopy(model)}
     for net in nets.values():
         for module in net.modules():      # the eager network (torch.compile's wrapper is not copied)
-            module._compiled_call_impl = None
+            drop_compiled_forward(module)
     set_mode(nets['eval'], 'eval')
     saved = {k: saved_bytes(net, x, y, loss_fn) for k, net in nets.items()}
     # settle=0: two eager torch steps leave no runtime threads spinning for the other to absorb

@@ -31,10 +31,9 @@ import warnings
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.nn.modules.batchnorm import _BatchNorm
-from torch.nn.modules.conv import _ConvNd
 
 from ._registry import register
+from ._torch_compat import BatchNormBase, ConvBase, conv_forward
 
 __all__ = ['MODES', 'ConvBN', 'conv_bn_forward', 'fold_conv_bn', 'set_mode', 'tune_forward']
 
@@ -54,7 +53,7 @@ def conv_weight(conv: nn.Module) -> torch.Tensor:
     return conv.masked_weight() if hasattr(conv, 'masked_weight') else conv.weight
 
 
-def folded_scale_bias(conv: _ConvNd, bn: _BatchNorm) -> tuple[torch.Tensor, torch.Tensor]:
+def folded_scale_bias(conv: ConvBase, bn: BatchNormBase) -> tuple[torch.Tensor, torch.Tensor]:
     """``c = gamma / sqrt(var + eps)`` and ``b' = beta + c (b - mean)``, differentiable in gamma, beta, b."""
     var, mean = bn.running_var, bn.running_mean
     scale = torch.rsqrt(var + bn.eps)
@@ -99,18 +98,18 @@ class _TunedConv(torch.autograd.Function):
         return gx, gw, gs, gb, None, None, None, None
 
 
-def tune_forward(conv: _ConvNd, bn: _BatchNorm, x: torch.Tensor) -> torch.Tensor:
+def tune_forward(conv: ConvBase, bn: BatchNormBase, x: torch.Tensor) -> torch.Tensor:
     """Tune mode: one conv with the folded weight and bias, recomputed from the current parameters."""
     scale, bias = folded_scale_bias(conv, bn)
     if conv.padding_mode != 'zeros' or isinstance(conv.padding, str) or conv.transposed:
         # rare layouts: fold and let the conv do its own padding (autograd keeps w' as well, like mmengine)
         w = conv_weight(conv) * scale.reshape((-1,) + (1,) * (conv.weight.ndim - 1))
-        return conv._conv_forward(x, w, bias)
+        return conv_forward(conv, x, w, bias)
     return _TunedConv.apply(x, conv_weight(conv), scale, bias, list(conv.stride), list(conv.padding),
                             list(conv.dilation), conv.groups)
 
 
-def conv_bn_forward(conv: _ConvNd, bn: _BatchNorm, x: torch.Tensor, mode: str | None = None) -> torch.Tensor:
+def conv_bn_forward(conv: ConvBase, bn: BatchNormBase, x: torch.Tensor, mode: str | None = None) -> torch.Tensor:
     """One Conv+BN pair in ``mode`` (by default the mode :func:`set_mode` stored on ``bn``)."""
     mode = mode or getattr(bn, 'convbn_mode', 'train')
     if mode == 'tune':
@@ -122,7 +121,7 @@ def conv_bn_forward(conv: _ConvNd, bn: _BatchNorm, x: torch.Tensor, mode: str | 
 
 
 @torch.no_grad()
-def fold_conv_bn(conv: _ConvNd, bn: _BatchNorm) -> _ConvNd:
+def fold_conv_bn(conv: ConvBase, bn: BatchNormBase) -> ConvBase:
     """Deploy mode: a plain ``nn.ConvNd`` computing ``bn(conv(x))`` with running statistics."""
     if bn.running_var is None:
         raise ValueError('deploy mode needs a BatchNorm with running statistics (track_running_stats=True)')
@@ -209,11 +208,11 @@ def find_conv_bn_pairs(model: nn.Module) -> tuple[torch.fx.GraphModule, list[tup
             calls[node.target] = calls.get(node.target, 0) + 1
     pairs = []
     for node in list(graph.nodes):
-        if node.op != 'call_module' or not isinstance(modules.get(node.target), _BatchNorm):
+        if node.op != 'call_module' or not isinstance(modules.get(node.target), BatchNormBase):
             continue
         src = node.args[0] if node.args else None
         if (len(node.args) != 1 or node.kwargs or not isinstance(src, torch.fx.Node) or src.op != 'call_module'
-                or not isinstance(modules.get(src.target), _ConvNd) or modules[src.target].transposed
+                or not isinstance(modules.get(src.target), ConvBase) or modules[src.target].transposed
                 or len(src.users) != 1 or calls[src.target] != 1 or calls[node.target] != 1
                 or modules[node.target].running_var is None):
             continue
@@ -245,7 +244,7 @@ def set_mode(model: nn.Module, mode: str) -> dict:
     for block in blocks:
         block.set_mode(mode)
     inside = {id(m) for b in blocks for m in b.modules()}
-    loose_bn = [m for m in model.modules() if isinstance(m, _BatchNorm) and id(m) not in inside]
+    loose_bn = [m for m in model.modules() if isinstance(m, BatchNormBase) and id(m) not in inside]
     pairs: list[tuple[str, str]] = getattr(model, '_convbn_pairs', None)
     if pairs is None and loose_bn:
         try:

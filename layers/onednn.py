@@ -50,7 +50,8 @@ import torch.nn.functional as F
 from torch import nn
 from torch.autograd.function import once_differentiable
 
-from ._torch_compat import is_fx_symbolic_tracing
+from ._torch_compat import custom_graph_pass, detect_fake_mode, dispatch_mode_active, is_fx_symbolic_tracing, \
+    version_counter
 
 __all__ = ['add_tokens', 'clear_prepared', 'compiled_linear_pass', 'conv_add', 'conv_bn_act', 'eager_inference',
            'exact_gelu', 'linear', 'onednn_enabled']
@@ -75,12 +76,6 @@ def exact_gelu(act: nn.Module) -> bool:
     return type(act) is nn.GELU and act.approximate == 'none'
 
 
-try:  # a private helper of PyTorch's; without it, take the plain path whenever a counter could be listening
-    from torch.utils._python_dispatch import _get_current_dispatch_mode
-except ImportError:  # pragma: no cover
-    def _get_current_dispatch_mode():
-        return True
-
 _is_exporting = getattr(torch.compiler, 'is_exporting', lambda: False)
 
 
@@ -89,7 +84,7 @@ def _graph_captured() -> bool:
     torch.jit.trace, torch.fx symbolic tracing, or a dispatch mode (FlopCounterMode, fake tensors). They get the
     plain ops they know. ``is_compiling`` comes first: dynamo folds it to a constant and never traces the rest."""
     return (torch.compiler.is_compiling() or _is_exporting() or torch.jit.is_tracing() or is_fx_symbolic_tracing()
-            or _get_current_dispatch_mode() is not None)
+            or dispatch_mode_active())
 
 
 def eager_inference() -> bool:
@@ -161,7 +156,7 @@ def _prepared(owner: nn.Module, tensors: tuple, shape: tuple, make: Callable[[],
     state dicts, ``deepcopy`` and pickling never see it."""
     if any(t.is_inference() for t in tensors):  # made under inference_mode: no version counter to watch
         return make()
-    state = tuple((t.data_ptr(), t._version) for t in tensors)
+    state = tuple((t.data_ptr(), version_counter(t)) for t in tensors)
     hit = _PREPARED.get(owner)
     if hit is not None and hit[2] == shape and hit[1] == state and all(a is b for a, b in zip(hit[0], tensors)):
         return hit[3]
@@ -356,9 +351,7 @@ def compiled_linear_pass():
 
 @functools.cache
 def _linear_pass():
-    from torch._guards import detect_fake_mode
-    from torch._inductor.custom_graph_pass import CustomGraphPass
-
+    CustomGraphPass = custom_graph_pass()
     mkl_linear = getattr(getattr(torch.ops, 'mkl', None), '_mkl_linear', None)
     targets = () if mkl_linear is None else (mkl_linear, mkl_linear.default)  # the packet or its overload
     reshapes = tuple(getattr(torch.ops.aten, name).default for name in _RESHAPES)

@@ -23,6 +23,7 @@ import contextlib
 import torch
 import torch.nn.functional as F
 
+from ._torch_compat import higher_order_scan
 from .selective_scan import _finish, _prepare
 
 __all__ = ['decompose', 'selective_scan_loop', 'selective_scan_parallel']
@@ -95,7 +96,7 @@ def selective_scan_loop(u, delta, A, B, C, D=None, delta_bias=None, delta_softpl
     entering every chunk; pass 2 re-runs every chunk from its entering state and reads y_t = C_t . h_t per step.
     The loops carry (nc, B, G, N, Dg) slabs: the (B, KD, N, L) states are never formed, as in the eager scan.
     """
-    from torch._higher_order_ops.scan import scan
+    scan = higher_order_scan()
     out_dtype = u.dtype
     u, delta, A, B, C, D, groups = _prepare(u, delta, A, B, C, D, delta_bias, delta_softplus)
     u0 = u

@@ -38,6 +38,7 @@ import torch
 from torch import nn
 
 from ._registry import register
+from ._torch_compat import LoadStateDictHook, conv_forward
 
 __all__ = ['density_mask', 'WeightedConv1d', 'WeightedConv2d', 'WeightedConv3d', 'weighted_conv', 'conv_factory']
 
@@ -59,7 +60,7 @@ def density_mask(den: Sequence[float] | torch.Tensor, ndim: int = 2) -> torch.Te
     return phi
 
 
-class _WeightedConvNd:
+class _WeightedConvNd(LoadStateDictHook):
     """Shared by the 1D/2D/3D classes (mixed in before ``nn.ConvNd``, whose signature it keeps)."""
 
     _ndim: int
@@ -88,8 +89,7 @@ class _WeightedConvNd:
             self.register_buffer('den', den.clone())
             self.register_buffer('Phi', density_mask(den, self._ndim))  # (k,) * ndim, broadcast over (Cout, Cin/g)
 
-    def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
-                              error_msgs):
+    def remap_state_dict(self, state_dict, prefix: str, error_msgs: list) -> bool:
         """Accept the official layout: ``alfa`` (the whole 1-D profile) instead of ``den``, ``Phi`` optional."""
         alfa = state_dict.pop(prefix + 'alfa', None)
         if alfa is not None and prefix + 'den' not in state_dict:
@@ -98,15 +98,14 @@ class _WeightedConvNd:
             if alfa.numel() != 2 * n + 1 or not torch.equal(alfa, _alfa(den)):
                 error_msgs.append(f'{prefix}alfa must be the symmetric profile [den, 1, reversed(den)] of '
                                   f'length {2 * n + 1}, got {alfa.tolist()}')
-                return
+                return False
             state_dict[prefix + 'den'] = den.clone()
         den = state_dict.get(prefix + 'den')
         if self.trainable_den:
             state_dict.pop(prefix + 'Phi', None)  # rebuilt from the parameter at every forward
         elif den is not None and prefix + 'Phi' not in state_dict:
             state_dict[prefix + 'Phi'] = density_mask(den.float(), self._ndim)
-        super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
-                                      error_msgs)
+        return True
 
     def masked_weight(self) -> torch.Tensor:
         """``weight * Phi`` (rebuilt from the parameter ``den`` when it is trainable)."""
@@ -114,7 +113,7 @@ class _WeightedConvNd:
         return self.weight * phi.to(self.weight.dtype)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self._conv_forward(x, self.masked_weight(), self.bias)
+        return conv_forward(self, x, self.masked_weight(), self.bias)
 
     def extra_repr(self) -> str:
         return super().extra_repr() + f', den={[round(v, 4) for v in self.den.tolist()]}' + \

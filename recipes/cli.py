@@ -28,6 +28,7 @@ from lightning.pytorch import Callback, LightningDataModule, LightningModule
 from lightning.pytorch.cli import LightningCLI
 
 from . import runs
+from ._lightning_compat import CkptPathHook
 from .checkpointing import check_checkpoint_model, check_weights_fit, checkpoint_callbacks, read_checkpoint
 from .errors import one_line_error, quiet_lightning, subcommand_parser, usage_errors
 
@@ -55,19 +56,21 @@ def model_summary() -> Callback:
     set of the same weights, not parameters of the model, so it is said apart ("EMA copy: N"). Params and
     MACs of a model: ``zoo bench NAME``."""
     from lightning.pytorch.callbacks import ModelSummary, RichModelSummary
-    from lightning.pytorch.utilities.imports import _RICH_AVAILABLE
 
-    base = RichModelSummary if _RICH_AVAILABLE else ModelSummary
+    from ._lightning_compat import rich_available
+
+    base = RichModelSummary if rich_available() else ModelSummary
 
     class ZooModelSummary(base):
         ema_params = ema_trainable = 0  # the parameters of the system's EMA copy (all of them, trainable ones)
 
-        def _summary(self, trainer, pl_module):
+        def on_fit_start(self, trainer, pl_module) -> None:
+            # counted before Lightning's summary (made and printed in this hook), whose totals include the copy
             ema = getattr(pl_module, 'ema', None)
             params = list(ema.parameters()) if ema is not None else []
             self.ema_params = sum(p.numel() for p in params)
             self.ema_trainable = sum(p.numel() for p in params if p.requires_grad)
-            return super()._summary(trainer, pl_module)
+            super().on_fit_start(trainer, pl_module)
 
         def summarize(self, summary_data, total_parameters, trainable_parameters, model_size, total_training_modes,
                       total_flops, **kwargs) -> None:
@@ -110,7 +113,7 @@ class CLIRun:
     made: tuple[Path, ...] = ()  # folders this run created, innermost first (removed again if it is rejected)
 
 
-class ZooCLI(LightningCLI):
+class ZooCLI(CkptPathHook, LightningCLI):
     """LightningCLI with run folders, the default callbacks and loggers, and data-linked model sizes.
 
     ``trial``: the sweep trial this run belongs to (``recipes.recording.TrialContext``), passed in by
@@ -146,7 +149,7 @@ class ZooCLI(LightningCLI):
         configs = [c for c in (cfg.get('config') or []) if c]
         return Path(str(configs[-1])).stem if configs else str(_init_args(cfg.get('model')).get('name') or 'run')
 
-    def _parse_ckpt_path(self) -> None:
+    def resolve_ckpt_path(self) -> None:
         """Resolve ``--ckpt_path last|best|interrupted`` (``runs.resolve_checkpoint``) and refuse a checkpoint of
         another model.
 

@@ -28,7 +28,7 @@ def layer_ids(model: nn.Module) -> dict[str, int]:
     ``group_matcher`` (zoo's and timm's models: stem 0, blocks in order, head and final norm last), else timm's
     fallback grouping."""
     from timm.models import group_parameters
-    from timm.optim._param_groups import auto_group_layers
+    from timm.optim import auto_group_layers  # the public re-export, not its private home (timm.optim._param_groups)
 
     if hasattr(model, 'group_matcher'):
         return group_parameters(model, model.group_matcher(coarse=False), reverse=True)
@@ -119,6 +119,8 @@ class WarmupCosine(torch.optim.lr_scheduler.LambdaLR):
 
     def bind(self, trainer) -> 'WarmupCosine':
         """Size the schedule from the run and set the learning rates of the current step."""
+        from zoo.layers._torch_compat import set_last_lr
+
         self.total = trainer.max_steps if trainer.max_steps > 0 else max(1, int(trainer.estimated_stepping_batches))
         if self.warmup_steps:  # 0 as well as None means "by epochs": the CLI's parser fills the unset value with 0
             self.warmup = min(self.warmup_steps, self.total)
@@ -128,7 +130,7 @@ class WarmupCosine(torch.optim.lr_scheduler.LambdaLR):
         factor = warmup_cosine(self.last_epoch, self.total, self.warmup, self.floor)
         for group, base in zip(self.optimizer.param_groups, self.base_lrs):
             group['lr'] = base * factor
-        self._last_lr = [g['lr'] for g in self.optimizer.param_groups]
+        set_last_lr(self, [g['lr'] for g in self.optimizer.param_groups])
         return self
 
 
@@ -169,8 +171,10 @@ class WarmupPoly(torch.optim.lr_scheduler.LambdaLR):
 
     def bind(self, trainer) -> 'WarmupPoly':
         """Size the schedule from the run and set the learning rates of the current step."""
+        from zoo.layers._torch_compat import set_last_lr
+
         self.total = trainer.max_steps if trainer.max_steps > 0 else max(1, int(trainer.estimated_stepping_batches))
         for group, base in zip(self.optimizer.param_groups, self.base_lrs):
             group['lr'] = base * self.factor(self.last_epoch)
-        self._last_lr = [g['lr'] for g in self.optimizer.param_groups]
+        set_last_lr(self, [g['lr'] for g in self.optimizer.param_groups])
         return self

@@ -303,6 +303,7 @@ class ResultsLogger(Logger):
     def _example(self, trainer, system) -> tuple[torch.nn.Module, torch.Tensor | None]:
         """The network on the CPU in eval mode (a copy) and one batch-1 input at the size the run trained at."""
         from zoo.eval.profile import example_input
+        from zoo.layers._torch_compat import drop_compiled_forward
 
         net = self._network(system)
         size = self._input_size(trainer, system)
@@ -313,7 +314,7 @@ class ResultsLogger(Logger):
         # contiguous weights (not `channels_last`'s)
         net = copy.deepcopy(net).cpu().eval().to(memory_format=torch.contiguous_format)
         for module in net.modules():  # a DenseModel compiles its parts
-            module._compiled_call_impl = None
+            drop_compiled_forward(module)
         return net, x
 
     def _record_network_stats(self, trainer, system) -> None:

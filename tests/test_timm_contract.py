@@ -493,25 +493,7 @@ def test_torchvision_feature_extractor_gives_the_stage_maps(name):
         torch.testing.assert_close(got[str(i)], w)
 
 
-# ---- what the ported tests rest on: timm's and torch's private names, the new arguments and their errors ---------
-
-def test_private_names_of_timm_and_torch_still_resolve():
-    """The compatibility modules' names exist and mean what zoo assumes (a library change fails here)."""
-    from zoo._timm_compat import feature_take_indices
-    from zoo.layers._torch_compat import is_fx_symbolic_tracing
-    assert feature_take_indices(4, None) == ([0, 1, 2, 3], 3) and feature_take_indices(4, 2) == ([2, 3], 3)
-    assert hasattr(FeatureGetterNet, 'forward') and 'prune' in FeatureGetterNet.__init__.__code__.co_varnames
-    seen = []
-
-    class Probe(torch.nn.Module):
-        def forward(self, x):
-            seen.append(is_fx_symbolic_tracing())
-            return x + 1
-
-    torch.fx.symbolic_trace(Probe())
-    Probe()(torch.zeros(1))
-    assert seen == [True, False]
-
+# ---- the new arguments and their errors (the private names they rest on: tests/test_private_surface.py) --------------
 
 def test_new_arguments_fail_with_one_line_errors():
     cases = [(dict(feature_cls='getter'), 'pass features_only=True'),

@@ -14,9 +14,9 @@ from ._builder import UnknownArgumentError
 from ._registry import model_info
 from ._timm_habits import attach_pretrained_cfg, match_checkpoint_head, no_weights_error
 
-# Wrappers that training code puts around a state dict or its keys.
+# Wrappers that training code puts around a state dict or its keys (and, last, torch.compile's: COMPILED_PREFIX).
 _NESTED_KEYS = ('state_dict_ema', 'model_ema', 'state_dict', 'model', 'module')
-_PREFIXES = ('module.', 'model.', '_orig_mod.')
+_PREFIXES = ('module.', 'model.')
 
 
 def create(name: str, num_classes: int | None = None, in_chans: int | None = None,
@@ -164,7 +164,9 @@ def read_state_dict(path: str | Path) -> dict[str, torch.Tensor]:
             break
     if not isinstance(sd, dict) or not all(isinstance(v, torch.Tensor) for v in sd.values()):
         raise ValueError(f'{path} does not hold a state dict of tensors')
-    for prefix in _PREFIXES:
+    from zoo.layers._torch_compat import COMPILED_PREFIX
+
+    for prefix in (*_PREFIXES, COMPILED_PREFIX):
         if sd and all(k.startswith(prefix) for k in sd):
             sd = _strip_prefix(sd, prefix)
     return sd
@@ -311,11 +313,13 @@ def _pickled_weights(obj):
 def _strip_prefix(sd: dict, prefix: str) -> OrderedDict:
     """The entries under ``prefix``, re-keyed without it; torch's module list (``_metadata``) is re-keyed too
     (``MetaFormer.checkpoint_head`` reads it)."""
-    meta = getattr(sd, '_metadata', None)
+    from zoo.layers._torch_compat import set_state_dict_metadata, state_dict_metadata
+
+    meta = state_dict_metadata(sd)
     out = OrderedDict((k[len(prefix):], v) for k, v in sd.items() if k.startswith(prefix))
     if meta is not None:
-        out._metadata = OrderedDict(('' if m == prefix[:-1] else m[len(prefix):], d) for m, d in meta.items()
-                                    if m == prefix[:-1] or m.startswith(prefix))
+        set_state_dict_metadata(out, OrderedDict(('' if m == prefix[:-1] else m[len(prefix):], d)
+                                                 for m, d in meta.items() if m == prefix[:-1] or m.startswith(prefix)))
     return out
 
 

@@ -94,7 +94,9 @@ def _compiled(fn, options: dict | None):
     (torch 2.14: a MetaFormer on 1-channel images fails with "expected size 16==16, stride 1==64" at its
     second batch size; pytorch/pytorch#121400 fixed that case once). Dynamo also remembers a function's
     dynamic dims by file and line across code objects, so a second model at another batch size was affected."""
-    from torch._inductor import config as inductor_config
+    from zoo.layers._torch_compat import inductor_config
+
+    config = inductor_config()
 
     def call(x):
         return fn(x)
@@ -111,7 +113,7 @@ def _compiled(fn, options: dict | None):
         # tensor made under inference_mode has none, so each of the three compiled a graph of its own (a user's
         # ``with torch.inference_mode(): y = fast(x)`` compiled again). Every call runs outside inference_mode
         # under no_grad, with an inference tensor copied to a normal one (the input only).
-        with torch.inference_mode(False), torch.no_grad(), inductor_config.patch(_inductor_options(inductor_config)):
+        with torch.inference_mode(False), torch.no_grad(), config.patch(_inductor_options(config)):
             if isinstance(x, torch.Tensor) and x.is_inference():
                 x = x.clone()
             return compiled(x)
@@ -323,7 +325,7 @@ class _Runtime(nn.Module):
         return getattr(self._fn, 'session', None)
 
     def forward(self, x: torch.Tensor):
-        from torch.utils._pytree import tree_unflatten
+        from zoo.layers._torch_compat import tree_unflatten
         return tree_unflatten(list(self._fn(x)), self._spec)
 
 
@@ -448,8 +450,8 @@ def optimize(model: nn.Module, runtime: str = 'compile', example: torch.Tensor |
     if runtime in ('eager', 'compile'):
         inner = _Raw(model) if dense else model
         if runtime == 'compile':
-            from torch._inductor import list_mode_options
-            options = list_mode_options(mode) if mode else None
+            from zoo.layers._torch_compat import inductor_mode_options
+            options = inductor_mode_options(mode) if mode else None
             inner = _Raw(model, _compiled(model.forward_raw, options)) if dense else _compiled(model, options)
         net = _Eager(inner, dtype, runtime)
         if runtime == 'compile' and example is not None:
@@ -461,7 +463,7 @@ def optimize(model: nn.Module, runtime: str = 'compile', example: torch.Tensor |
     if dtype not in (None, torch.float32):
         raise ValueError(f'runtime {runtime!r} runs float32 only; got dtype={dtype}')
     example = _batch2(example if example is not None else example_input(model))
-    from torch.utils._pytree import tree_flatten
+    from zoo.layers._torch_compat import tree_flatten
     with progress(f'exporting {name} to ONNX for {runtime}'):
         with _frozen(model):
             graph = _graph_module(model)

@@ -35,6 +35,7 @@ from torch import nn
 
 from zoo import layers
 from zoo.layers import DropPath, LayerScale, linear_drop_path_rates
+from zoo.layers._torch_compat import state_dict_metadata
 
 from ._builder import ClassifierBase, FeatureInfo, build_model, check_image, select_features
 from ._registry import register_model
@@ -267,7 +268,7 @@ class MetaFormer(ClassifierBase):
         without the list (safetensors, re-keyed dicts) give ``None``."""
         if any(k.startswith('network.') for k in state_dict):
             return False
-        modules = getattr(state_dict, '_metadata', None) or {}
+        modules = state_dict_metadata(state_dict) or {}
         if any(m == 'head.global_pool' or m.endswith('.head.global_pool') for m in modules):
             return True
         if any(m == 'head.norm' or m.endswith('.head.norm') for m in modules):
