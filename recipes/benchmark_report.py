@@ -349,7 +349,8 @@ def write_report(bench: Benchmark, db: str, out: str | Path | None = None) -> Pa
     if env:
         lines += [env, '']
     claims = decide_claims(bench, df, store)
-    stable = stability_rows(bench, every, store, claims) if bench.recheck else []
+    fresh = current(bench.fresh_seeds(), every, store) if bench.recheck else None
+    stable = stability_rows(bench, fresh, store, claims) if bench.recheck else []
     summary = stability_summary(bench, stable, claims) if stable else ''
     if claims:
         lines += ['## What the benchmark decides', '', SUMMARY_BEGIN, verdict_table(claims, df), '',
@@ -357,7 +358,6 @@ def write_report(bench: Benchmark, db: str, out: str | Path | None = None) -> Pa
                   'One row per claim (details, Holm-adjusted verdicts and the seeds each took: "Claims of the '
                   'papers" below). Latency: each network\'s fastest runtime at batch 16, a over b; training time: '
                   'the mean over seeds, a over b.', '']
-    fresh = current(bench.fresh_seeds(), every, store) if bench.recheck else None
     lines += cost_lines(df, fresh, store)
     for g in bench.groups.values():
         rows = df[df.group == g.name]
@@ -456,14 +456,13 @@ def cost_lines(df, fresh, store) -> list[str]:
             '']
 
 
-def stability_rows(bench: Benchmark, df_all, store, claims) -> list[dict]:
-    """The ``recheck`` groups' claims decided again on fresh seeds (``zoo benchmark run NAME --fresh-seeds``)
-    beside the main verdicts, one row per claim: a decision someone else can re-run gives the same verdict on
-    other seeds."""
-    from .benchmark_claims import current, decide_claims
+def stability_rows(bench: Benchmark, fresh_df, store, claims) -> list[dict]:
+    """The ``recheck`` groups' claims decided again on fresh seeds (``zoo benchmark run NAME --fresh-seeds``;
+    ``fresh_df``: their runs, ``current(bench.fresh_seeds(), ...)``) beside the main verdicts, one row per claim: a
+    decision someone else can re-run gives the same verdict on other seeds."""
+    from .benchmark_claims import decide_claims
 
-    fresh = bench.fresh_seeds()
-    decided = decide_claims(fresh, current(fresh, df_all, store), store)
+    decided = decide_claims(bench.fresh_seeds(), fresh_df, store)
     again = {(r.group.name, r.claim.claim): r for r in decided}
     k = bench.recheck['seeds_from']
     rows = []

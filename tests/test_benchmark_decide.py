@@ -236,7 +236,7 @@ def test_recheck_decides_the_claims_again_on_fresh_seeds(tmp_path):
     assert [r.status for r in claims] == [decide.HOLDS]
     assert decided_summary(claims) == ("Decided: 1 of the 1 claims (1 after Holm's correction across the page); 0 not "
                                        'testable on a CPU, 0 still open or undertrained.')
-    rows = stability_rows(b, df, store, claims)
+    rows = stability_rows(b, BC.current(fresh, df, store), store, claims)
     text = '\n'.join(stability_section(b, rows))
     row = next(line for line in text.splitlines() if 'pooling beats identity' in line)
     assert row.count('| holds |') == 2 and row.rstrip().endswith('| yes |'), row
