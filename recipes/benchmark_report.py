@@ -402,9 +402,11 @@ def write_report(bench: Benchmark, db: str, out: str | Path | None = None) -> Pa
                   '(the interval excludes 0 and not the paper\'s effect; for `~`, it lies inside ±margin: TOST; '
                   'for `>=`, above -margin); **smaller than claimed** (it excludes the paper\'s effect from below); '
                   '**does not hold** (it lies against the claim, or outside the margin); **inconclusive** '
-                  '(otherwise); **undertrained** (an entry\'s validation curve still rose at its last check by more '
-                  'than the interval\'s half-width, or a `~` / `>=` claim\'s margin when larger, or ended at its '
-                  'floor: more steps decide it, not a verdict). Holm: the verdict re-decided at Holm\'s step-down '
+                  '(otherwise); **undertrained** (an entry\'s validation curve still rose by more than the '
+                  'interval\'s half-width, or a `~` / `>=` claim\'s margin when larger, both at its last check and '
+                  'on the trend of its last 3 checks, or ended at its floor: more steps decide it, not a verdict; '
+                  'the trend was added on 2026-12-06 after one fresh seed\'s wiggling plateau was called '
+                  'undertrained, a more lenient rule chosen after seeing data). Holm: the verdict re-decided at Holm\'s step-down '
                   'error across every claim of this page. Seeds it would need: at the observed spread, for the '
                   'interval to reach a verdict (a claim still inconclusive at its cap).', '',
                   _md_table(claims_table(claims)), '']

@@ -259,6 +259,19 @@ def test_undertrained_gate_on_a_rising_curve_and_a_plateau():
     assert undertrained([1.0, 0.90, 0.95], halfwidth=0.1, direction='minimize') is None
 
 
+
+def test_undertrained_gate_reads_the_trend_not_one_wiggle():
+    # fresh seed 100 of ConvBN Tune (benchmarks/paper_blocks.db): a plateau that wiggles -0.0055 then +0.0055
+    # at a 0.005 margin; the last gain alone called it undertrained, the slope of the last 3 checks (0) does not
+    tune_100 = [0.4178, 0.7967, 0.9025, 0.9359, 0.9304, 0.9749, 0.9582, 0.9749, 0.9694, 0.9749]
+    assert undertrained(tune_100, halfwidth=0.005, direction='maximize') is None
+    # a steady climb is undertrained on both readings, and the message gives both numbers
+    why = undertrained([0.80, 0.82, 0.84, 0.86], halfwidth=0.005, direction='maximize')
+    assert why is not None and '0.02' in why and 'last 3 checks' in why
+    # a rise of the trend with a flat last check is not (it just flattened), nor a flat trend with a rising check
+    assert undertrained([0.80, 0.90, 0.901], halfwidth=0.005, direction='maximize') is None
+    assert undertrained([0.90, 0.95, 0.90, 0.96], halfwidth=0.02, direction='maximize') is None
+
 def test_undertrained_gate_on_floors_and_missing_curves():
     # DnCNN on a plateau below the noisy input's 20.17 dB; an accuracy at the copy task's chance level
     why = undertrained([19.90, 20.00, 20.01], halfwidth=0.5, floor=20.17, direction='maximize')

@@ -404,13 +404,21 @@ def next_seeds(claims: Mapping[str, Verdict], min_seeds: int, max_seeds: int) ->
 
 
 # ------------------------------------------------------------------------------------------- convergence gate
+TREND_CHECKS = 3  # the checks whose least-squares slope is the curve's trend (``undertrained``)
+
+
 def undertrained(curve, *, halfwidth: float, floor: float | None = None, direction: str) -> str | None:
     """Why an entry's run is undertrained, or None when it has converged (issue 43 item 1). ``curve``: the
     metric at each validation check, in order, of one seed (call it per seed: one seed still rising is enough);
-    ``direction``: the metric's, 'maximize' or 'minimize'. Undertrained when the last check's gain over the one
-    before, in the metric's better direction, exceeds ``halfwidth`` (the claim interval's: more training would
-    move the entry by more than the comparison can resolve), or when the final value is not better than
-    ``floor`` (the noisy input's PSNR, the task's chance level), or when there is no curve to judge."""
+    ``direction``: the metric's, 'maximize' or 'minimize'. Undertrained when the final value is not better than
+    ``floor`` (the noisy input's PSNR, the task's chance level), when there is no curve to judge, or when the
+    curve still rises by more than ``halfwidth`` (the claim interval's: more training would move the entry by
+    more than the comparison can resolve) both at its last check and on the trend of its last
+    :data:`TREND_CHECKS` checks (the least-squares slope per check). A single check is noise as much as trend: a
+    plateau that wiggles (-0.0055 then +0.0055 at a 0.005 margin) is not rising, and a curve that just flattened
+    (+0.10 then +0.005) is not either. Until 2026-12-06 the rule read the last check's gain alone; the trend was
+    added after a fresh seed's wiggling plateau was called undertrained (a rule changed after seeing data, and
+    more lenient: every curve the old rule passed, this one passes)."""
     if direction not in METRIC_DIRECTIONS:
         raise ValueError(f"direction is the metric's, 'maximize' or 'minimize'; got {direction!r}")
     if not (isinstance(halfwidth, numbers.Real) and halfwidth >= 0):
@@ -429,9 +437,12 @@ def undertrained(curve, *, halfwidth: float, floor: float | None = None, directi
     if len(x) < 2 or not math.isfinite(x[-2]):
         return 'one validation check: no curve to show a plateau'
     gain = sign * (x[-1] - x[-2])
-    if gain > halfwidth:
-        return (f"still improving: the last validation check gained {gain:.4g}, more than the claim interval's "
-                f'half-width {halfwidth:.4g}')
+    tail = x[-TREND_CHECKS:]
+    tail = tail[np.isfinite(tail)]
+    trend = sign * float(np.polyfit(np.arange(len(tail)), tail, 1)[0]) if len(tail) >= 2 else gain
+    if min(gain, trend) > halfwidth:
+        return (f'still improving: the last validation check gained {gain:.4g} and the last {len(tail)} checks '
+                f"{trend:.4g} a check, more than the claim interval's half-width {halfwidth:.4g}")
     return None
 
 
