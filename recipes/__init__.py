@@ -11,6 +11,7 @@ from zoo._lazy import lazy_exports
 
 _EXPORTS = {
     'ZooSystem': 'system',  # the plumbing every task's system shares
+    'DenseSystem': 'dense',  # what detection and segmentation share: evaluation loop, grid, writer
     'ImageClassifier': 'classification',
     'FineTuner': 'finetune',
     'Denoiser': 'denoising',

@@ -8,8 +8,9 @@ COCO mAP is torchmetrics' ``MeanAveragePrecision`` with faster-coco-eval (equal 
 and COCO's annotation areas included; ``tests/test_detection_eval.py``), logged as ``val/map``
 (mAP@[.5:.95]), ``val/map50`` and ``val/map75``. Optimizer, schedule and EMA: :class:`ZooSystem`.
 
-After each validation a PNG grid of a few validation images is written to ``<run>/val_predictions/``:
-ground truth (green) beside the predictions (class colours, score above ``plot_conf``). ``zoo predict``
+After each validation a PNG grid of a few validation images is written to ``<run>/val_predictions/``
+(:class:`zoo.recipes.dense.DenseSystem`): ground truth beside the predictions (class colours, score above
+``plot_conf``), in the network's input pixels. ``zoo predict``
 writes each test image, as its file, with its boxes (``predictions/<image_id>.png``) and ``predictions.json``
 in COCO results format (:class:`DetectionWriter`).
 """
@@ -20,12 +21,10 @@ from pathlib import Path
 from typing import Optional
 
 import torch
-from lightning.pytorch.callbacks import BasePredictionWriter
 from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
-from tqdm import tqdm  # its write() prints above a running progress bar, not glued to its line
 
 from . import optim
-from .system import ZooSystem
+from .dense import DenseSystem, DenseWriter
 
 __all__ = ['Detection', 'DetectionWriter', 'coco_metric', 'draw_predictions']
 
@@ -76,7 +75,7 @@ def _file_targets(targets: list[dict]) -> list[dict]:
     return out
 
 
-class Detection(ZooSystem):
+class Detection(DenseSystem):
     """Train, validate, test and predict with any registered detector.
 
     Args:
@@ -94,6 +93,7 @@ class Detection(ZooSystem):
 
     task = 'detection'
     ema_warmup = True
+    grid_columns = 4  # two images a row, each as a pair: truth, prediction
 
     def __init__(self, name: str = 'yolo_det', conf: float = 0.001, iou: float = 0.7, max_det: int = 300,
                  plot_images: int = 8, plot_conf: float = 0.25, predict_conf: float = 0.25,
@@ -104,92 +104,50 @@ class Detection(ZooSystem):
                  **kwargs):
         super().__init__(name, optimizer=optimizer, lr_scheduler=lr_scheduler, **kwargs)
         self.num_classes = self.model.num_classes
-        for split in ('val', 'test'):  # torchmetrics gathers every process's images itself
-            setattr(self, f'{split}_map', coco_metric())
-        self._plot_batch = None
+        self.val_metric, self.test_metric = coco_metric(), coco_metric()
 
-    # -- steps -------------------------------------------------------------------------------------------
     def training_step(self, batch, batch_idx):
         x, targets = batch
         loss, parts = self.model.head.loss(self.model.forward_raw(x), targets)
         self.log_train(loss / len(x), **{f'{k}_loss': v for k, v in parts.items()})
         return loss
 
-    def _evaluate(self, batch, split: str, batch_idx: int):
-        x, targets = batch
-        model = self.eval_model
-        model.eval()
+    # -- the task's part of DenseSystem's evaluation -------------------------------------------------------
+    def _nms(self) -> dict:
+        return dict(conf=self.hparams.conf, iou=self.hparams.iou, max_det=self.hparams.max_det)
+
+    def infer(self, model, x, targets):
         maps = model.forward_raw(x)
-        loss, _ = model.head.loss(maps, targets)
-        self.log(f'{split}/loss', loss / len(x), on_step=False, on_epoch=True, batch_size=len(x), sync_dist=True)
-        hp = self.hparams
-        dets = model.head.predict(maps, targets, conf=hp.conf, iou=hp.iou, max_det=hp.max_det)  # file pixels
+        loss, _ = model.head.loss(maps, targets)  # summed over the batch's images
+        return loss / len(x), model.head.predict(maps, targets, **self._nms()), maps  # boxes in file pixels
+
+    def update_metric(self, metric, predictions, targets) -> None:
         # in float64, as COCOeval reads a results file: float32 widths move IoUs at a threshold now and then
-        getattr(self, f'{split}_map').update([{**d, 'boxes': d['boxes'].double()} for d in dets],
-                                             _file_targets(targets))
-        if split == 'val' and batch_idx == 0 and hp.plot_images > 0:
-            n = min(hp.plot_images, len(x))
-            shown = model.head.predict([m[:n] for m in maps], conf=hp.conf, iou=hp.iou, max_det=hp.max_det)
-            self._plot_batch = (x[:n].cpu(), [{k: v.cpu() for k, v in d.items()} for d in shown],  # input pixels
-                                [{'boxes': t['boxes'].as_subclass(torch.Tensor).cpu(), 'labels': t['labels'].cpu()}
-                                 for t in targets[:n]])
+        metric.update([{**d, 'boxes': d['boxes'].double()} for d in predictions], _file_targets(targets))
 
-    def validation_step(self, batch, batch_idx):
-        self._evaluate(batch, 'val', batch_idx)
+    def metric_rows(self, split: str, stats: dict) -> list[tuple[str, float, bool]]:
+        return [(ours, stats[theirs], ours != 'map75')
+                for ours, theirs in (('map', 'map'), ('map50', 'map_50'), ('map75', 'map_75'))]
 
-    def test_step(self, batch, batch_idx):
-        self._evaluate(batch, 'test', batch_idx)
+    def plot_sample(self, model, x, targets, maps, n: int):
+        shown = model.head.predict([m[:n] for m in maps], **self._nms())  # no metadata: boxes in input pixels
+        return (x[:n].cpu(), [{k: v.cpu() for k, v in d.items()} for d in shown],
+                [{'boxes': t['boxes'].as_subclass(torch.Tensor).cpu(), 'labels': t['labels'].cpu()}
+                 for t in targets[:n]])
 
-    def _log_map(self, split: str) -> None:
-        metric = getattr(self, f'{split}_map')
-        if not metric.detection_box:  # no batch this epoch
-            return
-        stats = metric.compute()
-        metric.reset()
-        for ours, theirs in (('map', 'map'), ('map50', 'map_50'), ('map75', 'map_75')):
-            self.log(f'{split}/{ours}', float(stats[theirs]), prog_bar=ours != 'map75')
-
-    def on_validation_epoch_end(self) -> None:
-        self._log_map('val')
-        if self._plot_batch is not None and not self.trainer.sanity_checking and self.trainer.is_global_zero:
-            self._save_grid()
-        self._plot_batch = None
-
-    def on_test_epoch_end(self) -> None:
-        self._log_map('test')
-
-    def _save_grid(self) -> None:
-        """Ground truth beside predictions for the first validation images: <run>/val_predictions/epochN.png."""
-        from torchvision.io import write_png
-        from torchvision.utils import make_grid
-        root = getattr(self.trainer, 'default_root_dir', None)
-        if root is None:
-            return
-        x, dets, targets = self._plot_batch
+    def grid_tiles(self, sample) -> list[torch.Tensor]:
         names = getattr(self.trainer.datamodule, 'names', None)
         tiles = []
-        for img, d, t in zip(x, dets, targets):
-            tiles.append(draw_predictions(img, t, names, width=1))
-            tiles.append(draw_predictions(img, d, names, conf=self.hparams.plot_conf, width=1))
-        grid = make_grid(tiles, nrow=4, padding=4, pad_value=255)  # pairs side by side: truth, prediction
-        out = Path(root) / 'val_predictions'
-        out.mkdir(parents=True, exist_ok=True)
-        write_png(grid, str(out / f'epoch{self.current_epoch:03d}-step{self.global_step}.png'))
+        for img, det, truth in zip(*sample):
+            tiles += [draw_predictions(img, truth, names, width=1),
+                      draw_predictions(img, det, names, conf=self.hparams.plot_conf, width=1)]
+        return tiles
 
-    # -- prediction --------------------------------------------------------------------------------------
-    def predict_step(self, batch, batch_idx):
-        x, targets = batch if isinstance(batch, (tuple, list)) else (batch, None)
-        model = self.eval_model
-        model.eval()
-        dets = model(x, targets)  # eval mode: the head's predictions, in each file's pixels
-        return {'detections': [{k: v.cpu() for k, v in d.items()} for d in dets],
-                'targets': targets or [{} for _ in dets]}
-
-    def prediction_writer(self, run_dir: Path) -> BasePredictionWriter:
+    def prediction_writer(self, run_dir: Path) -> DenseWriter:
         return DetectionWriter(run_dir, self.hparams.predict_conf, self.hparams.plot_conf)
 
 
-class DetectionWriter(BasePredictionWriter):
+class DetectionWriter(DenseWriter):
     """``zoo predict`` for detection: every test image, as its file, with its boxes drawn (scores >= ``plot_conf``;
     ``predictions/<image_id>.png``) and ``predictions.json``, COCO results format (boxes in the file's pixels, the
     dataset's category ids, scores >= ``predict_conf``: 0.001 keeps every detection, up to ``max_det`` per image,
@@ -197,41 +155,34 @@ class DetectionWriter(BasePredictionWriter):
     DIR>.png``) and each detection also names its ``file``."""
 
     def __init__(self, run_dir: str | Path, predict_conf: float = 0.25, plot_conf: float = 0.25):
-        super().__init__(write_interval='epoch')
-        self.run_dir, self.predict_conf, self.plot_conf = Path(run_dir), predict_conf, plot_conf
+        super().__init__(run_dir)
+        self.predict_conf, self.plot_conf = predict_conf, plot_conf
+        self.results: list[dict] = []
 
-    def write_on_epoch_end(self, trainer, pl_module, predictions, batch_indices) -> None:
+    def default_name(self, index: int, meta: dict) -> str:
+        return f'{int(meta.get("image_id", index)):06d}.png'
+
+    def write(self, index: int, name: str, prediction: dict, meta: dict) -> None:
         from torchvision.io import write_png
 
         from zoo.eval.detection import coco_detections
 
-        if not trainer.is_global_zero:
-            return
-        out = self.run_dir / 'predictions'
-        out.mkdir(parents=True, exist_ok=True)
-        from .classification import predicted_dataset
+        names, categories = getattr(self.datamodule, 'names', None), getattr(self.datamodule, 'categories', None)
+        if self.dataset is not None and 'index' in meta:  # drawn on the file itself, not the letterboxed input
+            picture = draw_predictions(self.dataset.original(index).float() / 255, prediction, names,
+                                       conf=self.plot_conf)
+            write_png(picture, str(self.path('predictions', name)))
+        keep = prediction['scores'] >= self.predict_conf
+        found = coco_detections([{k: v[keep] for k, v in prediction.items()}], categories,
+                                image_ids=[int(meta.get('image_id', index))])
+        if self.files is not None:
+            found = [{**d, 'file': self.files.files[index]} for d in found]
+        self.results += found
 
-        dm = trainer.datamodule
-        names, categories = getattr(dm, 'names', None), getattr(dm, 'categories', None)
-        dataset = predicted_dataset(trainer)
-        files = getattr(dataset, 'image_files', None)
-        results, n = [], 0
-        for batch in predictions:
-            for det, t in zip(batch['detections'], batch['targets']):
-                image_id = int(t.get('image_id', n))
-                if dataset is not None and 'index' in t:  # drawn on the file itself, not the letterboxed input
-                    picture = draw_predictions(dataset.original(t['index']).float() / 255, det, names,
-                                               conf=self.plot_conf)
-                    target = out / (files.names[t['index']] if files is not None else f'{image_id:06d}.png')
-                    target.parent.mkdir(parents=True, exist_ok=True)
-                    write_png(picture, str(target))
-                keep = det['scores'] >= self.predict_conf
-                found = coco_detections([{k: v[keep] for k, v in det.items()}], categories, image_ids=[image_id])
-                if files is not None:
-                    found = [{**d, 'file': files.files[t['index']]} for d in found]
-                results += found
-                n += 1
+    def summary(self, n: int) -> str:
         path = self.run_dir / 'predictions.json'
-        path.write_text(json.dumps(results))
-        tqdm.write(f'zoo predict: {n} images with their boxes in {out}, {len(results)} detections (score >= '
-              f'{self.predict_conf}) in {path}')
+        path.write_text(json.dumps(self.results))
+        out, found = self.run_dir / 'predictions', len(self.results)
+        self.results = []
+        return f'zoo predict: {n} images with their boxes in {out}, {found} detections (score >= ' \
+               f'{self.predict_conf}) in {path}'

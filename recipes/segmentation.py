@@ -2,8 +2,12 @@
 
 The model is a :class:`zoo.segmentation.Segmenter` whose head owns the loss and the prediction (``semfpn_seg``,
 ``upernet_seg`` on any ``features_only`` backbone): training calls ``model.head.loss(raw, masks)`` (cross-entropy,
-255 ignored, UperNet's auxiliary head at 0.4); evaluation ``model.logits(x)`` (whole image or sliding windows, the
-model's ``test_mode``) and the argmax.
+255 ignored, ``class_weight``, UperNet's auxiliary head at 0.4); evaluation ``model.logits(x)`` (whole image or
+sliding windows, the model's ``test_mode``), the same ``model.head.loss`` on those logits (so ``class_weight``
+counts in either mode), and ``model.head.decode(logits, targets)``: the logits resized back to each image's file
+(bilinear, mmseg's ``resize`` before its metric) and the argmax. The metric scores these file-pixel masks against
+the files' own ground truth (``target['file_mask']``), so the mIoU of data whose images are not S x S (ADE20K,
+VOC) is the one mmseg and detectron2 report, not the mIoU at the network's resized input.
 
 The metric is :class:`SegmentationMetric`: mmseg's ``mIoU`` / ``mAcc`` / ``aAcc`` over the whole split, from one
 confusion matrix of every labelled pixel (intersections and unions summed over the images before dividing; a class
@@ -13,7 +17,8 @@ the metric is torchmetrics' ``MulticlassConfusionMatrix`` with these ratios read
 task's primary metric), ``val/macc``, ``val/aacc`` (fractions in [0, 1]); the test also logs ``test/iou_<class>``.
 
 After each validation a PNG grid of a few validation images goes to ``<run>/val_predictions/``: the image, the
-ground truth and the prediction overlaid (``torchvision.utils.draw_segmentation_masks``, the data's palette).
+ground truth and the prediction overlaid at the network's input size (``torchvision.utils.draw_segmentation_masks``,
+the data's palette; :class:`zoo.recipes.dense.DenseSystem` writes it).
 ``zoo predict`` writes, per test image, the predicted label PNG at the file's size with the palette
 (``predictions/<name>.png``) and the image with the ground truth beside the prediction (``overlays/<name>.png``)
 (:class:`SegmentationWriter`); for ``--images DIR`` the overlay is the prediction alone.
@@ -24,13 +29,11 @@ from pathlib import Path
 from typing import Optional
 
 import torch
-from lightning.pytorch.callbacks import BasePredictionWriter
 from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
 from torchmetrics.classification import MulticlassConfusionMatrix
-from tqdm import tqdm  # its write() prints above a running progress bar, not glued to its line
 
 from . import optim
-from .system import ZooSystem
+from .dense import DenseSystem, DenseWriter
 
 __all__ = ['Segmentation', 'SegmentationMetric', 'SegmentationWriter', 'overlay']
 
@@ -79,7 +82,7 @@ def _to_uint8(x: torch.Tensor, mean, std) -> torch.Tensor:
     return ((x.float().cpu() * s + m).clamp(0, 1) * 255).round().to(torch.uint8)
 
 
-class Segmentation(ZooSystem):
+class Segmentation(DenseSystem):
     """Train, validate, test and predict with any registered segmenter.
 
     Args:
@@ -94,6 +97,7 @@ class Segmentation(ZooSystem):
     task = 'segmentation'
     ema_warmup = True  # with ``ema_decay``: timm's warm-up of the decay, so a short from-scratch run's EMA does not
     # hold the initial weights for its first ~1/(1-decay) steps (the CPU recipe evaluates the EMA after a few hundred)
+    grid_columns = 3  # one image per row: image, truth, prediction
 
     def __init__(self, name: str = 'semfpn_seg', plot_images: int = 4,
                  optimizer: OptimizerCallable = lambda params: torch.optim.AdamW(params, lr=2e-4, weight_decay=1e-4),
@@ -102,64 +106,44 @@ class Segmentation(ZooSystem):
         super().__init__(name, optimizer=optimizer, lr_scheduler=lr_scheduler, **kwargs)
         self.num_classes = self.model.num_classes
         ignore = getattr(self.model.head, 'ignore_index', IGNORE_INDEX)
-        for split in ('val', 'test'):
-            setattr(self, f'{split}_metric', SegmentationMetric(self.num_classes, ignore))
-        self._plot_batch = None
+        self.val_metric, self.test_metric = (SegmentationMetric(self.num_classes, ignore) for _ in range(2))
 
-    # -- steps -------------------------------------------------------------------------------------------
     def training_step(self, batch, batch_idx):
         x, masks = batch
         loss, parts = self.model.head.loss(self.model.forward_raw(x), masks)
         self.log_train(loss, **{f'{k}_loss': v for k, v in parts.items()})
         return loss
 
-    def _evaluate(self, batch, split: str, batch_idx: int):
-        x, masks = batch
-        model = self.eval_model
-        model.eval()
-        masks = masks.as_subclass(torch.Tensor)
-        if model.test_mode == 'whole':  # one forward for the loss and the prediction
-            raw = model.forward_raw(x)
-            loss, _ = model.head.loss(raw, masks)
-            logits = model.head.logits(raw, x.shape[-2:])
-        else:
-            logits = model.logits(x)
-            loss = torch.nn.functional.cross_entropy(logits, masks, ignore_index=model.head.ignore_index)
-        self.log(f'{split}/loss', loss, on_step=False, on_epoch=True, batch_size=len(x), sync_dist=True)
-        pred = logits.argmax(1)
-        getattr(self, f'{split}_metric').update(pred, masks)
-        if split == 'val' and batch_idx == 0 and self.hparams.plot_images > 0:
-            n = min(self.hparams.plot_images, len(x))
-            self._plot_batch = (x[:n].cpu(), masks[:n].cpu(), pred[:n].cpu())
+    # -- the task's part of DenseSystem's evaluation -------------------------------------------------------
+    def infer(self, model, x, targets):
+        logits = model.logits(x)  # (B, nc, S, S): whole image or sliding windows, the model's test_mode
+        loss, _ = model.head.loss([logits], targets)  # the training loss (class_weight, ignore) in either mode
+        return loss, model.head.decode(logits, targets), logits  # one {'mask': (H_i, W_i)} per file
 
-    def validation_step(self, batch, batch_idx):
-        self._evaluate(batch, 'val', batch_idx)
+    def update_metric(self, metric, predictions, targets) -> None:
+        # every image's pixels at its file's size, flattened: one update for the batch
+        metric.update(torch.cat([p['mask'].reshape(-1) for p in predictions]),
+                      torch.cat([t['file_mask'].to(predictions[0]['mask'].device).reshape(-1) for t in targets]))
 
-    def test_step(self, batch, batch_idx):
-        self._evaluate(batch, 'test', batch_idx)
-
-    def _log_metric(self, split: str) -> None:
-        metric = getattr(self, f'{split}_metric')
-        if not metric.update_called:  # no batch this epoch
-            return
-        stats = metric.compute()
-        metric.reset()
-        for k in ('miou', 'macc', 'aacc'):
-            self.log(f'{split}/{k}', float(stats[k]), prog_bar=k == 'miou')
+    def metric_rows(self, split: str, stats: dict) -> list[tuple[str, float, bool]]:
+        rows = [(k, stats[k], k == 'miou') for k in ('miou', 'macc', 'aacc')]
         if split == 'test':
             names = getattr(self.trainer.datamodule, 'names', None) or [str(i) for i in range(self.num_classes)]
-            for name, v in zip(names, stats['iou'].tolist()):
-                if v == v:  # classes absent from the split have no IoU
-                    self.log(f'test/iou_{name}', v)
+            rows += [(f'iou_{name}', v, False) for name, v in zip(names, stats['iou'].tolist())
+                     if v == v]  # classes absent from the split have no IoU
+        return rows
 
-    def on_validation_epoch_end(self) -> None:
-        self._log_metric('val')
-        if self._plot_batch is not None and not self.trainer.sanity_checking and self.trainer.is_global_zero:
-            self._save_grid()
-        self._plot_batch = None
+    def plot_sample(self, model, x, targets, logits, n: int):
+        masks = torch.stack([t['mask'] for t in targets[:n]])  # (n, S, S): the grid draws in input pixels
+        return x[:n].cpu(), masks.cpu(), logits[:n].argmax(1).cpu()
 
-    def on_test_epoch_end(self) -> None:
-        self._log_metric('test')
+    def grid_tiles(self, sample) -> list[torch.Tensor]:
+        mean, std, palette = self._data()
+        tiles = []
+        for img, gt, pred in zip(*sample):
+            img = _to_uint8(img, mean, std)
+            tiles += [img, overlay(img, gt, palette), overlay(img, pred, palette)]
+        return tiles
 
     def _data(self):
         dm = getattr(self.trainer, 'datamodule', None)
@@ -167,81 +151,46 @@ class Segmentation(ZooSystem):
         return (getattr(dm, 'mean', (0.0,) * 3), getattr(dm, 'std', (1.0,) * 3),
                 getattr(dm, 'palette', None) or voc_palette(self.num_classes))
 
-    def _save_grid(self) -> None:
-        """Image, ground truth and prediction for the first validation images: <run>/val_predictions/epochN.png."""
-        from torchvision.io import write_png
-        from torchvision.utils import make_grid
-        root = getattr(self.trainer, 'default_root_dir', None)
-        if root is None:
-            return
-        mean, std, palette = self._data()
-        tiles = []
-        for img, gt, pred in zip(*self._plot_batch):
-            img = _to_uint8(img, mean, std)
-            tiles += [img, overlay(img, gt, palette), overlay(img, pred, palette)]
-        grid = make_grid(tiles, nrow=3, padding=4, pad_value=255)  # one image per row: image, truth, prediction
-        out = Path(root) / 'val_predictions'
-        out.mkdir(parents=True, exist_ok=True)
-        write_png(grid, str(out / f'epoch{self.current_epoch:03d}-step{self.global_step}.png'))
+    # -- prediction ----------------------------------------------------------------------------------------
+    def keep_prediction(self, prediction: dict) -> dict:
+        # one byte a pixel while the whole split waits for the writer (class ids and 255 fit in uint8)
+        mask = prediction['mask']
+        return {'mask': mask.to(torch.uint8 if self.num_classes <= 255 else torch.int32).cpu()}
 
-    # -- prediction --------------------------------------------------------------------------------------
-    def predict_step(self, batch, batch_idx):
-        x = batch[0] if isinstance(batch, (tuple, list)) else batch
-        model = self.eval_model
-        model.eval()
-        return model.logits(x).cpu()  # (B, nc, S, S): the writer resizes to each file before the argmax
-
-    def prediction_writer(self, run_dir: Path) -> BasePredictionWriter:
+    def prediction_writer(self, run_dir: Path) -> DenseWriter:
         return SegmentationWriter(run_dir)
 
 
-class SegmentationWriter(BasePredictionWriter):
-    """``zoo predict`` for segmentation: per test image its predicted classes at the file's size as a palette PNG
-    (``predictions/<name>.png``, pixel value = class id, the data's colours) and the file's image with the ground
-    truth beside the prediction (``overlays/<name>.png``). For ``--images DIR`` (no ground truth) the overlay is
-    the prediction on the image, both named by the file (``<path below DIR>.png``)."""
+class SegmentationWriter(DenseWriter):
+    """``zoo predict`` for segmentation: per test image its predicted classes at the file's size (the head's
+    prediction in file pixels) as a palette PNG (``predictions/<name>.png``, pixel value = class id, the data's
+    colours) and the file's image with the ground truth beside the prediction (``overlays/<name>.png``). For
+    ``--images DIR`` (no ground truth) the overlay is the prediction on the image, both named by the file (``<path
+    below DIR>.png``)."""
 
-    def __init__(self, run_dir: str | Path):
-        super().__init__(write_interval='epoch')
-        self.run_dir = Path(run_dir)
+    def default_name(self, index: int, meta: dict) -> str:
+        return f'{Path(str(self.dataset.meta(index).get("name") or f"{index:06d}")).stem}.png'
 
-    def write_on_epoch_end(self, trainer, pl_module, predictions, batch_indices) -> None:
+    def write(self, index: int, name: str, prediction: dict, meta: dict) -> None:
         from PIL import Image
         from torchvision.io import write_png
 
-        from zoo.layers.segment import SegHead
+        palette = getattr(self.datamodule, 'palette', None)
+        image, truth = self.dataset.original(index)
+        mask = prediction['mask']
+        png = Image.fromarray(mask.to(torch.uint8).numpy(), mode='P')
+        if palette:
+            flat = [int(v) for colour in palette for v in colour]
+            png.putpalette(flat + [0] * (768 - len(flat)))
+        png.save(self.path('predictions', name))
+        colours = palette or [(255, 0, 0)]
+        shown = overlay(image, mask.long(), colours)
+        if self.files is None:  # (3, H, 2W): ground truth | prediction
+            shown = torch.cat([overlay(image, truth, colours), shown], -1)
+        write_png(shown, str(self.path('overlays', name)))
 
-        if not trainer.is_global_zero:
-            return
-        labels_dir, overlays_dir = self.run_dir / 'predictions', self.run_dir / 'overlays'
-        labels_dir.mkdir(parents=True, exist_ok=True)
-        overlays_dir.mkdir(parents=True, exist_ok=True)
-        from .classification import predicted_dataset
-
-        dm = trainer.datamodule
-        dataset = predicted_dataset(trainer)
-        files = getattr(dataset, 'image_files', None)
-        palette = getattr(dm, 'palette', None)
-        flat = [int(v) for colour in palette for v in colour] if palette else None
-        n = 0
-        for logits in predictions:
-            for lg in logits:
-                image, truth = dataset.original(n)
-                mask = SegHead.decode(lg[None], [{'orig_size': tuple(truth.shape)}])[0]['mask'].to(torch.uint8)
-                name = files.names[n] if files is not None else \
-                    f'{Path(str(dataset.meta(n).get("name") or f"{n:06d}")).stem}.png'
-                (labels_dir / name).parent.mkdir(parents=True, exist_ok=True)
-                (overlays_dir / name).parent.mkdir(parents=True, exist_ok=True)
-                png = Image.fromarray(mask.numpy(), mode='P')
-                if flat:
-                    png.putpalette(flat + [0] * (768 - len(flat)))
-                png.save(labels_dir / name)
-                colours = palette or [(255, 0, 0)]
-                shown = overlay(image, mask.long(), colours)
-                if files is None:  # (3, H, 2W): ground truth | prediction
-                    shown = torch.cat([overlay(image, truth, colours), shown], -1)
-                write_png(shown, str(overlays_dir / name))
-                n += 1
-        tqdm.write(f'zoo predict: {n} label PNGs (class ids, palette) in {labels_dir}, '
-                   f'{"the prediction on each image" if files is not None else "ground truth | prediction"} in '
-                   f'{overlays_dir}')
+    def summary(self, n: int) -> str:
+        labels, overlays = self.run_dir / 'predictions', self.run_dir / 'overlays'
+        return (f'zoo predict: {n} label PNGs (class ids, palette) in {labels}, '
+                f'{"the prediction on each image" if self.files is not None else "ground truth | prediction"} in '
+                f'{overlays}')

@@ -17,7 +17,8 @@ system/model split: it never defines architecture). The base owns:
   ``zoo bench`` rebuilds the network from), ``monitor`` (the task's primary metric).
 
 A task's system sets ``task`` and writes ``training_step`` (returning the loss), its evaluation and its
-prediction; see ``classification.py``, ``detection.py``, ``lm.py``, ``denoising.py``.
+prediction; see ``classification.py``, ``lm.py``, ``denoising.py``, and ``dense.py`` (``DenseSystem``, the base of
+``detection.py`` and ``segmentation.py``).
 """
 from __future__ import annotations
 

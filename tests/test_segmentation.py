@@ -224,7 +224,8 @@ def test_semantic_fpn_fits_a_batch_of_shapes_seg(one_thread):
     torch.manual_seed(0)
     dm = ShapesSegDataModule(img_size=64, batch_size=4, num_samples=20, min_px=16, max_px=40, augment=None)
     dm.setup('fit')
-    x, masks = next(iter(dm.val_dataloader()))
+    x, targets = next(iter(dm.val_dataloader()))  # evaluation batches: one target dict per image
+    masks = torch.stack([t['mask'] for t in targets])  # (B, S, S)
     model = zoo.create('semfpn_seg_tiny', num_classes=dm.num_classes)
     opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
 
@@ -281,7 +282,8 @@ def _trunk_growth(lr: float, weight_decay: float, warmup: int = 0, steps: int = 
     torch.manual_seed(0)
     dm = ShapesSegDataModule(img_size=64, batch_size=4, num_samples=20, augment=None)
     dm.setup('fit')
-    x, masks = next(iter(dm.val_dataloader()))
+    x, targets = next(iter(dm.val_dataloader()))  # evaluation batches: one target dict per image
+    masks = torch.stack([t['mask'] for t in targets])  # (B, S, S)
     model = zoo.create('semfpn_seg', num_classes=dm.num_classes, **(model_args or {}))
     opt = torch.optim.AdamW(optim.param_groups(model, weight_decay), lr=lr)
     schedule = optim.scheduler(opt, total=1000, warmup=warmup)

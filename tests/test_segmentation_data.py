@@ -190,8 +190,11 @@ def test_ade20k_loads_with_reduce_zero_label(tmp_path):
     assert mask.shape == (40, 48) and sorted(mask.unique().tolist()) == [0, 4, 149, 255]  # 0 -> 255, k -> k - 1
     x, y = next(iter(dm.train_dataloader()))
     assert x.shape == (2, 3, 32, 32) and x.dtype == torch.float32 and y.shape == (2, 32, 32) and y.dtype == torch.long
-    x, y = next(iter(dm.val_dataloader()))
-    assert set(y.unique().tolist()) <= {0, 4, 149, 255}
+    x, targets = next(iter(dm.val_dataloader()))  # evaluation: one target per image, the file's mask at its size
+    assert set(torch.stack([t['mask'] for t in targets]).unique().tolist()) <= {0, 4, 149, 255}
+    assert [t['file_mask'].shape for t in targets] == [(40, 48)] * 2 and targets[1]['index'] == 1
+    assert targets[0]['orig_size'] == (40, 48) and targets[0]['scale'] == (32 / 48, 32 / 40)
+    assert torch.equal(targets[1]['file_mask'], dm.val_set.original(1)[1])
     assert dm.val_set.files[0].endswith('ADE_validation_0000.jpg')
     assert dm.val_set.meta(1)['mask'].name == 'ADE_validation_0001.png'
 
@@ -275,7 +278,8 @@ def test_image_and_mask_folders_with_class_names(tmp_path, by_split):
     assert dm.class_names == ['sky', 'road', 'car'] and dm.num_classes == 3
     dm.setup('fit')
     assert (len(dm.train_set), len(dm.val_set)) == (3, 2) and dm.test_set is dm.val_set
-    x, y = next(iter(dm.val_dataloader()))
+    x, targets = next(iter(dm.val_dataloader()))
+    y = torch.stack([t['mask'] for t in targets])
     assert x.shape == (2, 3, 32, 32) and set(y.unique().tolist()) == {0, 1, 2}
 
 
@@ -408,6 +412,10 @@ def test_procedural_datamodules_batch_format(cls, classes):
     assert (len(dm.train_set), len(dm.val_set), len(dm.test_set)) == (10, 4, 2)
     for loader in (dm.train_dataloader(), dm.val_dataloader()):
         x, y = next(iter(loader))
+        if loader.dataset.targets:  # evaluation: one target per image (its metadata and the file's mask)
+            assert all(t['pad'] == (0, 0) and t['scale'] == (1.0, 1.0) and t['orig_size'] == (64, 64) for t in y)
+            assert all(torch.equal(t['file_mask'], t['mask']) for t in y)  # drawn at S: the file is the input
+            y = torch.stack([t['mask'] for t in y])
         assert type(x) is torch.Tensor and type(y) is torch.Tensor
         assert x.shape == (4, 3, 64, 64) and x.dtype == torch.float32
         assert y.shape == (4, 64, 64) and y.dtype == torch.long

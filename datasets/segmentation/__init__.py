@@ -4,6 +4,9 @@ format for every source.
 A sample is ``(image, mask)``: ``image`` a float (3, S, S) tensor normalised by the DataModule's ``mean`` / ``std``,
 ``mask`` a ``torchvision.tv_tensors.Mask`` (S, S) int64 of class ids ``0..num_classes-1``, 255 (``ignore_index``)
 on pixels no loss or metric counts. :func:`collate` stacks them: ``(images (B, 3, S, S), masks (B, S, S) int64)``.
+An evaluation sample (validation, test, predict) is ``(image, target)``, ``target`` the image's metadata and its
+file's ground truth (``mask`` (S, S), ``file_mask`` (H, W), ``orig_size``, ``scale``, ``pad``, ``index``), as a
+detection target carries its letterbox: the head predicts in the file's pixels and the metric scores there.
 The evaluation loaders keep the datasets' order; ``test_set.original(i)`` is sample ``i`` as its files hold it
 (uint8 image and class ids at the file's size) and ``test_set.meta(i)`` / ``.files`` name its files.
 

@@ -26,7 +26,12 @@ __all__ = ['SegmentationDataset', 'SegmentationDataModule', 'ShapesSegDataModule
 
 class SegmentationDataset(Dataset):
     """Records (:class:`~zoo.datasets.segmentation.formats.Record`) -> ``(image (3, S, S) float normalised,
-    tv_tensors.Mask (S, S) int64)``.
+    tv_tensors.Mask (S, S) int64)``, or with ``targets=True`` (the evaluation splits) ``(image, target)``: ``target``
+    the image's metadata and its file's ground truth, as detection's targets carry theirs, so evaluation scores in
+    the file's pixels (mmseg resizes the logits back to each image before its metric):
+    ``{'mask': Mask (S, S)`` (what the loss takes), ``'file_mask': (H, W) int64`` (the file's class ids, what the
+    metric takes), ``'orig_size': (H, W)``, ``'scale': (sx, sy)``, ``'pad': (left, top)`` (input pixel = file
+    pixel x scale + pad), ``'index': i}``.
 
     Every loaded mask is checked against its image and the classes: a mask of another size than its image, or a
     value outside ``0..num_classes-1`` other than the ignore index 255, is a :class:`SegmentationDataError` naming
@@ -35,10 +40,11 @@ class SegmentationDataset(Dataset):
     """
 
     def __init__(self, records: Sequence[Record], num_classes: int, transform: Callable | None = None,
-                 name: str = 'dataset'):
+                 name: str = 'dataset', targets: bool = False):
         if not records:
             raise SegmentationDataError(f'{name}: the split is empty (no images found)')
         self.records, self.num_classes, self.transform, self.name = list(records), num_classes, transform, name
+        self.targets = targets
 
     def __len__(self) -> int:
         return len(self.records)
@@ -70,17 +76,26 @@ class SegmentationDataset(Dataset):
         return img, mask
 
     def __getitem__(self, i: int):
-        img, mask = self.original(i)
-        image, mask = tv_tensors.Image(img), tv_tensors.Mask(mask)
-        return self.transform(image, mask) if self.transform is not None else (image, mask)
+        img, file_mask = self.original(i)
+        image, mask = tv_tensors.Image(img), tv_tensors.Mask(file_mask)
+        image, mask = self.transform(image, mask) if self.transform is not None else (image, mask)
+        if not self.targets:
+            return image, mask
+        # The evaluation transform resizes the whole image (no crop, no padding), so the scale is the ratio of the
+        # sides and nothing is padded; the head's prediction undoes exactly this (``SegHead.decode``).
+        (h, w), (sh, sw) = file_mask.shape, mask.shape[-2:]
+        return image, {'mask': mask, 'file_mask': file_mask, 'orig_size': (h, w), 'scale': (sw / w, sh / h),
+                       'pad': (0, 0), 'index': i}
 
 
 class SegmentationDataModule(ImageDataModule):
     """Common loaders for semantic segmentation; subclasses set the classes and build the records.
 
-    Batches are ``(images (B, 3, S, S) float, normalised by mean/std; masks (B, S, S) int64)``, class ids
-    ``0..num_classes-1`` and ``ignore_index`` (255) on pixels no loss or metric counts. The order of the validation,
-    test and predict loaders is the datasets' (``val_set.files``, ``test_set.meta(i)``, ``test_set.original(i)``).
+    Training batches are ``(images (B, 3, S, S) float, normalised by mean/std; masks (B, S, S) int64)``, class ids
+    ``0..num_classes-1`` and ``ignore_index`` (255) on pixels no loss or metric counts. Validation, test and predict
+    batches are ``(images, targets)``, one dict per image with its metadata and its file's mask
+    (:class:`SegmentationDataset`), as detection's; their order is the datasets' (``val_set.files``,
+    ``test_set.meta(i)``, ``test_set.original(i)``).
 
     Args:
         img_size: the training crop and the evaluation input side, a multiple of 32 (the heads' strides).
@@ -123,7 +138,7 @@ class SegmentationDataModule(ImageDataModule):
         augment = (self.augment or NO_AUGMENT) if train else None
         return SegmentationDataset(records, self.num_classes,
                                    segmentation_transforms(augment, self.img_size, self.mean, self.std),
-                                   name=f'{type(self).__name__} {split}')
+                                   name=f'{type(self).__name__} {split}', targets=not train)
 
 
 class _ProceduralSeg(SegmentationDataModule):

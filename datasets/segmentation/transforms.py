@@ -176,8 +176,12 @@ class PhotoMetricDistortion(v2.RandomPhotometricDistort):
         return params
 
 
-def collate(batch: Sequence[tuple]) -> tuple[torch.Tensor, torch.Tensor]:
-    """``[(image (3, S, S), mask (S, S))]`` -> ``(images (B, 3, S, S) float, masks (B, S, S) int64)``, plain tensors."""
-    images, masks = zip(*batch)
-    return (torch.stack([i.as_subclass(torch.Tensor) for i in images]),
-            torch.stack([m.as_subclass(torch.Tensor) for m in masks]).long())
+def collate(batch: Sequence[tuple]) -> tuple[torch.Tensor, torch.Tensor | list[dict]]:
+    """``[(image (3, S, S), mask (S, S))]`` -> ``(images (B, 3, S, S) float, masks (B, S, S) int64)``, plain tensors;
+    evaluation samples ``[(image, target dict)]`` -> ``(images, [target dict])``, one per image (its metadata and
+    the file's mask differ in size from image to image), each ``mask`` a plain int64 tensor."""
+    images, targets = zip(*batch)
+    images = torch.stack([i.as_subclass(torch.Tensor) for i in images])
+    if isinstance(targets[0], dict):
+        return images, [{**t, 'mask': t['mask'].as_subclass(torch.Tensor).long()} for t in targets]
+    return images, torch.stack([m.as_subclass(torch.Tensor) for m in targets]).long()
