@@ -86,6 +86,19 @@ def test_checkpoint_without_ema_loads_raw_and_refuses_ema(tmp_path):
         zoo.create(NAME, num_classes=4, checkpoint=str(path), weights='ema')
 
 
+def test_export_of_ema_without_one_is_one_line_and_writes_nothing(tmp_path, monkeypatch, capsys):
+    from zoo.recipes.main import main
+
+    path = _save(_system(ema=False), tmp_path / 'last.ckpt')
+    monkeypatch.chdir(tmp_path)
+    capsys.readouterr()  # Lightning's notes while saving
+    code = main(['export', NAME, '--ckpt_path', str(path), '--weights', 'ema', '--out', str(tmp_path / 'x.pt2'),
+                 '--format', 'pt2'])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and 'holds no EMA copy' in err[0]
+    assert not (tmp_path / 'x.pt2').exists()
+
+
 def test_read_weights_choices_and_errors(ema_run, tmp_path):
     path, raw, ema = ema_run
     for weights, want in (('auto', ('ema', ema)), ('ema', ('ema', ema)), ('model', ('model', raw))):
