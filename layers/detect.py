@@ -19,11 +19,13 @@ switches it, and ``conv_layer`` builds every convolution wider than 1x1, e.g. th
 - :class:`DetectHead` -- per level a box branch (3x3, 3x3, 1x1 to 4*reg_max) and a class branch
   (3x3, 3x3, 1x1 to nc); widths c2 = max(16, ch0 // 4, 4 * reg_max), c3 = max(ch0, min(nc, 100)).
   ``forward`` gives the raw maps, ``decode`` boxes (xyxy, input pixels) and class probabilities, ``loss``
-  YOLOv8's loss (task-aligned assignment, BCE, CIoU, DFL) and ``predict`` the detections of each image after
-  NMS, in the pixels of its file.
+  YOLOv8's loss (task-aligned assignment, BCE, CIoU, DFL), ``detections`` the deployable prediction (decode and
+  NMS, fixed rows per image: what an exported detector's graph holds) and ``predict`` the detections of each image
+  after NMS, in the pixels of its file (``detections``, then the inverse letterbox).
 
 Helpers: :func:`make_anchors` (cell centres, offset 0.5, and the stride per anchor), :func:`dist2bbox` and
-:func:`bbox2dist` (left-top-right-bottom distances <-> xyxy boxes), :func:`nms` (class-aware, per image) and
+:func:`bbox2dist` (left-top-right-bottom distances <-> xyxy boxes), :func:`nms_rows` (class-aware NMS, the one
+the head's ``detections`` and an exported graph run; :func:`nms` gives its rows as per-image dicts) and
 :func:`unletterbox` (input pixels -> the file's, from the data's letterbox metadata).
 """
 from __future__ import annotations
@@ -42,7 +44,7 @@ from .assign import TaskAlignedAssigner, ciou, pad_targets
 from .convbn import ConvBN
 
 __all__ = ['ConvBNAct', 'Bottleneck', 'C2f', 'SPPF', 'PAFPN', 'DFL', 'DetectHead', 'make_anchors', 'dist2bbox',
-           'bbox2dist', 'nms', 'unletterbox']
+           'bbox2dist', 'nms', 'nms_rows', 'rows_to_detections', 'unletterbox']
 
 BN_EPS, BN_MOMENTUM = 1e-3, 0.03  # YOLOv8's BatchNorm settings (its initialize_weights)
 
@@ -223,30 +225,89 @@ def unletterbox(boxes: torch.Tensor, meta: dict | None) -> torch.Tensor:
     return out
 
 
+def nms_rows(y: torch.Tensor, conf: float = 0.25, iou: float = 0.7, max_det: int = 300, max_nms: int = 30000,
+             multi_label: bool = True) -> torch.Tensor:
+    """(B, 4 + nc, A) decoded outputs -> (B, max_det, 6) rows of (x1, y1, x2, y2, score, label), best first in each
+    image; unused rows are zeros with label -1. The deployable NMS: :meth:`DetectHead.detections` calls it, so
+    ``head.predict`` (eager) and ``zoo.export(..., nms=True)`` (the graph) run the same function.
+
+    Class-aware NMS (``torchvision.ops.nms``) as YOLOv8's validation does it: ``multi_label`` keeps every (box,
+    class) pair above ``conf`` (otherwise each box keeps its best class); of the ``max_nms`` best pairs of each
+    image, those above ``conf`` go to NMS within each (image, class); at most ``max_det`` per image stay. Every
+    shape is static but the batch and the counts of pairs above ``conf`` (data-dependent sizes ``torch.export`` and
+    ONNX keep), so it exports with a dynamic batch.
+    """
+    b, nc = y.shape[0], y.shape[1] - 4
+    boxes, scores = y[:, :4].transpose(1, 2), y[:, 4:].transpose(1, 2)  # (B, A, 4), (B, A, nc)
+    if multi_label:
+        k = min(max_nms, scores.shape[1] * nc)
+        top, idx = scores.flatten(1).topk(k, dim=1)  # (B, k) best over (anchor, class) pairs
+        anchor, labels = idx // nc, idx % nc
+    else:
+        best, cls = scores.max(2)  # (B, A)
+        k = min(max_nms, best.shape[1])
+        top, anchor = best.topk(k, dim=1)
+        labels = cls.gather(1, anchor)
+    cand = boxes.gather(1, anchor.unsqueeze(-1).expand(-1, -1, 4))  # (B, k, 4)
+    image = torch.arange(b, device=y.device).unsqueeze(1).expand(-1, k)  # (B, k)
+    flat, score, label = cand.flatten(0, 1), top.flatten(), labels.flatten()  # (B * k, ...)
+    # Only pairs above conf go to NMS, so it costs what the pairs above conf cost. Dropping them first changes
+    # nothing: greedy NMS visits boxes best first, so a box under conf never suppresses one above it.
+    sel = (score > conf).nonzero().squeeze(1)
+    keep = _class_aware_nms(flat, score, label, image.flatten(), sel, iou, b, nc)
+    # rank of each kept pair within its image (sorted by score there) -> at most max_det per image
+    img = keep // k
+    rank = (img.unsqueeze(1) == torch.arange(b, device=y.device)).cumsum(0).gather(1, img.unsqueeze(1))[:, 0] - 1
+    ok = rank < max_det
+    keep, img, rank = keep[ok], img[ok], rank[ok]
+    rows = torch.cat((flat[keep], score[keep, None], label[keep, None].to(flat.dtype)), 1)
+    out = torch.zeros(b, max_det, 6, dtype=flat.dtype, device=y.device)
+    out[..., 5] = -1
+    return out.index_put((img, rank), rows)
+
+
+def _class_aware_nms(boxes: torch.Tensor, scores: torch.Tensor, labels: torch.Tensor, images: torch.Tensor,
+                     sel: torch.Tensor, iou: float, b: int, nc: int) -> torch.Tensor:
+    """NMS (``torchvision.ops``) of the pairs ``sel`` within each (image, class) group: the kept indices, each
+    image's best first.
+
+    The same detections two ways, because greedy NMS compares each kept box with every later one, so its cost grows
+    with the square of the boxes in one call. Eagerly, torchvision's ``batched_nms`` per image (it moves the classes
+    apart for a few boxes and loops over them for many). In a captured graph (``torch.export``, ONNX), where a loop
+    over the images would fix the batch size and ``batched_nms``'s loop over ``torch.unique(classes)`` cannot be
+    captured, one ``nms`` call with every (image, class) group moved apart. One call for the whole batch eagerly:
+    38 s against 0.6 s for 4 images of 8400 anchors x 80 classes above conf 0.001 (an untrained 640-pixel COCO
+    detector, one CPU thread); a loop over the 80 classes in the graph instead: ONNX export of a tiny 80-class
+    detector in 125 s against 18 s.
+    """
+    from torchvision.ops import batched_nms, nms  # lazily: keep `import zoo.layers` light
+    # IoU does not change with a translation. With every coordinate >= 0, groups moved apart by multiples of
+    # (max + 1) (batched_nms's trick) stay apart; a box past the image's top-left could otherwise reach the group
+    # before its own.
+    boxes = boxes.float() - boxes.min().float()
+    if torch.compiler.is_compiling():
+        group = (images * nc + labels)[sel]
+        return sel[nms(boxes[sel] + (group.float() * (boxes.max() + 1))[:, None], scores[sel].float(), iou)]
+    image_sel = images[sel]
+    return torch.cat([s[batched_nms(boxes[s], scores[s].float(), labels[s], iou)]
+                      for s in (sel[image_sel == i] for i in range(b))])
+
+
+def rows_to_detections(rows: torch.Tensor) -> list[dict]:
+    """(B, max_det, 6) rows of :func:`nms_rows` -> per-image dicts of ``boxes`` (N, 4) xyxy, ``scores``, ``labels``
+    (the unused rows, label -1, left out)."""
+    out = []
+    for r in rows:
+        r = r[r[:, 5] >= 0]
+        out.append({'boxes': r[:, :4], 'scores': r[:, 4], 'labels': r[:, 5].long()})
+    return out
+
+
 def nms(y: torch.Tensor, conf: float = 0.25, iou: float = 0.7, max_det: int = 300, max_nms: int = 30000,
         multi_label: bool = True) -> list[dict]:
-    """(B, 4 + nc, A) decoded outputs -> per-image dicts of ``boxes`` (N, 4) xyxy, ``scores``, ``labels``.
-
-    Class-aware NMS with ``torchvision.ops.batched_nms``. ``multi_label`` keeps every (box, class) pair above
-    ``conf`` (YOLOv8's validation setting, conf 0.001); otherwise each box keeps its best class.
-    """
-    from torchvision.ops import batched_nms  # lazily: keep `import zoo.layers` light
-    out = []
-    for pred in y.transpose(1, 2):  # (B, 4 + nc, A) -> per image (A, 4 + nc)
-        boxes, scores = pred[:, :4], pred[:, 4:]
-        if multi_label:
-            idx, labels = (scores > conf).nonzero(as_tuple=True)
-            boxes, scores = boxes[idx], scores[idx, labels]
-        else:
-            scores, labels = scores.max(1)
-            keep = scores > conf
-            boxes, scores, labels = boxes[keep], scores[keep], labels[keep]
-        if scores.numel() > max_nms:
-            top = scores.topk(max_nms).indices
-            boxes, scores, labels = boxes[top], scores[top], labels[top]
-        keep = batched_nms(boxes.float(), scores.float(), labels, iou)[:max_det]
-        out.append({'boxes': boxes[keep], 'scores': scores[keep], 'labels': labels[keep]})
-    return out
+    """(B, 4 + nc, A) decoded outputs -> per-image dicts of ``boxes`` (N, 4) xyxy, ``scores``, ``labels``:
+    :func:`nms_rows`, per image."""
+    return rows_to_detections(nms_rows(y, conf, iou, max_det, max_nms, multi_label))
 
 
 @register('dense_head', 'yolov8', example=dict(in_channels=(8, 16, 16), num_classes=3, strides=(8, 16, 32)),
@@ -266,7 +327,8 @@ class DetectHead(nn.Module):
 
     ``forward(maps)`` returns the raw maps, a list of (B, 4 * reg_max + nc, H_i, W_i).
     ``decode(maps)`` returns (B, 4 + nc, A): boxes xyxy in input pixels, then class probabilities.
-    ``loss(maps, targets)`` and ``predict(maps, metas)``: see their docstrings.
+    ``loss(maps, targets)``, ``detections(maps)`` (the deployable NMS) and ``predict(maps, metas)``: see their
+    docstrings.
     """
 
     def __init__(self, in_channels: Sequence[int], num_classes: int = 80, strides: Sequence[int] = (8, 16, 32),
@@ -324,14 +386,23 @@ class DetectHead(nn.Module):
         boxes = dist2bbox(self.dfl(box), points.transpose(0, 1).unsqueeze(0), dim=1) * stride.transpose(0, 1)
         return torch.cat((boxes, cls.sigmoid()), 1)
 
+    def detections(self, maps: Sequence[torch.Tensor], conf: float | None = None, iou: float | None = None,
+                   max_det: int | None = None) -> torch.Tensor:
+        """The deployable prediction: raw maps -> (B, max_det, 6) rows of (x1, y1, x2, y2, score, label) in input
+        pixels, best first; unused rows are zeros with label -1 (decode, then :func:`nms_rows`). Export-traceable:
+        ``zoo.export(det, path, x, nms=True)`` captures this method, and :meth:`predict` calls it, so the file
+        and eager prediction give the same detections. ``conf``/``iou``/``max_det`` default to the head's."""
+        return nms_rows(self.decode(maps), conf=self.conf if conf is None else conf,
+                        iou=self.iou if iou is None else iou, max_det=self.max_det if max_det is None else max_det)
+
     @torch.no_grad()
     def predict(self, maps: Sequence[torch.Tensor], metas: Sequence[dict] | None = None, conf: float | None = None,
                 iou: float | None = None, max_det: int | None = None) -> list[dict]:
         """Detections per image after NMS (``boxes`` (N, 4) xyxy, ``scores``, ``labels``), in the pixels of each
         image's file when ``metas`` (one dict per image: the data's ``orig_size``, ``scale``, ``pad``) is given,
-        else in input pixels. ``conf``/``iou``/``max_det`` default to the head's."""
-        dets = nms(self.decode(maps), conf=self.conf if conf is None else conf, iou=self.iou if iou is None else iou,
-                   max_det=self.max_det if max_det is None else max_det)
+        else in input pixels: :meth:`detections` (the graph ``zoo.export(nms=True)`` writes), then the inverse
+        letterbox. ``conf``/``iou``/``max_det`` default to the head's."""
+        dets = rows_to_detections(self.detections(maps, conf, iou, max_det))
         if metas is not None:
             dets = [{**d, 'boxes': unletterbox(d['boxes'].float(), m)} for d, m in zip(dets, metas)]
         return dets

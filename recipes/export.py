@@ -1,4 +1,5 @@
-"""``zoo export -c CONFIG|NAME [--ckpt_path best|last|PATH] [--random-init [--seed S]] --format onnx|pt2 [--nms]``.
+"""``zoo export -c CONFIG|NAME [--ckpt_path best|last|PATH] [--weights auto|ema|model] [--random-init [--seed S]]
+--format onnx|pt2 [--nms]``.
 
 Writes the network as an ONNX file (``torch.onnx.export(..., dynamo=True)``, dynamic batch) or a ``torch.export``
 program (``.pt2``) through ``zoo.export``, and a JSON card beside it (``<file>.json``): what a deployment needs to
@@ -10,7 +11,9 @@ to the file's pixels; a segmenter's resize; a classifier's resize, crop and mean
 The checkpoint of a recipe is found as ``zoo test``/``zoo predict`` find it (``runs.resolve_checkpoint``,
 ``checkpointing.read_checkpoint``/``check_checkpoint_model``/``check_weights_fit``); a ``zoo fit`` checkpoint
 carries the model's name, arguments and the sizes the data gave it, so the network is rebuilt from it and gets
-the weights evaluation used (the EMA's when the run kept one). A bare NAME has no trained weights: it is refused
+the weights evaluation used (the EMA's when the run kept one), read by ``zoo.read_weights`` as ``zoo.create(
+checkpoint=)`` reads them; ``--weights ema|model`` asks for one copy, and the card's ``model.weights`` says which
+was taken. A bare NAME has no trained weights: it is refused
 unless ``--random-init`` asks for its initialisation, seeded by ``--seed`` so that ``torch.manual_seed(seed);
 zoo.create(name)`` rebuilds it. Nothing is overwritten without ``--overwrite``.
 """
@@ -53,8 +56,10 @@ def _checkpoint(which: str | None, stem: str | None, run_root: str) -> Path | No
     return Path(which)
 
 
-def _from_lightning(path: Path, name: str | None, class_path: str | None) -> tuple[nn.Module, dict]:
-    """The network of a ``zoo fit`` checkpoint (rebuilt from its hyper-parameters, its evaluated weights)."""
+def _from_lightning(path: Path, name: str | None, class_path: str | None,
+                    weights: str = 'auto') -> tuple[nn.Module, dict]:
+    """The network of a ``zoo fit`` checkpoint, rebuilt from its hyper-parameters, with the weights
+    ``zoo.read_weights`` takes (``'auto'``: the evaluated ones, the EMA when the run kept one)."""
     from .checkpointing import check_checkpoint_model, check_weights_fit, read_checkpoint  # Lightning: only here
 
     ckpt = read_checkpoint(path)
@@ -67,12 +72,10 @@ def _from_lightning(path: Path, name: str | None, class_path: str | None) -> tup
     args = dict(hp.get('model_args') or {})
     net = zoo.create_with_optional(name, sizes, **args)
     check_weights_fit(ckpt, path, nn.ModuleDict({'model': net}))
-    sd = ckpt['state_dict']
-    prefix = 'ema.module.' if any(k.startswith('ema.module.') for k in sd) else 'model.'
-    net.load_state_dict({k[len(prefix):]: v for k, v in sd.items() if k.startswith(prefix)})
+    sd, chosen = zoo.read_weights(ckpt, weights, where=str(path))
+    net.load_state_dict(sd)
     created = {'name': name, 'kwargs': {**{k: v for k, v in sizes.items() if v is not None}, **args},
-               'weights': 'ema' if prefix == 'ema.module.' else 'model', 'epoch': ckpt.get('epoch'),
-               'global_step': ckpt.get('global_step')}
+               'weights': chosen, 'epoch': ckpt.get('epoch'), 'global_step': ckpt.get('global_step')}
     return net, created
 
 
@@ -220,6 +223,9 @@ def export_command(args) -> int:
     if args.random_init and (args.config or args.ckpt_path):
         raise ValueError('--random-init exports a NAME\'s seeded initialisation; it takes no '
                          + ('-c CONFIG' if args.config else '--ckpt_path') + ' (which gives trained weights)')
+    weights = args.weights
+    if weights != 'auto' and args.random_init:
+        raise ValueError(f'--weights {weights} chooses among a checkpoint\'s weights; --random-init has none')
     if args.seed is not None and not args.random_init:
         raise ValueError('--seed seeds the weights of --random-init: pass --random-init too, or drop --seed')
     run_root = args.run_root or os.environ.get('ZOO_RUNS', 'runs')
@@ -237,7 +243,7 @@ def export_command(args) -> int:
                          f'weights for {name}) or -c CONFIG (a recipe\'s run), or pass --random-init to export a '
                          'random initialisation seeded by --seed (default 0)')
     if ckpt is not None and ckpt.suffix == '.ckpt':
-        net, created = _from_lightning(ckpt, name, (cfg or {}).get('model', {}).get('class_path'))
+        net, created = _from_lightning(ckpt, name, (cfg or {}).get('model', {}).get('class_path'), weights)
         _check_nms(created['name'], args.nms)
     else:
         if not name:
@@ -251,8 +257,8 @@ def export_command(args) -> int:
             print(f'zoo export: warning: {name} has random weights (--random-init): torch.manual_seed({seed}); '
                   f'zoo.create({name!r}) rebuilds them', file=sys.stderr)
         else:
-            net = zoo.create(name, checkpoint=str(ckpt), **kwargs)
-            created = {'name': name, 'kwargs': kwargs, 'weights': 'checkpoint'}
+            net = zoo.create(name, checkpoint=str(ckpt), weights=weights, **kwargs)
+            created = {'name': name, 'kwargs': kwargs, 'weights': net.zoo_weights}
     net.eval()
 
     suffix = '.onnx' if args.format == 'onnx' else '.pt2'

@@ -5,7 +5,8 @@
     zoo bench NAME... [--batch-size 1 16] [--img-size 224] [--vs timm/NAME|official:FILE.py[:CALLABLE]] [--db URL]
               [--runtime eager,compile,onnxruntime[,openvino]] [--dtype bfloat16]
     zoo bench --db URL [--task T] [--dataset D] [--model PATTERN]      (re-measure the models recorded there)
-    zoo export -c CONFIG|NAME [--ckpt_path best|last|PATH] [--random-init [--seed S]] [--format onnx|pt2] [--nms]
+    zoo export -c CONFIG|NAME [--ckpt_path best|last|PATH] [--weights auto|ema|model] [--random-init [--seed S]]
+               [--format onnx|pt2] [--nms]
                [--out PATH]
     zoo profile NAME [--runtime eager[,compile]] [--img-size 224]      (time and MACs per block kind)
     zoo results [--task T] [--dataset D] [--model PATTERN] [--metric val/acc1] [--format table|csv|json|markdown]
@@ -463,6 +464,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument('-c', '--config', help='a recipe (file or shipped name): export its run\'s checkpoint')
     p.add_argument('--ckpt_path', help='best, last or interrupted (the newest run of -c CONFIG; default best with -c), '
                                        'or a file (a zoo fit .ckpt, or weights for NAME)')
+    p.add_argument('--weights', default='auto', choices=['auto', 'ema', 'model'],
+                   help='which weights of the checkpoint: auto (the evaluated ones: the EMA when the run kept one, '
+                        'else the raw model; default), ema, or model (raw); the card records the one taken')
     p.add_argument('--format', default='onnx', choices=['onnx', 'pt2'],
                    help='onnx (torch.onnx.export, dynamo, dynamic batch) or pt2 (torch.export) (default onnx)')
     p.add_argument('--nms', action='store_true', help='detectors: decode and NMS inside the graph (a deployable file)')

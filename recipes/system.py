@@ -84,7 +84,8 @@ class ZooSystem(LightningModule):
     Args:
         name: a registered model of this system's task (``zoo list --task T``; ``timm/<name>`` for classifiers).
         model_args: more arguments for ``zoo.create`` (``{'token_mixer': 'attention'}``).
-        checkpoint: weights to start from (a state dict or a ``zoo fit`` checkpoint; ``zoo.create``).
+        checkpoint: weights to start from (a state dict or a ``zoo fit`` checkpoint, whose evaluated weights, the EMA
+            when that run kept one, are taken: ``zoo.create``, ``zoo.read_weights``).
         num_classes, in_chans, img_size, vocab_size: the sizes the data knows (``zoo fit`` links them from the
             DataModule); each reaches the model only if it takes that argument.
         optimizer: called with the parameter groups (default AdamW, lr 1e-3, weight decay 0.05).

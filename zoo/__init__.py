@@ -46,7 +46,7 @@ if _os.path.isfile(_os.path.join(_root, 'pyproject.toml')) and _os.path.isdir(_o
 from ._registry import FAMILY_MODULES, ModelInfo, families, list_models, model_info, register_model  # noqa: E402
 
 _LAZY = {'create': '_factory', 'create_with_optional': '_factory', 'load_checkpoint': '_factory',
-         'read_state_dict': '_factory',
+         'read_weights': '_factory', 'read_state_dict': '_factory',
          'classifier_prefix': '_factory', 'remap_checkpoint': '_factory',
          'ClassifierBase': '_builder', 'optimize': '_runtime', 'export': '_runtime', 'RUNTIMES': '_runtime'}
 _SUBPACKAGES = ('layers', 'eval', 'recipes', 'datasets', *FAMILY_MODULES)
@@ -69,6 +69,6 @@ def __dir__():
 
 __version__ = '0.1.0'
 __all__ = ['create', 'create_with_optional', 'list_models', 'model_info', 'families', 'register_model', 'ModelInfo',
-           'load_checkpoint',
+           'load_checkpoint', 'read_weights',
            'read_state_dict', 'classifier_prefix', 'remap_checkpoint', 'layers', 'ClassifierBase', 'optimize', 'export',
            'RUNTIMES']

@@ -14,26 +14,39 @@ from ._builder import UnknownArgumentError
 from ._registry import model_info
 from ._timm_habits import attach_pretrained_cfg, match_checkpoint_head, no_weights_error
 
-# Wrappers that training code puts around a state dict or its keys (and, last, torch.compile's: COMPILED_PREFIX).
-_NESTED_KEYS = ('state_dict_ema', 'model_ema', 'state_dict', 'model', 'module')
+# Wrappers that training code puts around a state dict: the EMA copy's (timm's train.py writes ``state_dict_ema``,
+# older timm and DeiT ``model_ema``), then the raw weights'. Prefixes on the keys (and, last, torch.compile's:
+# COMPILED_PREFIX).
+_EMA_KEYS = ('state_dict_ema', 'model_ema')
+_RAW_KEYS = ('state_dict', 'model', 'module')
 _PREFIXES = ('module.', 'model.')
+# A zoo system (recipes/system.py) keeps the network as ``self.model`` and timm's ModelEmaV3 as ``self.ema``, so a
+# ``zoo fit`` checkpoint's state_dict holds ``model.*`` (raw) and, when the run kept an EMA, ``ema.module.*``.
+_SYSTEM_PREFIXES = {'ema': 'ema.module.', 'model': 'model.'}
+WEIGHTS = ('auto', 'ema', 'model')
 
 
 def create(name: str, num_classes: int | None = None, in_chans: int | None = None,
-           checkpoint: str | Path | None = None, **overrides) -> nn.Module:
+           checkpoint: str | Path | None = None, weights: str = 'auto', **overrides) -> nn.Module:
     """Build a registered model (or any timm model as ``'timm/<name>'``).
 
     ``None`` arguments are dropped, so callers can pass optional settings through unchanged.
     ``checkpoint`` loads a state dict (``.pth``/``.pt``/``.bin``, ``.safetensors``, or a file that pickles whole
     models, e.g. an ultralytics ``.pt``: see :func:`read_state_dict`) after the family's key remapping (official
     and timm layouts). When ``num_classes`` is given and differs from the checkpoint's classifier, the classifier
-    is left freshly initialised (fine-tuning); every other mismatch is an error. ``pretrained=True`` is passed to
+    is left freshly initialised (fine-tuning); every other mismatch is an error. ``weights`` chooses the copy of
+    a checkpoint that holds two (a ``zoo fit`` .ckpt with an EMA, timm's ``state_dict_ema``): ``'auto'`` (default)
+    the weights that were evaluated, the EMA when there is one, else the raw model; ``'ema'``; ``'model'`` (raw).
+    The copy taken is ``model.zoo_weights`` (:func:`read_weights`). ``pretrained=True`` is passed to
     timm for ``'timm/'`` models and is an error for zoo's (no weights ship; use ``checkpoint``). Every zoo
     model gets a timm-style ``pretrained_cfg`` for the input it was built for (``zoo/_timm_habits.py``).
     """
     kwargs = {k: v for k, v in dict(num_classes=num_classes, in_chans=in_chans, **overrides).items()
               if v is not None}
     pretrained = kwargs.pop('pretrained', False)  # timm's habit: passed to timm, an error for zoo models
+    check_weights(weights)
+    if checkpoint is None and weights != 'auto':
+        raise ValueError(f"weights={weights!r} chooses which weights of a checkpoint to load; pass checkpoint= too")
     if not isinstance(name, str):
         raise TypeError(f'model name must be a string, got {type(name).__name__}')
     if name.startswith('timm/'):
@@ -59,11 +72,14 @@ def create(name: str, num_classes: int | None = None, in_chans: int | None = Non
         attach_pretrained_cfg(model, name)
         if feature_cls is not None:  # timm's feature wrapper around the whole model, weights loaded first
             if checkpoint is not None:
-                load_checkpoint(model, checkpoint, new_head='num_classes' in kwargs)
+                load_checkpoint(model, checkpoint, new_head='num_classes' in kwargs, weights=weights)
                 checkpoint = None
+            loaded = getattr(model, 'zoo_weights', None)
             model = _feature_wrapper(model, name, feature_cls, out_indices)
+            if loaded is not None:
+                model.zoo_weights = loaded
     if checkpoint is not None:
-        load_checkpoint(model, checkpoint, new_head='num_classes' in kwargs)
+        load_checkpoint(model, checkpoint, new_head='num_classes' in kwargs, weights=weights)
     # what built it: zoo.create(name, **model.zoo_args) builds the architecture again (zoo bench --db), without the
     # weights a backbone's own checkpoint argument loaded (a run folder that may be gone by then)
     model.zoo_args = _without_checkpoints(kwargs)
@@ -132,44 +148,136 @@ def safe_torch_load(path) -> object:
         return torch.load(path, map_location='cpu', weights_only=True)
 
 
-def read_state_dict(path: str | Path) -> dict[str, torch.Tensor]:
-    """Read a state dict from disk, unwrapped: safetensors, ``torch.load(weights_only=True)`` of a
-    ``.pth``/``.pt``/``.bin``, or the network weights (``model.*``) of a Lightning ``.ckpt`` from ``zoo fit``.
+def check_weights(weights: str) -> str:
+    """``weights`` if it is one of :data:`WEIGHTS`, else a one-line ``ValueError``."""
+    if weights not in WEIGHTS:
+        raise ValueError(f"weights must be one of {', '.join(WEIGHTS)} (auto: the EMA copy when the checkpoint has "
+                         f"one, else the raw model), got {weights!r}")
+    return weights
 
-    A ``torch.save`` file that ``weights_only=True`` refuses because it pickles objects (an ultralytics
-    ``.pt`` holds the whole ``DetectionModel``; a DeiT-style training checkpoint its ``argparse`` namespace) is
-    read by :func:`read_pickled_objects`, which executes nothing from the file; the weights are those of the
-    module under ``'ema'`` or ``'model'`` (ultralytics' order) or the state dict under the usual keys."""
-    path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f'checkpoint not found: {path} (expected a .pth/.pt/.bin or .safetensors state dict, '
-                                f'or a zoo fit .ckpt)')
-    if path.suffix == '.ckpt':
-        return _lightning_weights(path)
-    if path.suffix == '.safetensors':
-        from safetensors.torch import load_file
-        sd = load_file(str(path), device='cpu')
+
+def read_weights(checkpoint: str | Path | dict, weights: str = 'auto',
+                 where: str | None = None) -> tuple[dict[str, torch.Tensor], str]:
+    """The one checkpoint reader: the network weights a checkpoint holds, and which copy they are (``'ema'`` or
+    ``'model'``).
+
+    ``weights='auto'`` takes the weights that were evaluated: the EMA copy when the run kept one (a zoo system
+    validates, tests and predicts with ``eval_model``, its EMA; timm's ``validate.py`` and ultralytics evaluate the
+    EMA too), else the raw model. ``'ema'`` or ``'model'`` asks for one copy; ``'ema'`` of a checkpoint without an
+    EMA copy is an error. ``zoo.create(checkpoint=)``, ``zoo.load_checkpoint``, ``zoo export`` and the systems'
+    ``checkpoint`` argument all read through here.
+
+    ``checkpoint``: a file, or a checkpoint already loaded (a dict). Files: a Lightning ``.ckpt`` of ``zoo fit``
+    (``model.*`` and, with an EMA, ``ema.module.*``), a ``.pth``/``.pt``/``.bin`` read with
+    ``torch.load(weights_only=True)`` (a bare state dict, or one wrapped in ``state_dict_ema``/``model_ema``/
+    ``state_dict``/``model``/``module``), ``.safetensors``, or a ``torch.save`` file that ``weights_only=True``
+    refuses because it pickles objects (an ultralytics ``.pt`` holds the whole ``DetectionModel`` under ``'ema'``
+    and ``'model'``; a DeiT-style training checkpoint its ``argparse`` namespace), read by
+    :func:`read_pickled_objects`, which executes nothing from the file. A bare state dict is ``'model'``: nothing
+    says it is an average. ``where``: how errors name a loaded checkpoint (its file, say).
+    """
+    check_weights(weights)
+    where = where or ('the checkpoint' if isinstance(checkpoint, dict) else str(checkpoint))
+    if isinstance(checkpoint, dict):
+        obj, lightning = checkpoint, _is_lightning(checkpoint)
     else:
-        try:
-            sd = safe_torch_load(path)
-        except Exception as e:  # pickle errors, truncated files, non-checkpoints
-            try:
-                sd = _pickled_weights(read_pickled_objects(path))
-            except Exception:
-                raise ValueError(f'could not read checkpoint {path} ({load_failure(e)}); expected a state dict '
-                                 f'saved with torch.save or safetensors') from None
-    for key in _NESTED_KEYS:
-        if isinstance(sd, dict) and isinstance(sd.get(key), dict):
-            sd = sd[key]
-            break
+        obj, lightning = _read_file(Path(checkpoint))
+    if lightning:
+        sd, chosen = _system_weights(obj, where, weights)
+    else:
+        sd, chosen = _wrapped_weights(obj, where, weights)
     if not isinstance(sd, dict) or not all(isinstance(v, torch.Tensor) for v in sd.values()):
-        raise ValueError(f'{path} does not hold a state dict of tensors')
+        raise ValueError(f'{where} does not hold a state dict of tensors')
     from zoo.layers._torch_compat import COMPILED_PREFIX
 
     for prefix in (*_PREFIXES, COMPILED_PREFIX):
         if sd and all(k.startswith(prefix) for k in sd):
             sd = _strip_prefix(sd, prefix)
-    return sd
+    return sd, chosen
+
+
+def read_state_dict(path: str | Path, weights: str = 'auto') -> dict[str, torch.Tensor]:
+    """The state dict :func:`read_weights` reads from ``path`` (the evaluated weights by default), unwrapped."""
+    return read_weights(path, weights)[0]
+
+
+def _is_lightning(obj) -> bool:
+    """A zoo system's Lightning checkpoint: a ``state_dict`` of the system (``model.*``, ``ema.module.*``), not
+    timm's training checkpoint (``state_dict`` beside ``state_dict_ema``)."""
+    sd = obj.get('state_dict') if isinstance(obj, dict) else None
+    return (isinstance(sd, dict) and not any(k in obj for k in _EMA_KEYS)
+            and ('pytorch-lightning_version' in obj or any(k.startswith(tuple(_SYSTEM_PREFIXES.values())) for k in sd)))
+
+
+def _read_file(path: Path) -> tuple[object, bool]:
+    """What a checkpoint file holds, and whether it is a Lightning checkpoint."""
+    if not path.is_file():
+        raise FileNotFoundError(f'checkpoint not found: {path} (expected a .pth/.pt/.bin or .safetensors state dict, '
+                                f'or a zoo fit .ckpt)')
+    if path.suffix == '.ckpt':
+        # zoo fit checkpoints hold only plain types beside the tensors, so weights_only=True reads them.
+        try:
+            ckpt = safe_torch_load(path)
+        except Exception as e:
+            raise ValueError(f'could not read checkpoint {path} ({load_failure(e)}); expected a .ckpt written by '
+                             f'`zoo fit`') from None
+        if not isinstance(ckpt, dict) or not isinstance(ckpt.get('state_dict'), dict):
+            raise ValueError(f'{path} is not a Lightning checkpoint (no state_dict)')
+        return ckpt, True
+    if path.suffix == '.safetensors':
+        from safetensors.torch import load_file
+        return load_file(str(path), device='cpu'), False
+    try:
+        obj = safe_torch_load(path)
+    except Exception as e:  # pickle errors, truncated files, non-checkpoints
+        try:
+            obj = read_pickled_objects(path)
+        except Exception:
+            raise ValueError(f'could not read checkpoint {path} ({load_failure(e)}); expected a state dict '
+                             f'saved with torch.save or safetensors') from None
+    return obj, _is_lightning(obj)
+
+
+def _no_ema(where: str) -> ValueError:
+    return ValueError(f"weights='ema' but {where} holds no EMA copy (the run kept none); use weights='model' or "
+                      f"'auto'")
+
+
+def _system_weights(ckpt: dict, where: str, weights: str) -> tuple[dict, str]:
+    """The ``model.*`` or ``ema.module.*`` weights of a zoo system's Lightning checkpoint."""
+    sd = ckpt['state_dict']
+    has_ema = any(k.startswith(_SYSTEM_PREFIXES['ema']) for k in sd)
+    if weights == 'ema' and not has_ema:
+        raise _no_ema(where)
+    chosen = 'ema' if has_ema and weights != 'model' else 'model'
+    out = _strip_prefix(sd, _SYSTEM_PREFIXES[chosen])
+    if not out:
+        raise ValueError(f'{where} holds no model.* weights (was it written by a zoo recipe?)')
+    return out, chosen
+
+
+def _wrapped_weights(obj, where: str, weights: str) -> tuple[object, str]:
+    """The EMA or raw state dict of a training checkpoint (timm's, DeiT's, ultralytics' pickled modules), or a bare
+    state dict (``'model'``)."""
+    if isinstance(obj, dict):
+        ema = next((obj[k] for k in (*_EMA_KEYS, 'ema') if _is_weights(obj.get(k))), None)
+        raw = next((obj[k] for k in _RAW_KEYS if _is_weights(obj.get(k))), None)
+        if weights == 'ema' and ema is None:
+            raise _no_ema(where)
+        if ema is not None and weights != 'model':
+            obj, chosen = ema, 'ema'
+        else:
+            obj, chosen = (raw, 'model') if raw is not None else (obj, 'model')
+    elif weights == 'ema':
+        raise _no_ema(where)
+    else:
+        chosen = 'model'
+    return (pickled_module_state_dict(obj) if _is_module(obj) else obj), chosen
+
+
+def _is_weights(obj) -> bool:
+    """A state dict or a pickled module (ultralytics keeps its ``'ema'`` and ``'model'`` as whole modules)."""
+    return isinstance(obj, dict) or _is_module(obj)
 
 
 # -- files that pickle whole models (ultralytics' released .pt), read without their code ----------------------
@@ -302,14 +410,6 @@ def pickled_module_state_dict(module: PickledObject) -> OrderedDict:
     return out
 
 
-def _pickled_weights(obj):
-    """The weights in an object read by :func:`read_pickled_objects`: a pickled module's state dict (of the
-    ``'ema'`` or else the ``'model'`` entry of a dict, as ultralytics loads them), or the dict itself."""
-    if isinstance(obj, dict):
-        obj = next((obj[k] for k in ('ema', 'model') if _is_module(obj.get(k))), obj)
-    return pickled_module_state_dict(obj) if _is_module(obj) else obj
-
-
 def _strip_prefix(sd: dict, prefix: str) -> OrderedDict:
     """The entries under ``prefix``, re-keyed without it; torch's module list (``_metadata``) is re-keyed too
     (``MetaFormer.checkpoint_head`` reads it)."""
@@ -321,22 +421,6 @@ def _strip_prefix(sd: dict, prefix: str) -> OrderedDict:
         set_state_dict_metadata(out, OrderedDict(('' if m == prefix[:-1] else m[len(prefix):], d)
                                                  for m, d in meta.items() if m == prefix[:-1] or m.startswith(prefix)))
     return out
-
-
-def _lightning_weights(path: Path) -> dict[str, torch.Tensor]:
-    # zoo fit checkpoints hold only plain types beside the tensors, so weights_only=True reads them.
-    try:
-        ckpt = safe_torch_load(path)
-    except Exception as e:
-        raise ValueError(f'could not read checkpoint {path} ({load_failure(e)}); expected a .ckpt written by '
-                         f'`zoo fit`') from None
-    sd = ckpt.get('state_dict') if isinstance(ckpt, dict) else None
-    if not isinstance(sd, dict):
-        raise ValueError(f'{path} is not a Lightning checkpoint (no state_dict)')
-    weights = _strip_prefix(sd, 'model.')
-    if not weights:
-        raise ValueError(f'{path} holds no model.* weights (was it written by a zoo recipe?)')
-    return weights
 
 
 def create_with_optional(name: str, optional: dict, **kwargs) -> nn.Module:
@@ -368,16 +452,27 @@ def remap_checkpoint(model: nn.Module, state_dict: dict) -> dict:
     return remap(state_dict) if remap is not None else dict(state_dict)
 
 
-def load_checkpoint(model: nn.Module, path: str | Path | dict, new_head: bool | str = False) -> nn.Module:
+def load_checkpoint(model: nn.Module, path: str | Path | dict, new_head: bool | str = False,
+                    weights: str = 'auto') -> nn.Module:
     """Load ``path`` (or a state dict) into ``model``, remapping foreign layouts; list the first mismatches
     on failure.
 
     ``new_head``: ``False`` loads everything; ``True`` leaves the classifier newly initialised when its
     shape differs (``zoo.create(..., num_classes=...)``); ``'always'`` never loads the classifier
-    (fine-tuning). Returns the model."""
+    (fine-tuning). ``weights``: which copy of a checkpoint that holds two (``'auto'``: the EMA when there is
+    one, the weights that were evaluated; ``'ema'``; ``'model'``: the raw ones), see :func:`read_weights`; the
+    copy taken is recorded as ``model.zoo_weights``. Returns the model."""
     if new_head not in (False, True, 'always'):
         raise ValueError(f"new_head must be False, True or 'always'; got {new_head!r}")
-    sd = remap_checkpoint(model, path if isinstance(path, dict) else read_state_dict(path))
+    check_weights(weights)
+    if isinstance(path, dict) and not _is_lightning(path):  # a state dict (another model's, say): as it is
+        if weights != 'auto':
+            raise ValueError(f"weights={weights!r} chooses a copy in a checkpoint; a state dict has only one "
+                             f"(pass weights='auto')")
+        sd, chosen = path, None
+    else:
+        sd, chosen = read_weights(path, weights)
+    sd = remap_checkpoint(model, sd)
     where = 'the state dict' if isinstance(path, dict) else path
     own = model.state_dict()
     if getattr(model, 'features_only', False):
@@ -410,4 +505,6 @@ def load_checkpoint(model: nn.Module, path: str | Path | dict, new_head: bool | 
                 lines.append(f'  {len(items)} {title}: {", ".join(items[:8])}{more}')
         raise ValueError('\n'.join(lines))
     model.load_state_dict(sd, strict=not new_head)
+    if chosen is not None:
+        model.zoo_weights = chosen
     return model

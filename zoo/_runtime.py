@@ -9,8 +9,9 @@ What is captured: a classifier, denoiser or language model is captured whole. A 
 ``forward_raw`` and ``head.predict``: every detector) is captured as its network, ``forward_raw`` (backbone, neck,
 head convolutions); its prediction (decode, NMS, inverse letterbox) then runs eagerly on the captured graph's maps,
 so ``optimize(det, rt)(x, metas)`` returns the same detections as ``det.eval()(x, metas)``. ``export(...,
-nms=True)`` instead puts decode and class-aware NMS (``torchvision.ops.nms``) in the graph, with a fixed number
-of detections per image, so the file is deployable on its own.
+nms=True)`` instead puts the head's deployable prediction in the graph (``head.detections``: decode and
+class-aware NMS, the function ``head.predict`` calls eagerly), with a fixed number of rows per image, so the file
+is deployable on its own. No NMS is written here: the head owns it.
 
 ONNX export is ``torch.onnx.export(..., dynamo=True)`` (the exporter built on ``torch.export``), with the batch
 dimension dynamic. ONNX Runtime and OpenVINO come from the ``export`` extra (``pip install 'zoo[export]'``).
@@ -145,45 +146,17 @@ class _Raw(nn.Module):
 
 
 class _Deploy(nn.Module):
-    """A detector with decode and class-aware NMS in the graph: (B, 3, H, W) -> (B, max_det, 6) rows of
-    (x1, y1, x2, y2, score, label) in input pixels, best first; empty rows are zeros with label -1.
+    """A detector with its prediction in the graph: (B, 3, H, W) -> (B, max_det, 6) rows of (x1, y1, x2, y2, score,
+    label) in input pixels, best first; empty rows are zeros with label -1. The NMS is the head's own deployable
+    prediction (``head.detections``, :func:`zoo.layers.detect.nms_rows`), the function ``head.predict`` calls
+    eagerly: this module only joins it to the network."""
 
-    The same detections as ``head.predict`` (multi-label, ``conf``, ``iou``, ``max_det`` of the head): the
-    ``max_nms`` best (anchor, class) pairs of each image go to NMS, and pairs under ``conf`` are dropped after it
-    (greedy NMS visits boxes best first, so a box under ``conf`` never suppresses one above it). All shapes are
-    static but the batch, so it exports with a dynamic batch.
-    """
-
-    def __init__(self, model: nn.Module, max_nms: int = 30000):
+    def __init__(self, model: nn.Module):
         super().__init__()
-        self.model, self.max_nms = model, max_nms
+        self.model = model
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        from torchvision.ops import nms
-        head = self.model.head
-        y = head.decode(self.model.forward_raw(x))                  # (B, 4 + nc, A)
-        b, nc = y.shape[0], y.shape[1] - 4
-        boxes, scores = y[:, :4].transpose(1, 2), y[:, 4:].transpose(1, 2)   # (B, A, 4), (B, A, nc)
-        k = min(self.max_nms, scores.shape[1] * nc)
-        top, idx = scores.flatten(1).topk(k, dim=1)                 # (B, k) over (anchor, class) pairs
-        labels = idx % nc
-        cand = boxes.gather(1, (idx // nc).unsqueeze(-1).expand(-1, -1, 4))   # (B, k, 4)
-        image = torch.arange(b, device=x.device).unsqueeze(1).expand(-1, k)   # (B, k)
-        # class- and image-aware NMS in one call: boxes of different (image, class) are moved apart
-        group = (image * nc + labels).flatten()
-        flat = cand.flatten(0, 1)
-        offset = group.to(flat.dtype) * (flat.max() + 1)
-        keep = nms(flat + offset[:, None], top.flatten(), head.iou)   # indices into B * k, best first
-        keep = keep[top.flatten()[keep] > head.conf]
-        # rank of each kept detection within its image (keep is sorted by score) -> at most max_det per image
-        img = keep // k
-        rank = (img.unsqueeze(1) == torch.arange(b, device=x.device)).cumsum(0).gather(1, img.unsqueeze(1))[:, 0] - 1
-        ok = rank < head.max_det
-        keep, img, rank = keep[ok], img[ok], rank[ok]
-        rows = torch.cat((flat[keep], top.flatten()[keep, None], labels.flatten()[keep, None].to(flat.dtype)), 1)
-        out = torch.zeros(b, head.max_det, 6, dtype=flat.dtype, device=x.device)
-        out[..., 5] = -1
-        return out.index_put((img, rank), rows)
+        return self.model.head.detections(self.model.forward_raw(x))
 
 
 @contextlib.contextmanager
@@ -206,16 +179,15 @@ def _frozen(model: nn.Module):
 
 
 def is_detector(model: nn.Module) -> bool:
-    """A dense model whose head decodes boxes and has NMS settings (what :class:`_Deploy` needs); a segmenter's
-    head also has ``decode``, of logits into labels."""
-    return is_dense(model) and all(hasattr(model.head, a) for a in ('decode', 'conf', 'iou', 'max_det'))
+    """A dense model whose head has a deployable prediction, ``detections`` (what :class:`_Deploy` needs)."""
+    return is_dense(model) and hasattr(model.head, 'detections')
 
 
 def _graph_module(model: nn.Module, nms: bool = False) -> nn.Module:
     if nms:
         if not is_detector(model):
-            raise ValueError(f'nms=True needs a detector (a dense model whose head decodes boxes: decode, conf, iou, '
-                             f'max_det); got {getattr(model, "zoo_name", type(model).__name__)}')
+            raise ValueError(f'nms=True needs a detector (a dense model whose head has detections(), its decode and '
+                             f'NMS); got {getattr(model, "zoo_name", type(model).__name__)}')
         return _Deploy(model)
     return _Raw(model) if is_dense(model) else model
 
@@ -251,8 +223,9 @@ def export(model: nn.Module, path, example: torch.Tensor, *, format: str = 'onnx
     program (``format='pt2'``, ``torch.export.save``), traced on ``example`` with a dynamic batch.
 
     A dense model is saved as its network (``forward_raw``: one output per level); ``nms=True`` saves a detector
-    with decode and NMS in the graph instead (one (B, max_det, 6) output; see :class:`_Deploy`). ``model`` may
-    also be a ``torch.export.ExportedProgram`` (e.g. a loaded pt2 file), converted to ONNX without tracing again.
+    with its head's decode and NMS in the graph instead (``head.detections``: one (B, max_det, 6) output).
+    ``model`` may also be a ``torch.export.ExportedProgram`` (e.g. a loaded pt2 file), converted to ONNX without
+    tracing again.
     The ONNX graph's input is ``input``, its outputs are named by :func:`output_names` (a program's keep the
     exporter's names) and its dynamic dimension is ``batch``. Returns the path.
     """
