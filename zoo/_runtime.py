@@ -28,7 +28,7 @@ from torch import nn
 
 __all__ = ['RUNTIMES', 'example_input', 'export', 'optimize']
 
-RUNTIMES = ('eager', 'compile', 'onnxruntime', 'openvino', 'onnxruntime-int8', 'openvino-int8')
+RUNTIMES = ('eager', 'compile', 'onnxruntime', 'openvino', 'onnxruntime-int8', 'openvino-int8', 'auto')
 FORMATS = ('onnx', 'pt2')
 _NEEDS = {'onnxruntime': ('onnxruntime', 'onnx', 'onnxscript'), 'openvino': ('openvino', 'onnx', 'onnxscript'),
           'onnxruntime-int8': ('onnxruntime', 'onnx', 'onnxscript'),
@@ -433,11 +433,22 @@ def optimize(model: nn.Module, runtime: str = 'compile', example: torch.Tensor |
     with a dynamic batch, traced on ``example`` (default: a random input of the model's registered size), and run
     in an inference session), ``'onnxruntime-int8'`` or ``'openvino-int8'`` (that graph quantized to int8 after
     training, its ranges set on ``calibration``: a few batches of real inputs; ``zoo._quantize``). ``dtype`` (e.g.
-    ``torch.bfloat16``) runs eager/compile under autocast; the ONNX runtimes take float32 inputs. A dense model keeps its eager prediction (decode, NMS) after the captured network
+    ``torch.bfloat16``) runs eager/compile under autocast; the ONNX runtimes take float32 inputs. ``'auto'``: the
+    fastest float32 runtime whose outputs equal eager's, measured on ``example`` on this CPU and cached
+    (``zoo._auto``); the returned module's ``runtime`` says which. A dense model keeps its eager prediction (decode, NMS) after the captured network
     (see the module docstring). With ``example``, ``compile`` compiles on it before returning.
     """
     from ._quantize import INT8_RUNTIMES, check_calibration
     check_runtime(runtime)
+    if runtime == 'auto':
+        if dtype is not None or mode is not None or calibration is not None:
+            raise ValueError("runtime 'auto' chooses among the float32 runtimes at their defaults; it takes no "
+                             'dtype, mode or calibration (name the runtime instead)')
+        from ._auto import CANDIDATES, choose
+        example = example if example is not None else example_input(model)
+        usable = [rt for rt in CANDIDATES if rt in ('eager', 'compile') or
+                  all(importlib.util.find_spec(m) is not None for m in _NEEDS[rt])]
+        return choose(model, example, lambda rt: optimize(model, rt, example), candidates=usable)
     if runtime not in ('eager', 'compile'):
         _require(runtime)
     if runtime in INT8_RUNTIMES:

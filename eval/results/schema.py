@@ -143,7 +143,7 @@ LATENCY_V5 = ('runtime', 'compile_mode', 'cpu_model', 'isa', 'versions')
 # ... and version 7.
 LATENCY_V7 = ('max_abs_delta',)
 # The runtimes a latency row may name (the same names as ``zoo.RUNTIMES``; the store must not import torch).
-LATENCY_RUNTIMES = ('eager', 'compile', 'onnxruntime', 'openvino', 'onnxruntime-int8', 'openvino-int8')
+LATENCY_RUNTIMES = ('eager', 'compile', 'onnxruntime', 'openvino', 'onnxruntime-int8', 'openvino-int8', 'auto')
 UNKNOWN_CPU = 'unknown'
 
 latency_failures_table = sa.Table(                           # v6: a latency measurement that could not be taken
