@@ -141,6 +141,7 @@ def quantize_onnx(src: str | pathlib.Path, dst: str | pathlib.Path, calibration,
     try:
         with contextlib.redirect_stdout(io.StringIO()):
             quant_pre_process(str(src), str(folded), skip_symbolic_shape=True)
+        _unshare_initializers(folded)
         quantize_static(str(folded), str(dst), Reader(), quant_format=QuantFormat.QDQ, per_channel=True,
                         activation_type=QuantType.QInt8, weight_type=QuantType.QInt8,
                         op_types_to_quantize=list(QUANTIZED_OPS), nodes_to_exclude=exclude)
@@ -148,6 +149,35 @@ def quantize_onnx(src: str | pathlib.Path, dst: str | pathlib.Path, calibration,
         root.setLevel(level)
         folded.unlink(missing_ok=True)
     return dst
+
+
+def _unshare_initializers(path: pathlib.Path) -> None:
+    """Give every quantized node's weight and bias an initializer of its own, in place. The export deduplicates
+    equal initializers (a zero bias shared by two convolutions), and ORT's quantizer, which quantizes a bias with
+    each user's scales, then wrote two definitions of one name (an invalid graph: Strip-MLP's trained
+    checkpoints)."""
+    import onnx
+
+    model = onnx.load(str(path))
+    g = model.graph
+    inits = {i.name: i for i in g.initializer}
+    users: dict[str, int] = {}
+    for node in g.node:
+        for name in node.input:
+            users[name] = users.get(name, 0) + 1
+    for node in g.node:
+        if node.op_type not in QUANTIZED_OPS:
+            continue
+        for k, name in enumerate(node.input):
+            if k == 0 or name not in inits or users[name] < 2:
+                continue
+            copy = onnx.TensorProto()
+            copy.CopyFrom(inits[name])
+            copy.name = f'{name}__{node.name}'
+            g.initializer.append(copy)
+            node.input[k] = copy.name
+            users[name] -= 1
+    onnx.save(model, str(path))
 
 
 def openvino_int8(src: str | pathlib.Path, calibration, *, keep_float: Iterable[str] = ()):
