@@ -1,5 +1,5 @@
 """``zoo export -c CONFIG|NAME [--ckpt_path best|last|PATH] [--weights auto|ema|model] [--random-init [--seed S]]
---format onnx|pt2 [--nms]``.
+--format onnx|pt2 [--nms] [--int8]``.
 
 Writes the network as an ONNX file (``torch.onnx.export(..., dynamo=True)``, dynamic batch) or a ``torch.export``
 program (``.pt2``) through ``zoo.export``, and a JSON card beside it (``<file>.json``): what a deployment needs to
@@ -215,6 +215,41 @@ def _opset(path: Path) -> int | None:
     return next((o.version for o in model.opset_import if o.domain in ('', 'ai.onnx')), None)
 
 
+def _int8_calibration(args, dm) -> list | None:
+    """``--int8``: the calibration inputs, the first images of the recipe's training split (None without it)."""
+    if not getattr(args, 'int8', False):
+        return None
+    if args.format != 'onnx':
+        raise ValueError('--int8 writes an ONNX Runtime int8 (QDQ) graph: use --format onnx')
+    if dm is None:
+        raise ValueError('--int8 calibrates on the training images of a recipe: export a zoo fit checkpoint '
+                         '(its run config names the data) or -c CONFIG, not a random initialisation or bare weights')
+    from zoo._quantize import calibration_from
+
+    from .system import CALIBRATION_IMAGES
+    dm.setup('fit')
+    return calibration_from(dm.train_dataloader(), CALIBRATION_IMAGES)
+
+
+def _export_int8(net: nn.Module, out: Path, example: torch.Tensor, nms: bool, calibration: list) -> dict:
+    """The float graph exported beside ``out``, quantized for ONNX Runtime into ``out`` (``zoo._quantize``), the
+    float file removed; what the card records of the quantization."""
+    import tempfile
+
+    from zoo._quantize import float_modules, int8_fraction, quantize_onnx
+    from zoo._runtime import _graph_module
+    with tempfile.TemporaryDirectory(dir=out.parent) as tmp:  # on out's disk, so the last step is a rename
+        tmp = Path(tmp)
+        zoo.export(net, tmp / 'float.onnx', example, nms=nms)
+        keep = float_modules(net, _graph_module(net, nms))
+        quantize_onnx(tmp / 'float.onnx', tmp / 'int8.onnx', calibration, keep_float=keep)
+        quantized, weighted = int8_fraction(tmp / 'int8.onnx')
+        os.replace(tmp / 'int8.onnx', out)
+    return {'runtime': 'onnxruntime', 'format': 'QDQ, per-channel int8 weights, int8 activations',
+            'calibration_images': sum(len(x) for x in calibration), 'calibration_split': 'train',
+            'float_modules': list(keep), 'quantized_nodes': quantized, 'weighted_nodes': weighted}
+
+
 def export_command(args) -> int:
     """The ``zoo export`` subcommand (``recipes/main.py`` parses the arguments)."""
     if bool(args.name) == bool(args.config):
@@ -286,12 +321,16 @@ def export_command(args) -> int:
     dm = _data_module(config)
     prep = _preprocessing(task, dm, size, dict(getattr(net, 'pretrained_cfg', None) or {}))
     outputs = _outputs(net, example, args.nms, task, size)  # before anything is written: a failure leaves nothing
+    calibration = _int8_calibration(args, dm)
     from zoo._console import progress
 
     what = f'exporting {created["name"]} to ' + ('ONNX (dynamo)' if args.format == 'onnx' else 'pt2 (torch.export)')
     try:
         with progress(what, 'zoo export'):
-            zoo.export(net, out, example, format=args.format, nms=args.nms)
+            if calibration is None:
+                zoo.export(net, out, example, format=args.format, nms=args.nms)
+            else:
+                int8 = _export_int8(net, out, example, args.nms, calibration)
     except (ValueError, TypeError):
         raise
     except Exception as e:        # the exporter's own errors (an op it cannot capture): one line, nothing left
@@ -312,6 +351,7 @@ def export_command(args) -> int:
         'num_classes': getattr(net, 'num_classes', None),
         'task': task,
         'nms': bool(args.nms),
+        'int8': int8 if calibration is not None else None,
         'outputs': outputs,
         'model': created, 'recipe': str(recipe) if recipe else None, 'checkpoint': str(ckpt) if ckpt else None,
         'run': str(run_config_file.parent) if run_config_file else None,

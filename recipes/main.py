@@ -180,7 +180,7 @@ def _cmd_profile(args) -> int:
     result = breakdown.profile_kinds(model, x, repeats=args.repeats, warmup=args.warmup)
     totals = {}
     if len(runtimes) > 1:        # other runtimes: their total only, interleaved with eager under the one timer
-        nets = {rt: zoo.optimize(model, rt, x) for rt in runtimes}
+        nets = {rt: zoo.optimize(model, rt, x, calibration=[x] if rt.endswith('-int8') else None) for rt in runtimes}
         lat = benchmark(nets, inputs=dict.fromkeys(nets, x), batch_size=args.batch_size, repeats=args.repeats,
                         warmup=args.warmup)
         totals = {rt: lat[rt].median_ms for rt in runtimes}
@@ -470,6 +470,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument('--format', default='onnx', choices=['onnx', 'pt2'],
                    help='onnx (torch.onnx.export, dynamo, dynamic batch) or pt2 (torch.export) (default onnx)')
     p.add_argument('--nms', action='store_true', help='detectors: decode and NMS inside the graph (a deployable file)')
+    p.add_argument('--int8', action='store_true',
+                   help="ONNX Runtime int8 (QDQ) graph, calibrated on the recipe's training images (needs -c CONFIG)")
     p.add_argument('--random-init', action='store_true',
                    help='export NAME with random weights (no checkpoint), seeded: torch.manual_seed(SEED); '
                         'zoo.create(NAME) rebuilds them (the card records the seed)')

@@ -39,6 +39,8 @@ __all__ = ['ZooSystem', 'require_task', 'require_data_task', 'block_choices']
 
 # model_args keys that choose a block: recorded as ``block_choices`` by the results database.
 _BLOCK_KEYS = ('token_mixer', 'canon', 'mixer', 'backbone', 'neck', 'head')
+# int8 runtimes (``zoo test --runtime onnxruntime-int8``): the training images that set the activation ranges
+CALIBRATION_IMAGES = 256
 
 
 def require_task(name: str, task: str, system: str) -> None:
@@ -202,10 +204,23 @@ class ZooSystem(LightningModule):
         elif len(size) == 1:  # token windows: an exported graph has one length, the data's
             size = (getattr(self.trainer.datamodule, 'context_length', None) or size[0],)
         x = example_input(net, size, 2, self.task)
-        self._runtime_model = zoo.optimize(net, self.hparams.runtime, x)
+        self._runtime_model = zoo.optimize(net, self.hparams.runtime, x, calibration=self._calibration())
 
     def on_test_end(self) -> None:
         self._runtime_model = None
+
+    def _calibration(self) -> list | None:
+        """An int8 runtime's calibration inputs: the first :data:`CALIBRATION_IMAGES` images of the data's
+        training split as its loader gives them (never the split being tested); None for the other runtimes."""
+        if not self.hparams.runtime.endswith('-int8'):
+            return None
+        dm = getattr(self.trainer, 'datamodule', None)
+        if dm is None:
+            raise ValueError(f'--runtime {self.hparams.runtime} calibrates on the training split: run zoo test '
+                             f'with the recipe\'s --data')
+        from zoo._quantize import calibration_from
+        dm.setup('fit')
+        return calibration_from(dm.train_dataloader(), CALIBRATION_IMAGES)
 
     def forward(self, *args, **kwargs):
         return self.model(*args, **kwargs)

@@ -29,10 +29,11 @@ from torch import nn
 
 __all__ = ['RUNTIMES', 'example_input', 'export', 'optimize']
 
-RUNTIMES = ('eager', 'compile', 'onnxruntime', 'openvino')
+RUNTIMES = ('eager', 'compile', 'onnxruntime', 'openvino', 'onnxruntime-int8', 'openvino-int8', 'auto')
 FORMATS = ('onnx', 'pt2')
 _NEEDS = {'onnxruntime': ('onnxruntime', 'onnx', 'onnxscript'), 'openvino': ('openvino', 'onnx', 'onnxscript'),
-          'onnx': ('onnx', 'onnxscript')}
+          'onnxruntime-int8': ('onnxruntime', 'onnx', 'onnxscript'),
+          'openvino-int8': ('openvino', 'nncf', 'onnx', 'onnxscript'), 'onnx': ('onnx', 'onnxscript')}
 
 
 def _require(what: str) -> None:
@@ -381,10 +382,11 @@ def _ort_session(path: str):
     return run
 
 
-def _openvino(path: str):
+def _openvino(path):
+    """An OpenVINO CPU inference call of an ONNX file (or an ``openvino.Model``, e.g. NNCF's int8 one)."""
     import openvino as ov
     core = ov.Core()
-    compiled = core.compile_model(core.read_model(path), 'CPU',
+    compiled = core.compile_model(core.read_model(path) if isinstance(path, str) else path, 'CPU',
                                   {'INFERENCE_NUM_THREADS': torch.get_num_threads(),
                                    'INFERENCE_PRECISION_HINT': 'f32'})
 
@@ -395,20 +397,38 @@ def _openvino(path: str):
 
 
 def optimize(model: nn.Module, runtime: str = 'compile', example: torch.Tensor | None = None, *,
-             dtype: torch.dtype | str | None = None, mode: str | None = None) -> nn.Module:
+             dtype: torch.dtype | str | None = None, mode: str | None = None, calibration=None) -> nn.Module:
     """``model`` (put in eval mode) in a runtime: a module whose output equals ``model(x)`` in eval mode.
 
     runtime: ``'eager'`` (the module itself, under no_grad), ``'compile'`` (``torch.compile`` with inductor's
     freezing; ``mode`` is torch.compile's mode; each graph is a snapshot of the model as it was
     compiled: after changing the model, optimize it again), ``'onnxruntime'`` or ``'openvino'`` (exported to ONNX
     with a dynamic batch, traced on ``example`` (default: a random input of the model's registered size), and run
-    in an inference session). ``dtype`` (e.g. ``torch.bfloat16``) runs eager/compile under autocast; the ONNX
-    runtimes are float32 only. A dense model keeps its eager prediction (decode, NMS) after the captured network
+    in an inference session), ``'onnxruntime-int8'`` or ``'openvino-int8'`` (that graph quantized to int8 after
+    training, its ranges set on ``calibration``: a few batches of real inputs; ``zoo._quantize``). ``dtype`` (e.g.
+    ``torch.bfloat16``) runs eager/compile under autocast; the ONNX runtimes take float32 inputs. ``'auto'``: the
+    fastest float32 runtime whose outputs equal eager's, measured on ``example`` on this CPU and cached
+    (``zoo._auto``); the returned module's ``runtime`` says which. A dense model keeps its eager prediction (decode, NMS) after the captured network
     (see the module docstring). With ``example``, ``compile`` compiles on it before returning.
     """
+    from ._quantize import INT8_RUNTIMES, check_calibration
     check_runtime(runtime)
-    if runtime in ('onnxruntime', 'openvino'):
+    if runtime == 'auto':
+        if dtype is not None or mode is not None or calibration is not None:
+            raise ValueError("runtime 'auto' chooses among the float32 runtimes at their defaults; it takes no "
+                             'dtype, mode or calibration (name the runtime instead)')
+        from ._auto import CANDIDATES, choose
+        example = example if example is not None else example_input(model)
+        usable = [rt for rt in CANDIDATES if rt in ('eager', 'compile') or
+                  all(importlib.util.find_spec(m) is not None for m in _NEEDS[rt])]
+        return choose(model, example, lambda rt: optimize(model, rt, example), candidates=usable)
+    if runtime not in ('eager', 'compile'):
         _require(runtime)
+    if runtime in INT8_RUNTIMES:
+        check_calibration(runtime, calibration)
+    elif calibration is not None:
+        raise ValueError(f'calibration is for the int8 runtimes ({", ".join(INT8_RUNTIMES)}); runtime {runtime!r} '
+                         f'takes none')
     if isinstance(dtype, str):
         dtype = getattr(torch, dtype, None) if isinstance(getattr(torch, dtype, None), torch.dtype) else \
             _bad_dtype(dtype)
@@ -445,7 +465,19 @@ def optimize(model: nn.Module, runtime: str = 'compile', example: torch.Tensor |
         with tempfile.TemporaryDirectory() as tmp:
             path = str(pathlib.Path(tmp) / 'model.onnx')
             program.save(path)
-            run = _ort_session(path) if runtime == 'onnxruntime' else _openvino(path)
+            if runtime in INT8_RUNTIMES:
+                from ._quantize import float_modules, openvino_int8, quantize_onnx
+                if dense and hasattr(model, 'network_input'):
+                    calibration = [model.network_input(x[0] if isinstance(x, (tuple, list)) else x)
+                                   for x in calibration]
+                with progress(f'quantizing {name} to int8 for {runtime.removesuffix("-int8")}'):
+                    if runtime == 'onnxruntime-int8':
+                        run = _ort_session(str(quantize_onnx(path, pathlib.Path(tmp) / 'int8.onnx', calibration,
+                                                             keep_float=float_modules(model, graph))))
+                    else:
+                        run = _openvino(openvino_int8(path, calibration, keep_float=float_modules(model, graph)))
+            else:
+                run = _ort_session(path) if runtime == 'onnxruntime' else _openvino(path)
     net = _Runtime(run, spec, runtime, keep=model)
     return _DenseRuntime(net, model) if dense else net
 

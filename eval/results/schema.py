@@ -126,7 +126,7 @@ latency_table = sa.Table(
     sa.Column('duration_s', sa.Float),                        # wall time of the timed rounds
     # v5: what ran the network and on which machine (rows before v5: runtime 'eager' ('compile' when
     # ``compiled``), dtype 'float32' when unset, cpu_model 'unknown')
-    sa.Column('runtime', sa.String(20), index=True),          # eager | compile | onnxruntime | openvino (RUNTIMES)
+    sa.Column('runtime', sa.String(20), index=True),          # eager | compile | onnxruntime | openvino | *-int8
     sa.Column('compile_mode', sa.String(40)),                 # torch.compile mode and options ('default+freezing')
     sa.Column('cpu_model', sa.String(200), index=True),       # /proc/cpuinfo 'model name' (profile.machine())
     sa.Column('isa', sa.JSON),                                # ISA flags of that CPU: ['avx2', 'avx512f', ...]
@@ -143,7 +143,7 @@ LATENCY_V5 = ('runtime', 'compile_mode', 'cpu_model', 'isa', 'versions')
 # ... and version 7.
 LATENCY_V7 = ('max_abs_delta',)
 # The runtimes a latency row may name (the same names as ``zoo.RUNTIMES``; the store must not import torch).
-LATENCY_RUNTIMES = ('eager', 'compile', 'onnxruntime', 'openvino')
+LATENCY_RUNTIMES = ('eager', 'compile', 'onnxruntime', 'openvino', 'onnxruntime-int8', 'openvino-int8', 'auto')
 UNKNOWN_CPU = 'unknown'
 
 latency_failures_table = sa.Table(                           # v6: a latency measurement that could not be taken
