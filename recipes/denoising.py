@@ -49,7 +49,8 @@ class Denoiser(ZooSystem):
                  **kwargs):
         if sigma <= 0:
             raise ValueError(f'sigma must be > 0 (0-255 scale), got {sigma}')
-        if kwargs.get('runtime') in ('onnxruntime', 'openvino'):  # an exported graph has one input size
+        # an exported graph has one input size ('auto' may choose one: it is measured at one size too)
+        if kwargs.get('runtime', 'eager') not in ('eager', 'compile'):
             raise ValueError(f"--runtime {kwargs['runtime']} runs an ONNX graph of one image size, and denoising is "
                              f"evaluated on whole images of their own sizes; use --runtime compile (a graph per "
                              f"size) or eager")

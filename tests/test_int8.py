@@ -156,3 +156,12 @@ def test_a_bias_the_export_shares_between_two_convolutions_quantizes_to_a_valid_
     got = ort.InferenceSession(str(dst)).run(None, {'input': x.numpy()})[0]
     with torch.no_grad():
         assert torch.allclose(torch.from_numpy(got), net(x), atol=0.05)
+
+
+@pytest.mark.parametrize('runtime', ['onnxruntime-int8', 'openvino-int8', 'auto'])
+def test_denoising_refuses_a_one_size_graph_runtime(runtime):
+    """A denoiser is tested on whole images of their own sizes: an exported graph (int8, or the one 'auto' may
+    choose at one size) has one, so the system says so instead of failing on the second image's size."""
+    from zoo.recipes.denoising import Denoiser
+    with pytest.raises(ValueError, match=f'--runtime {runtime} runs an ONNX graph of one image size'):
+        Denoiser('dncnn', runtime=runtime)
