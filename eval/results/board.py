@@ -119,7 +119,13 @@ LOWER_IS_BETTER = {'loss', 'nll', 'ppl', 'perplexity', 'bpb', 'mse', 'mae', 'err
 
 
 def is_higher_better(metric: str) -> bool:
-    """Whether a larger ``metric`` is better, from the tables above; an unknown metric is an error."""
+    """Whether a larger ``metric`` is better: the registered task's word for its primary metric and board columns
+    (``zoo.tasks``: a task's ``mode``), else the tables above; an unknown metric is an error."""
+    from zoo import tasks
+
+    mode = tasks.metric_mode(metric)
+    if mode is not None:
+        return mode == 'max'
     leaf = metric.rsplit('/', 1)[-1].lower()
     if leaf not in HIGHER_IS_BETTER | LOWER_IS_BETTER:
         leaf = re.sub(r'\d+$', '', leaf)  # acc_depth3 -> acc_depth
@@ -144,18 +150,18 @@ INTERVAL = 'Student-t 95 % interval of the mean over seeds (n >= 3)'
 
 def board_tasks(*, db=None, model: str | None = None, task: str | None = None, dataset: str | None = None) -> list[str]:
     """The tasks of the finished runs (filtered like ``leaderboard``), in the registry's order."""
-    from zoo._registry import TASKS
+    from zoo import tasks
 
     store = open_db(db)
     store.check_filters(task=task, dataset=dataset, model=model)
     df = store.runs(model=model, task=task, dataset=dataset, status='finished')
     found = set(df.task.dropna()) if not df.empty else set()
-    return [t for t in TASKS if t in found] + sorted(found - set(TASKS))
+    return [t for t in tasks.names() if t in found] + sorted(found - set(tasks.names()))
 
 
 def leaderboards(task: str | None = None, dataset: str | None = None, metric: str | None = None, **kwargs) -> dict:
     """``{task: leaderboard}``, one per task among the finished runs (or just ``task``), each ranked by
-    ``metric`` or, by default, by its task's primary metric (``zoo._registry.PRIMARY_METRIC``)."""
+    ``metric`` or, by default, by its task's primary metric (``zoo.tasks.get(task).metric``)."""
     tasks = [task] if task else board_tasks(db=kwargs.get('db'), model=kwargs.get('model'), dataset=dataset)
     return {t: leaderboard(t, dataset, metric, **kwargs) for t in tasks}
 
@@ -265,7 +271,7 @@ def leaderboard(task: str | None = None, dataset: str | None = None, metric: str
 
 
 def _default_metric(task: str | None, store, **filters) -> str:
-    from zoo._registry import primary_metric
+    from zoo import tasks
 
     if task is None:
         tasks = board_tasks(db=store, **filters)
@@ -274,7 +280,7 @@ def _default_metric(task: str | None, store, **filters) -> str:
                                  f'task= (`zoo results --task T`), or call leaderboards() for one board per task')
         task = tasks[0] if tasks else 'classification'
     try:
-        return primary_metric(task)
+        return tasks.get(task).metric
     except KeyError as e:
         raise ResultsDBError(f'{e.args[0]}; pass metric=') from None
 
