@@ -114,7 +114,9 @@ class DepthSystem(ZooSystem):
 
     def validation_step(self, batch, batch_idx):
         x, y = batch
-        self.log('val/rmse', F.mse_loss(self.eval_model(x), y).sqrt(), on_epoch=True, batch_size=len(x))
+        out = self.eval_model(x)
+        self.log('val/rmse', F.mse_loss(out, y).sqrt(), on_epoch=True, batch_size=len(x))
+        self.log('val/mae', F.l1_loss(out, y), on_epoch=True, batch_size=len(x))
 
 
 @pytest.fixture
@@ -134,7 +136,7 @@ def depth_task():
 
     task = tasks.register_task(tasks.Task(
         'depth', metric='val/rmse', mode='min', datamodule=f'{__name__}.DepthData', system=f'{__name__}.DepthSystem',
-        board_columns=(), doc='toy monocular depth (RMSE)'))
+        board_columns=('val/mae',), doc='toy monocular depth (RMSE)'))
     zoo.list_models()   # the built-in families first, so the toy model is registered after them
     zoo.register_model(family='depth_toy', task='depth', input_size=(1, 8, 8))(depth_toy_tiny)
     yield task
@@ -175,13 +177,15 @@ def test_a_lower_is_better_task_is_added_by_registering_it(depth_task, zoo_db, t
     db = R.open_db()
     for model, rmse_value in (('depth_far', 0.9), ('depth_near', 0.01)):
         rid = db.start_run(model, task='depth', dataset='depthdata', seed=0)
-        db.log_metrics(rid, {'val/rmse': rmse_value}, final=True)
+        db.log_metrics(rid, {'val/rmse': rmse_value, 'val/mae': rmse_value / 2}, final=True)
         db.finish_run(rid)
     board = R.leaderboard('depth')
     assert board.attrs['metric'] == 'val/rmse' and board.attrs['higher_is_better'] is False
     assert board.model.tolist()[0] == 'depth_near' and board.model.tolist()[-1] == 'depth_far'
     assert list(board['mean']) == sorted(board['mean'])
-    assert 'lower is better' in R.format_board(board)
+    assert board.attrs['board_columns'] == ['val/mae'] and board['val/mae'].iloc[0] == pytest.approx(0.005)
+    text = R.format_board(board)
+    assert 'lower is better' in text and 'val/mae' in text and '0.0050' in text
     assert R.board_tasks() == ['depth']
     assert R.data(task='depth').metric.unique().tolist() == ['val/rmse']
     assert main(['results', '--task', 'depth']) == 0 and 'depth_near' in capsys.readouterr().out

@@ -55,14 +55,15 @@ def pretrained_cfg(model: nn.Module, name: str) -> dict:
     # the input the model was built for: the task's input spec applied to the registry's size and the model
     c, h, w = tasks.get(info.task).shape(tuple(info.input_size), model)
     family = dict(getattr(type(model), 'data_cfg', {}))
-    if info.task == 'classification':
+    pixels = tasks.get(info.task).pixels   # how the task's data feeds images (its Task says; no name branches)
+    if pixels == 'imagenet_crop':          # classification: timm's defaults, the family may declare its own
         mean, std = family.pop('mean', IMAGENET_MEAN), family.pop('std', IMAGENET_STD)
         crop = family.pop('crop_pct', DEFAULT_CROP_PCT)
         crop = crop if max(h, w) > SMALL_INPUT else 1.0
         interpolation = family.pop('interpolation', 'bicubic')
-    elif info.task == 'segmentation':  # whole images normalised as ImageNet backbones expect (mmseg, the data)
+    elif pixels == 'imagenet':  # whole images normalised as ImageNet backbones expect (segmentation: mmseg, the data)
         mean, std, crop, interpolation = IMAGENET_MEAN, IMAGENET_STD, 1.0, 'bilinear'
-    else:  # detection, denoising: [0, 1] images, used whole
+    else:  # 'unit' (detection, denoising): [0, 1] images, used whole
         mean, std, crop, interpolation = (0.0,) * c, (1.0,) * c, 1.0, 'bilinear'
     fixed = getattr(model, 'fixed_input_size', None)  # a classifier says what it is; others: the registry
     cfg.update(input_size=(c, h, w), fixed_input_size=bool('fixed_size' in info.capabilities if fixed is None else fixed),

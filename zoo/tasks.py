@@ -84,13 +84,20 @@ def token_sample(model, shape: tuple, batch_size: int, generator=None):
 
 
 # ------------------------------------------------------------------------------------------------ the Task
+# How a task's data feeds images (``pretrained_cfg``'s mean/std/crop): 'imagenet_crop' ImageNet mean/std and timm's
+# resize + centre crop (classification), 'imagenet' ImageNet mean/std on the whole image (segmentation), 'unit'
+# [0, 1] pixels, whole (detection, denoising, and the default for a new task).
+PIXELS = ('imagenet_crop', 'imagenet', 'unit')
+
+
 @dataclass(frozen=True)
 class Task:
     """One task. ``metric`` is what "best" checkpoints, sweeps and leaderboards rank by, ``mode`` its direction
     ('max': higher is better, 'min': lower is better). ``shape``/``sample`` are its input spec (above).
     ``datamodule``, ``system`` and ``writer`` are dotted paths (``'zoo.recipes.detection.Detection'``) so that
     registering a task imports no Lightning; ``board_columns`` are metrics shown beside ``metric`` on a board.
-    ``output`` names the exported graph's output."""
+    ``output`` names the exported graph's output; ``pixels`` says how its data feeds images, which a model's
+    ``pretrained_cfg`` repeats (one of :data:`PIXELS`)."""
     name: str
     metric: str
     mode: str = 'max'
@@ -101,11 +108,14 @@ class Task:
     writer: str = 'zoo.recipes.classification.TensorWriter'
     board_columns: tuple = ()
     output: str = 'logits'
+    pixels: str = 'unit'
     doc: str = ''
 
     def __post_init__(self):
         if self.mode not in ('max', 'min'):
             raise ValueError(f"task {self.name!r}: mode is 'max' (higher is better) or 'min'; got {self.mode!r}")
+        if self.pixels not in PIXELS:
+            raise ValueError(f'task {self.name!r}: pixels is one of {", ".join(PIXELS)}; got {self.pixels!r}')
         if not self.metric or '/' not in self.metric:
             raise ValueError(f"task {self.name!r}: metric is a logged name such as 'val/acc1'; got {self.metric!r}")
         object.__setattr__(self, 'board_columns', tuple(self.board_columns))
@@ -235,7 +245,7 @@ def example_input(model, size=None, batch_size: int = 1, task: str | None = None
 register_task(Task(
     'classification', 'val/acc1', 'max',
     datamodule='zoo.datasets._base.ImageDataModule', system='zoo.recipes.classification.ImageClassifier',
-    writer='zoo.recipes.classification.ProbabilityWriter', board_columns=('val/acc5',),
+    writer='zoo.recipes.classification.ProbabilityWriter', board_columns=('val/acc5',), pixels='imagenet_crop',
     doc='image classification (top-1 accuracy)'))
 register_task(Task(
     'detection', 'val/map', 'max',
@@ -255,4 +265,4 @@ register_task(Task(
     'segmentation', 'val/miou', 'max',
     datamodule='zoo.datasets.segmentation.datamodules.SegmentationDataModule',
     system='zoo.recipes.segmentation.Segmentation', writer='zoo.recipes.segmentation.SegmentationWriter',
-    board_columns=('val/macc', 'val/aacc'), doc='semantic segmentation (mIoU)'))
+    board_columns=('val/macc', 'val/aacc'), pixels='imagenet', doc='semantic segmentation (mIoU)'))
