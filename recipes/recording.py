@@ -281,20 +281,20 @@ class ResultsLogger(Logger):
     # -- latency -----------------------------------------------------------------------------------------------
     @staticmethod
     def _input_size(trainer, system) -> tuple | None:
-        """One sample's shape as the run saw it: the data module's context length (token ids) or image size,
-        else the registry's input size."""
+        """One sample's shape as the run saw it (``zoo.tasks.input_size``): the registry's input size with the data
+        module's image size and channels, or its context length for token ids."""
         from zoo import tasks
 
         name = getattr(system, 'model_name', None)
         if not isinstance(name, str):
             return None
+        dm = trainer.datamodule
         try:
-            task = tasks.get(getattr(system, 'task', None) or tasks.task_of(name))
-            dm = trainer.datamodule
             return tasks.input_size(name, img_size=getattr(dm, 'img_size', None) or None,
-                                    in_chans=getattr(dm, 'in_chans', None), task=task.name,
-                                    context_length=getattr(dm, 'context_length', None))
-        except (KeyError, ValueError, TypeError):   # not a registered model of a registered task
+                                    in_chans=getattr(dm, 'in_chans', None),
+                                    context_length=getattr(dm, 'context_length', None),
+                                    task=getattr(system, 'task', None) or None)
+        except (KeyError, ValueError, TypeError):   # a system of an unregistered task
             return None
 
     def _example(self, trainer, system) -> tuple[torch.nn.Module, torch.Tensor | None]:

@@ -49,7 +49,8 @@ def require_task(name: str, task: str, system: str) -> None:
     if info.task != task:
         theirs = tasks.get(info.task).system  # where the model's own task is trained (its registered system)
         raise ValueError(f'{name} is a {info.task} model; {system} trains task="{task}" models '
-                         f'({", ".join(zoo.list_models(task=task))})' + (f'; train {name} with {theirs}' if theirs else ''))
+                         f'({", ".join(zoo.list_models(task=task))})'
+                         + (f'; train {name} with {theirs}' if theirs else ''))
 
 
 def require_data_task(system, datamodule) -> None:

@@ -214,14 +214,16 @@ def task_of(model) -> str:
 
 def input_size(model, *, img_size=None, in_chans=None, context_length=None, task: str | None = None) -> tuple:
     """One sample's shape (no batch dimension) for ``model``, a module or a name (``timm/<name>`` too): (C, H, W)
-    for images, (T,) for token ids. The start is the registry's input size (a timm model's: its
-    ``pretrained_cfg``, else 3x224x224); the task's ``shape`` function then applies what a built model says of
-    itself and the caller's ``img_size``/``in_chans`` (images) or ``context_length`` (tokens), as the data set
-    them. The one place zoo derives an input size: bench, export, recording, the runtimes and the systems call it."""
+    for images, (T,) for token ids. The start is what a built model says it was built for, its
+    ``pretrained_cfg['input_size']`` (a zoo model's is the task's ``shape`` of the registry's size and the model's
+    own ``in_chans``/``img_size``), else the registry's input size of the name (else 3x224x224); the task's
+    ``shape`` function then applies the caller's ``img_size``/``in_chans`` (images) or ``context_length`` (tokens),
+    as the data set them. The one place zoo derives an input size: bench, profile, export, the results logger, the
+    runtimes, the systems and ``pretrained_cfg`` (through the task's ``shape``) use it."""
     module = None if isinstance(model, str) else model
     info = _registered(model if isinstance(model, str) else getattr(model, 'zoo_name', None))
     built = dict(getattr(module, 'pretrained_cfg', None) or {}).get('input_size')
-    if built:  # a built zoo or timm model's cfg already says what it was built for (zoo's: from this function)
+    if built:  # a built zoo or timm model's cfg already says what it was built for
         registered, module = tuple(built), None
     else:
         registered = tuple(info.input_size) if info is not None else (3, 224, 224)

@@ -293,11 +293,11 @@ def _default_metric(task: str | None, store, **filters) -> str:
     from zoo import tasks
 
     if task is None:
-        tasks = board_tasks(db=store, **filters)
-        if len(tasks) > 1:
-            raise ResultsDBError(f'the finished runs are of {len(tasks)} tasks ({", ".join(tasks)}); choose one with '
+        found = board_tasks(db=store, **filters)
+        if len(found) > 1:
+            raise ResultsDBError(f'the finished runs are of {len(found)} tasks ({", ".join(found)}); choose one with '
                                  f'task= (`zoo results --task T`), or call leaderboards() for one board per task')
-        task = tasks[0] if tasks else 'classification'
+        task = found[0] if found else 'classification'
     try:
         return tasks.get(task).metric
     except KeyError as e:
