@@ -181,10 +181,12 @@ def test_a_lower_is_better_task_is_added_by_registering_it(depth_task, zoo_db, t
         db.finish_run(rid)
     for seed, rmse_value in ((0, 0.3), (1, 0.2)):   # two runs of one model: the best of them is the lower
         rid = db.start_run('depth_pair', task='depth', dataset='pairs', seed=seed, hparams={'lr': seed})
-        db.log_metrics(rid, {'val/rmse': rmse_value}, final=True)
+        for epoch, value in enumerate((rmse_value + 0.1, rmse_value, rmse_value + 0.05)):  # best epoch: the lowest
+            db.log_metrics(rid, {'val/rmse': value}, epoch=epoch)
+        db.log_metrics(rid, {'val/rmse': rmse_value + 0.05}, final=True)
         db.finish_run(rid)
     best_runs = R.data(task='depth', dataset='pairs', only_best=True)
-    assert best_runs.final.tolist() == [pytest.approx(0.2)] and best_runs.best.tolist() == [pytest.approx(0.2)]
+    assert best_runs.final.tolist() == [pytest.approx(0.25)] and best_runs.best.tolist() == [pytest.approx(0.2)]
     board = R.leaderboard('depth', 'depthdata')
     assert board.attrs['metric'] == 'val/rmse' and board.attrs['higher_is_better'] is False
     assert board.model.tolist()[0] == 'depth_near' and board.model.tolist()[-1] == 'depth_far'
