@@ -211,9 +211,9 @@ def measure(spec: str, batch_sizes, runtimes, repeats: int, warmup: int, threads
     if 'onednn-off' in runtimes:
         model = zoo.create(name).eval()
         if takes_onednn_door(model):
-            size = bench.input_size_of(name, img)
+            size = zoo.tasks.input_size(name, img_size=img)
             for bs in bss:
-                x = example_input(model, size, bs, bench.task_of(name))
+                x = example_input(model, size, bs)
                 lat = benchmark({'open': model, 'shut': DoorShut(model)}, batch_size=bs, repeats=repeats,
                                 warmup=warmup, threads=threads, inputs={'open': x, 'shut': x})
                 for key, column in (('open', 'eager (A/B)'), ('shut', 'eager ZOO_ONEDNN=0')):

@@ -28,6 +28,7 @@ import time
 import torch
 
 import zoo
+from zoo import tasks
 
 from .profile import (BUDGET_S, MAX_REPEATS, MIN_REPEATS, WARMUP, WARMUP_S, Latency, benchmark, count_macs,
                       count_params, example_input, fingerprint, resolve_dtype)
@@ -61,23 +62,6 @@ def max_logit_diff(model, reference, input_size, task: str | None = None) -> flo
     x = example_input(model, input_size, 2, task, generator=torch.Generator().manual_seed(0))
     with torch.inference_mode():
         return (model(x) - reference(x)).abs().max().item()
-
-
-# ------------------------------------------------------------------------------------------ named models
-def task_of(name: str) -> str | None:
-    return None if name.startswith('timm/') else zoo.model_info(name).task
-
-
-def input_size_of(name: str, img_size: int | None) -> tuple:
-    """One sample's shape: (C, H, W) for image models (``img_size`` overrides H and W), (T,) for a language
-    model (its registered context length; ``img_size`` is not used)."""
-    if name.startswith('timm/'):
-        size = (3, 224, 224)
-    else:
-        size = zoo.model_info(name).input_size
-    if len(size) != 3:
-        return tuple(size)
-    return (size[0], img_size, img_size) if img_size else tuple(size)
 
 
 def _timing(repeats: int, warmup: int, budget_s: float | None, max_repeats: int | None) -> dict:
@@ -187,7 +171,7 @@ def run(names: list[str], vs: str | None = None, batch_sizes=(1,), img_size: int
         models = {name: _build(name, vs, num_classes)}
         if vs:
             models[vs] = _reference(vs, models[name], num_classes)
-        size, task = input_size_of(name, img_size), task_of(name)
+        size, task = tasks.input_size(name, img_size=img_size), tasks.task_of(name)
         diff = max_logit_diff(models[name], models[vs], size, task) if vs else None
         static = {n: {**count_params(m), 'arch_fingerprint': fingerprint(m),
                       'macs': count_macs(m, example=example_input(m, size, 1, task))} for n, m in models.items()}
@@ -297,7 +281,7 @@ def recorded_networks(db, task: str | None = None, dataset: str | None = None, m
             warn(f'zoo bench: skipped {r.model} (run {r.id}): rebuilt from its recorded spec it is not the recorded '
                  f'network (fingerprint {fingerprint(net)} != {fp})')
             continue
-        size = tuple(spec.get('input_size') or input_size_of(spec['name'], None))
+        size = tuple(spec.get('input_size') or tasks.input_size(spec['name']))
         shown = {k: v for k, v in kwargs.items() if k not in ('num_classes', 'in_chans', 'img_size', 'vocab_size')}
         if convbn_mode is not None:
             shown['convbn_mode'] = convbn_mode

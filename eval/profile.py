@@ -22,6 +22,8 @@ import torch
 from torch import nn
 
 from zoo._timing import ISA_FLAGS, interleave, machine, versions  # noqa: F401 (this module's names too)
+# the one example-input function (zoo.tasks): a model's own input, by its task's input spec
+from zoo.tasks import example_input  # noqa: F401  (re-exported: zoo.eval.profile.example_input)
 
 
 def count_params(model: nn.Module) -> dict[str, int]:
@@ -239,23 +241,6 @@ def make_step(model: nn.Module, x: torch.Tensor, mode: str) -> Callable[[], None
     else:
         raise ValueError(f"mode must be 'inference' or 'train', got {mode!r}")
     return step
-
-
-def example_input(model: nn.Module, input_size, batch_size: int = 1, task: str | None = None,
-                  generator: torch.Generator | None = None) -> torch.Tensor:
-    """A random input of ``batch_size`` samples of ``input_size`` for ``model``: token ids for a language
-    model (``task='language_modeling'``, or a model with a ``vocab_size``), whose ``input_size`` is
-    ``(seq_len,)`` -> a (batch, seq_len) long tensor below the vocabulary size; else a float image batch."""
-    vocab = getattr(model, 'vocab_size', None)
-    if task == 'language_modeling' or (task is None and isinstance(vocab, int)):
-        if not isinstance(vocab, int):
-            emb = next((m for m in model.modules() if isinstance(m, nn.Embedding)), None)
-            if emb is None:
-                raise ValueError(f'{type(model).__name__}: a language model needs a vocab_size attribute or an '
-                                 'nn.Embedding to draw token ids from')
-            vocab = emb.num_embeddings
-        return torch.randint(0, vocab, (batch_size, *input_size), generator=generator)   # (B, T) token ids
-    return torch.randn(batch_size, *input_size, generator=generator)
 
 
 def benchmark(models: dict[str, nn.Module], input_size=(3, 224, 224), batch_size: int = 1, warmup: int = 3,

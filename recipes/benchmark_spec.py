@@ -5,7 +5,7 @@
     defaults: {seeds: [0, 1, 2], batch_sizes: [1, 16], runtimes: [eager]}   # for every group (optional)
     groups:
       blocks_digits:
-        task: classification            # zoo._registry.TASKS
+        task: classification            # a zoo.tasks name
         dataset: digits                 # the label of the group in the report
         recipe: poolformer/poolformer_tiny_digits_15e     # a shipped recipe (``zoo list --recipes``) or a file
         overrides: {trainer.max_epochs: 4}                # LightningCLI arguments for every entry: --KEY=VALUE
@@ -349,14 +349,14 @@ def _int_list(where: str, v, allowed=None) -> tuple:
 
 
 def _group(path: Path, name: str, g: dict, defaults: dict) -> Group:
-    from zoo._registry import PRIMARY_METRIC, TASKS
+    from zoo import tasks
 
     where = f'{path}: group {name}'
     for k in ('task', 'recipe', 'entries'):
         if not g.get(k):
             raise BenchmarkError(f'{where}: missing {k!r}')
-    if g['task'] not in TASKS:
-        raise BenchmarkError(f'{where}: unknown task {g["task"]!r}{_close(g["task"], TASKS)}')
+    if g['task'] not in tasks.names():
+        raise BenchmarkError(f'{where}: unknown task {g["task"]!r}{_close(g["task"], tasks.names())}')
     entries = g['entries']
     if isinstance(entries, list):             # a list of model names
         entries = {str(m): {'model.name': m} for m in entries}
@@ -372,7 +372,7 @@ def _group(path: Path, name: str, g: dict, defaults: dict) -> Group:
     for r in runtimes:
         if r not in RUNTIMES:
             raise BenchmarkError(f'{where}: unknown runtime {r!r}{_close(r, RUNTIMES)}')
-    metric = g.get('metric') or PRIMARY_METRIC.get(g['task'])
+    metric = g.get('metric') or tasks.get(g['task']).metric
     pf = g.get('pretrained_from')
     if pf is not None:
         pf = {'arg': 'model.checkpoint', **_keys(f'{where}: pretrained_from', pf, PRETRAINED_KEYS)}

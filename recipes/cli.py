@@ -49,6 +49,15 @@ def default_callbacks(run_dir: str | Path | None, monitor: str, mode: str, trial
             *(list(trial.callbacks) if trial is not None else [])]
 
 
+def monitor_of(system) -> tuple[str, str]:
+    """(metric, 'max' or 'min') the best checkpoint keeps: the system's ``monitor`` and ``monitor_mode`` (a
+    ``ZooSystem`` takes both from its task), else those of its ``task`` (classification for a system without one)."""
+    from zoo import tasks
+
+    task = tasks.get(getattr(system, 'task', '') or 'classification')
+    return getattr(system, 'monitor', None) or task.metric, getattr(system, 'monitor_mode', None) or task.mode
+
+
 def model_summary() -> Callback:
     """Lightning's model summary without its FLOPs column and "Total FLOPs: 0": Lightning counts FLOPs only
     for a system with an ``example_input_array`` (ours take the input size from the data), so the 0 it
@@ -226,8 +235,7 @@ class ZooCLI(CkptPathHook, LightningCLI):
 
         trainer_cfg = self.config[self.subcommand].trainer
         model = self.model
-        extra = [cb for cb in default_callbacks(self.run_dir, model.monitor if hasattr(model, 'monitor') else 'val/acc1',
-                                                getattr(model, 'monitor_mode', 'max'), self.trial)
+        extra = [cb for cb in default_callbacks(self.run_dir, *monitor_of(model), self.trial)
                  if not (trainer_cfg.get('enable_progress_bar') is False and isinstance(cb, ProgressBar))
                  and not (trainer_cfg.get('enable_model_summary') is False and isinstance(cb, ModelSummary))]
         if self.subcommand == 'predict' and hasattr(model, 'prediction_writer'):
@@ -309,8 +317,10 @@ class ZooCLI(CkptPathHook, LightningCLI):
         if self.images is not None:
             from zoo.datasets.images import predict_dataset
 
+            from zoo import tasks
+
             task = getattr(self.model, 'task', None)
-            if task == 'language_modeling':
+            if task in tasks.names() and tasks.get(task).takes_tokens:
                 raise ValueError(f'--images is for image tasks; {self._stem(self.config[self.subcommand])} is a '
                                  f'language-modelling recipe')
             self.datamodule.predict_set = predict_dataset(self.datamodule, self.images)

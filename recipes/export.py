@@ -198,7 +198,9 @@ def _outputs(net: nn.Module, example: torch.Tensor, nms: bool, task: str, size: 
 
 
 def _task(name: str) -> str:
-    return 'classification' if name.startswith('timm/') else zoo.model_info(name).task
+    if not name.startswith('timm/'):
+        zoo.model_info(name)  # an unknown name: the registry's error, with close matches
+    return zoo.tasks.task_of(name)
 
 
 def _check_nms(name: str, nms: bool) -> None:
@@ -309,15 +311,10 @@ def export_command(args) -> int:
     run_config_file, run_cfg = _run_config(ckpt)
     config, config_file = (run_cfg, run_config_file) if run_cfg is not None else (cfg, recipe)
     task = _task(created['name'])
-    info = zoo.model_info(created['name']) if not created['name'].startswith('timm/') else None
-    size = tuple(info.input_size) if info is not None else tuple(net.pretrained_cfg.get('input_size', (3, 224, 224)))
     kw = created['kwargs']
-    if len(size) == 3:
-        img = args.img_size or kw.get('img_size')
-        size = (kw.get('in_chans', size[0]), *((img, img) if isinstance(img, int) else img or size[1:]))
-    from zoo.eval.profile import example_input
-
-    example = example_input(net, size, 2, info.task if info else None)
+    size = zoo.tasks.input_size(net, img_size=args.img_size or kw.get('img_size'), in_chans=kw.get('in_chans'),
+                                task=task)
+    example = zoo.tasks.example_input(net, size, 2, task)
     dm = _data_module(config)
     prep = _preprocessing(task, dm, size, dict(getattr(net, 'pretrained_cfg', None) or {}))
     outputs = _outputs(net, example, args.nms, task, size)  # before anything is written: a failure leaves nothing

@@ -167,6 +167,7 @@ def _cmd_profile(args) -> int:
     import torch
 
     import zoo
+    from zoo import tasks
 
     from ..eval import bench, breakdown
     from ..eval.profile import benchmark, example_input
@@ -175,8 +176,7 @@ def _cmd_profile(args) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     model = zoo.create(args.name).eval()
-    size = bench.input_size_of(args.name, args.img_size)
-    x = example_input(model, size, args.batch_size, bench.task_of(args.name))
+    x = example_input(model, tasks.input_size(args.name, img_size=args.img_size), args.batch_size)
     result = breakdown.profile_kinds(model, x, repeats=args.repeats, warmup=args.warmup)
     totals = {}
     if len(runtimes) > 1:        # other runtimes: their total only, interleaved with eager under the one timer
@@ -203,9 +203,9 @@ def _cmd_results(args) -> int:
     if args.aggregate:
         if args.plot:
             raise ValueError('--plot draws the leaderboard; it does not combine with --aggregate')
-        from zoo._registry import primary_metric
+        from zoo import tasks
 
-        metric = args.metric or primary_metric(args.task or 'classification')
+        metric = args.metric or tasks.get(args.task or 'classification').metric
         agg = results.aggregate(metric, db=store, model=args.model, task=args.task, dataset=args.dataset)
         print(results.format_aggregate(agg, args.format))
         if agg.empty:
@@ -401,8 +401,9 @@ def build_parser() -> argparse.ArgumentParser:
                               "  zoo list --recipes 'detection/*'")
     p.add_argument('pattern', nargs='?', default='*', help="glob pattern, e.g. 'poolformer*' (default: all)")
     p.add_argument('--family', help='only this family, e.g. metaformer')
-    p.add_argument('--task', help='only this task: classification, detection, language_modeling, denoising or '
-                                       'segmentation')
+    from zoo import tasks  # light: the task registry imports neither torch nor Lightning
+
+    p.add_argument('--task', help=f'only this task: {", ".join(tasks.names())}')
     p.add_argument('--blocks', action='store_true', help='list registered blocks instead of models')
     p.add_argument('--recipes', action='store_true',
                    help='list the shipped recipes by the name `zoo fit -c NAME` takes (from any folder)')

@@ -281,29 +281,26 @@ class ResultsLogger(Logger):
     # -- latency -----------------------------------------------------------------------------------------------
     @staticmethod
     def _input_size(trainer, system) -> tuple | None:
-        """One sample's shape as the run saw it: the data module's context length (token ids) or image size,
-        else the registry's input size."""
-        import zoo
-        task = getattr(system, 'task', None)
-        info = None
-        try:
-            info = zoo.model_info(getattr(system, 'model_name', ''))
-            task = task or info.task
-        except (KeyError, ValueError, TypeError):
-            pass
+        """One sample's shape as the run saw it (``zoo.tasks.input_size``): the registry's input size with the data
+        module's image size and channels, or its context length for token ids."""
+        from zoo import tasks
+
+        name = getattr(system, 'model_name', None)
+        if not isinstance(name, str):
+            return None
         dm = trainer.datamodule
-        if task == 'language_modeling' and getattr(dm, 'context_length', None):
-            return (int(dm.context_length),)                                    # (T,): token ids
-        if dm is not None and getattr(dm, 'img_size', None):
-            s = dm.img_size
-            s = (s, s) if isinstance(s, int) else tuple(s)
-            return (getattr(dm, 'in_chans', 3), *s)
-        return tuple(info.input_size) if info is not None else None
+        try:
+            return tasks.input_size(name, img_size=getattr(dm, 'img_size', None) or None,
+                                    in_chans=getattr(dm, 'in_chans', None),
+                                    context_length=getattr(dm, 'context_length', None),
+                                    task=getattr(system, 'task', None) or None)
+        except (KeyError, ValueError, TypeError):   # a system of an unregistered task
+            return None
 
     def _example(self, trainer, system) -> tuple[torch.nn.Module, torch.Tensor | None]:
         """The network on the CPU in eval mode (a copy) and one batch-1 input at the size the run trained at."""
-        from zoo.eval.profile import example_input
         from zoo.layers._torch_compat import drop_compiled_forward
+        from zoo.tasks import example_input
 
         net = self._network(system)
         size = self._input_size(trainer, system)

@@ -121,12 +121,28 @@ def load_sweep(path: str | os.PathLike) -> Sweep:
         except FileNotFoundError as e:
             raise SweepError(f'{path}: base recipe {mod.BASE} not found (looked in the working directory and '
                              f'{ROOT}): {e}') from None
-    directions = tuple(getattr(mod, 'DIRECTIONS', ('maximize',)))
+    metric = getattr(mod, 'METRIC', 'val/acc1')
+    known = _metric_direction(metric)   # the task's (zoo.tasks) or the results database's word for the metric
+    directions = tuple(getattr(mod, 'DIRECTIONS', (known or 'maximize',)))
     if not 1 <= len(directions) <= 2 or any(d not in ('maximize', 'minimize') for d in directions):
         raise SweepError(f"{path}: DIRECTIONS must be ('maximize'|'minimize',) or (metric direction, 'minimize') "
                          f'for latency; got {directions}')
-    return Sweep(path=path, base=base, metric=getattr(mod, 'METRIC', 'val/acc1'), directions=directions,
+    if known is not None and directions[0] != known:  # e.g. maximising an error: the sweep would seek the worst
+        better = 'higher' if known == 'maximize' else 'lower'
+        raise SweepError(f'{path}: DIRECTIONS[0] is {directions[0]!r}, but {better} {metric} is better ({known!r}); '
+                         'drop DIRECTIONS (the metric\'s direction is the default) or fix it')
+    return Sweep(path=path, base=base, metric=metric, directions=directions,
                  n_trials=int(getattr(mod, 'N_TRIALS', 10)), module=mod)
+
+
+def _metric_direction(metric: str) -> str | None:
+    """'maximize' or 'minimize' for a metric whose direction is known (a task's primary metric or board column,
+    or one of the results database's tables), else None."""
+    from zoo.eval.results import ResultsDBError, is_higher_better
+    try:
+        return 'maximize' if is_higher_better(metric) else 'minimize'
+    except ResultsDBError:
+        return None
 
 
 def counted_trials(trials, crashed_numbers) -> int:

@@ -16,9 +16,10 @@ system/model split: it never defines architecture). The base owns:
 - what the results database records: ``model_name``, ``task``, ``block_choices``, ``network`` (the spec
   ``zoo bench`` rebuilds the network from), ``monitor`` (the task's primary metric).
 
-A task's system sets ``task`` and writes ``training_step`` (returning the loss), its evaluation and its
-prediction; see ``classification.py``, ``lm.py``, ``denoising.py``, and ``dense.py`` (``DenseSystem``, the base of
-``detection.py`` and ``segmentation.py``).
+A task's system sets ``task`` (a ``zoo.tasks`` name: its metric, direction, input spec and writer come from
+there) and writes ``training_step`` (returning the loss), its evaluation and its prediction; see
+``classification.py``, ``lm.py``, ``denoising.py``, and ``dense.py`` (``DenseSystem``, the base of ``detection.py``
+and ``segmentation.py``).
 """
 from __future__ import annotations
 
@@ -30,7 +31,7 @@ from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
 from torch import nn
 
 import zoo
-from zoo._registry import primary_metric
+from zoo import tasks
 from zoo._runtime import check_runtime
 
 from . import optim
@@ -49,8 +50,10 @@ def require_task(name: str, task: str, system: str) -> None:
         return
     info = zoo.model_info(name)
     if info.task != task:
+        theirs = tasks.get(info.task).system  # where the model's own task is trained (its registered system)
         raise ValueError(f'{name} is a {info.task} model; {system} trains task="{task}" models '
-                         f'({", ".join(zoo.list_models(task=task))})')
+                         f'({", ".join(zoo.list_models(task=task))})'
+                         + (f'; train {name} with {theirs}' if theirs else ''))
 
 
 def require_data_task(system, datamodule) -> None:
@@ -175,9 +178,13 @@ class ZooSystem(LightningModule):
     @property
     def monitor(self) -> str:
         """The task's primary metric: what "best" checkpoints and leaderboards rank by."""
-        return primary_metric(self.task)
+        return tasks.get(self.task).metric
 
-    monitor_mode = 'max'
+    @property
+    def monitor_mode(self) -> str:
+        """The primary metric's direction, from the task: 'max' (accuracy, mAP, PSNR) or 'min' (an error such as
+        RMSE); the best checkpoint is kept by it."""
+        return tasks.get(self.task).mode
 
     @property
     def eval_model(self) -> nn.Module:
@@ -194,16 +201,12 @@ class ZooSystem(LightningModule):
             return
         import copy
 
-        from zoo.eval.profile import example_input
         net = copy.deepcopy(self.eval_model).cpu().eval()
-        size = tuple(zoo.model_info(self.model_name).input_size) if not self.model_name.startswith('timm/') \
-            else (3, 224, 224)
-        if len(size) == 3:
-            img = self.sizes.get('img_size')
-            size = (self.sizes.get('in_chans', size[0]), *((img, img) if isinstance(img, int) else img or size[1:]))
-        elif len(size) == 1:  # token windows: an exported graph has one length, the data's
-            size = (getattr(self.trainer.datamodule, 'context_length', None) or size[0],)
-        x = example_input(net, size, 2, self.task)
+        # the data's sizes: an exported graph has one image size and one token length, the data's
+        size = tasks.input_size(self.model_name, img_size=self.sizes.get('img_size'),
+                                in_chans=self.sizes.get('in_chans'),
+                                context_length=getattr(self.trainer.datamodule, 'context_length', None))
+        x = tasks.example_input(net, size, 2, self.task)
         self._runtime_model = zoo.optimize(net, self.hparams.runtime, x, calibration=self._calibration())
 
     def on_test_end(self) -> None:
@@ -256,9 +259,9 @@ class ZooSystem(LightningModule):
                     f'and a lower learning rate or --trainer.gradient_clip_val).')
 
     def prediction_writer(self, run_dir):
-        """The callback ``zoo predict`` writes this task's predictions with (default: ``predictions.pt``)."""
-        from .classification import TensorWriter
-        return TensorWriter(run_dir)
+        """The callback ``zoo predict`` writes this task's predictions with: the task's ``writer`` (default
+        ``TensorWriter``: ``predictions.pt``), built on the run folder. A writer with options overrides this."""
+        return tasks.get(self.task).load('writer')(run_dir)
 
     # -- optimisation ------------------------------------------------------------------------------------------
     def param_groups(self) -> list[dict]:

@@ -22,13 +22,12 @@ NUM_CLASSES = 7
 
 
 def example_input(name: str, batch: int = 2, seed: int = 0) -> torch.Tensor:
-    """A valid input for a registered model, by task."""
-    info = zoo.model_info(name)
-    g = torch.Generator().manual_seed(seed)
-    if info.task == 'language_modeling':
-        vocab = getattr(zoo.create(name), 'vocab_size', 32)
-        return torch.randint(0, vocab, (batch, info.input_size[-1]), generator=g)
-    return torch.randn(batch, *info.input_size, generator=g)
+    """A seeded valid input for a registered model at its registry size: ``zoo.tasks.example_input`` (the one
+    example-input function; a token task draws below the built model's vocabulary)."""
+    task = zoo.tasks.get(zoo.model_info(name).task)
+    model = zoo.create(name) if task.takes_tokens else None   # only token ids need the model (its vocabulary)
+    return zoo.tasks.example_input(model, zoo.tasks.input_size(name), batch, task.name,
+                                   generator=torch.Generator().manual_seed(seed))
 
 
 def model_output(model, x):

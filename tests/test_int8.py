@@ -36,16 +36,17 @@ def test_quantize_onnx_keeps_the_classifier_and_the_first_conv_in_float(tmp_path
     classifier ``fc`` and the stem's convolution, found by the module path the exporter writes per node."""
     torch.manual_seed(0)
     model = zoo.create('resnet_tiny', num_classes=10).eval()
-    src = _float_graph(model, tmp_path / 'f.onnx', example_input(model, 2))
+    src = _float_graph(model, tmp_path / 'f.onnx', example_input(model, batch_size=2))
     keep = float_modules(model)
     assert keep == ('fc', 'stem.0.conv')
     assert sorted(float_nodes(src, keep)) == ['node_conv2d', 'node_linear']
-    dst = quantize_onnx(src, tmp_path / 'q.onnx', [example_input(model, 4) for _ in range(2)], keep_float=keep)
+    calib = [example_input(model, batch_size=4) for _ in range(2)]
+    dst = quantize_onnx(src, tmp_path / 'q.onnx', calib, keep_float=keep)
     quantized = _weight_is_quantized(onnx.load(str(dst)).graph)
     assert {k for k, v in quantized.items() if not v} == {'node_conv2d', 'node_linear'}
     assert int8_fraction(dst) == (len(quantized) - 2, len(quantized)) and len(quantized) > 10
     # kept nothing in float: every weighted node quantized
-    every = quantize_onnx(src, tmp_path / 'all.onnx', [example_input(model, 4)], keep_float=())
+    every = quantize_onnx(src, tmp_path / 'all.onnx', [example_input(model, batch_size=4)], keep_float=())
     assert int8_fraction(every) == (len(quantized), len(quantized))
 
 
@@ -53,8 +54,8 @@ def test_quantize_onnx_keeps_the_classifier_and_the_first_conv_in_float(tmp_path
 def test_optimize_int8_runs_close_to_float_and_refuses_a_missing_calibration(runtime):
     torch.manual_seed(0)
     model = zoo.create('resnet_tiny', num_classes=10).eval()
-    calib = [example_input(model, 8) for _ in range(4)]
-    x = example_input(model, 8)
+    calib = [example_input(model, batch_size=8) for _ in range(4)]
+    x = example_input(model, batch_size=8)
     with torch.no_grad():
         ref = model(x)
     got = zoo.optimize(model, runtime, x, calibration=calib)(x)
@@ -76,8 +77,8 @@ def test_a_detector_quantizes_its_network_and_keeps_its_head_and_prediction_in_f
     det = zoo.create('yolo_det_tiny', num_classes=3).eval()
     keep = float_modules(det, _graph_module(det))
     assert 'model.head' in keep
-    x = example_input(det, 2, 64)
-    net = zoo.optimize(det, 'onnxruntime-int8', x, calibration=[example_input(det, 4, 64)])
+    x = example_input(det, (3, 64, 64), 2)
+    net = zoo.optimize(det, 'onnxruntime-int8', x, calibration=[example_input(det, (3, 64, 64), 4)])
     maps, ref = net.forward_raw(x), det.forward_raw(x)
     assert [m.shape for m in maps] == [r.shape for r in ref]
     dets = net(x)

@@ -33,14 +33,14 @@ def test_every_task_pair_of_system_and_data_is_checked():
     (the check ``zoo fit`` makes once both are built), naming both tasks and a DataModule of the right one."""
     import zoo.datasets as D
     import zoo.recipes as R
-    from zoo._registry import TASKS
+    from zoo.tasks import names
     from zoo.recipes.system import ZooSystem, require_data_task
 
     data = [D.ShapesDataModule(), D.ShapesDetDataModule(), D.ShapesSegDataModule(), D.PhotoPatchesDataModule(),
             D.SyntheticLMDataModule()]
     systems = [s for s in (getattr(R, n) for n in R.__all__)
                if isinstance(s, type) and issubclass(s, ZooSystem) and s.task]
-    assert sorted({dm.zoo_task for dm in data}) == sorted({s.task for s in systems}) == sorted(TASKS)
+    assert sorted({dm.zoo_task for dm in data}) == sorted({s.task for s in systems}) == sorted(names())
     for system in systems:
         for dm in data:
             if dm.zoo_task == system.task:

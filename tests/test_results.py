@@ -911,9 +911,9 @@ def test_zoo_fit_seeds_runs_repeats_that_pool_into_one_interval(zoo_db, tmp_path
 # ------------------------------------------------------------------------------ every task (issue 24, item 5)
 def _task_runs(db, task: str) -> None:
     """Two models of ``task`` with 3 seeds each, ranked by the task's primary metric, with a latency."""
-    from zoo._registry import primary_metric
+    from zoo import tasks
 
-    metric = primary_metric(task)
+    metric = tasks.get(task).metric
     for model, base, lat in ((f'{task}_a', 0.5, 3.0), (f'{task}_b', 0.7, 6.0)):
         for seed in range(3):
             rid = db.start_run(model, task=task, dataset=f'{task}_data', seed=seed, hparams={
@@ -928,22 +928,24 @@ def _task_runs(db, task: str) -> None:
 @pytest.mark.parametrize('task', ['detection', 'language_modeling', 'denoising', 'classification', 'segmentation'])
 def test_results_of_a_database_with_one_task(task, zoo_db, capsys, tmp_path):
     """A database with one task: `zoo results` ranks it by that task's primary metric, with or without --task."""
-    from zoo._registry import primary_metric
+    from zoo import tasks
 
+    primary_metric = tasks.get(task).metric
     _task_runs(R.open_db(), task)
     for args in ([], ['--task', task]):
         assert main(['results', *args]) == 0, capsys.readouterr().err
         out = capsys.readouterr().out
-        assert f'{task}_b' in out and primary_metric(task) in out
+        assert f'{task}_b' in out and primary_metric in out
     board = R.leaderboard(task)
-    assert board.attrs['metric'] == primary_metric(task) and board.model.tolist() == [f'{task}_b', f'{task}_a']
+    assert board.attrs['metric'] == primary_metric and board.model.tolist() == [f'{task}_b', f'{task}_a']
 
 
 def test_results_of_a_database_with_every_task(zoo_db, capsys, tmp_path):
     """Several tasks: one leaderboard per task (each by its own metric); csv/json as one table with a task column;
     one Pareto plot per task; a leaderboard() call without a task says to choose."""
-    from zoo._registry import TASKS
+    from zoo import tasks
 
+    TASKS = tasks.names()
     db = R.open_db()
     for task in TASKS:
         _task_runs(db, task)

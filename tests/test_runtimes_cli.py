@@ -114,11 +114,11 @@ def test_profile_puts_the_macs_in_named_kinds(name):
     """Every tiny model's MACs go to its block kinds, not to ``other`` (RaftMLP's channel MLP once ran as
     functions on its Sequential's layers, invisible to the hooks: 41 % of its MACs and 47 % of RaftMLP-S's time
     were "other"; PIIP's pyramid and cross-branch projections, TNT's word-to-sentence projection too)."""
-    from zoo.eval import bench, breakdown
-    from zoo.eval.profile import example_input
+    from zoo.eval import breakdown
+    from zoo.tasks import example_input
 
     model = zoo.create(name).eval()
-    x = example_input(model, zoo.model_info(name).input_size, 1, bench.task_of(name))
+    x = example_input(model, zoo.model_info(name).input_size, 1)
     res = breakdown.profile_kinds(model, x, repeats=1, warmup=0)
     other = sum(r['macs'] for r in res['rows'] if r['kind'] == 'other')
     assert other <= OTHER_MACS.get(name, 0.01) * res['total_macs'], (other, res['rows'])

@@ -7,6 +7,7 @@
 11915176
 >>> fast = zoo.optimize(m)                      # torch.compile; 'onnxruntime', 'openvino' (docs/runtimes.md)
 >>> zoo.export(m, 'm.onnx', torch.randn(2, 3, 224, 224))
+>>> zoo.tasks.get('segmentation').metric        # 'val/miou': a task is one registered object (zoo/tasks.py)
 
 ``import zoo`` itself imports nothing heavy (not even torch): the families register on the first call
 that needs the registry (``list_models``, ``model_info``, ``create``, ``families``) or when a family
@@ -43,6 +44,7 @@ if _os.path.isfile(_os.path.join(_root, 'pyproject.toml')) and _os.path.isdir(_o
 
     _sys.meta_path.insert(0, _CheckoutFolders())
 
+from . import tasks  # noqa: E402  (the task registry: light, no torch)
 from ._registry import FAMILY_MODULES, ModelInfo, families, list_models, model_info, register_model  # noqa: E402
 
 _LAZY = {'create': '_factory', 'create_with_optional': '_factory', 'load_checkpoint': '_factory',
@@ -71,4 +73,4 @@ __version__ = '0.1.0'
 __all__ = ['create', 'create_with_optional', 'list_models', 'model_info', 'families', 'register_model', 'ModelInfo',
            'load_checkpoint', 'read_weights',
            'read_state_dict', 'classifier_prefix', 'remap_checkpoint', 'layers', 'ClassifierBase', 'optimize', 'export',
-           'RUNTIMES']
+           'RUNTIMES', 'tasks']

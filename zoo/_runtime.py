@@ -27,7 +27,10 @@ import tempfile
 import torch
 from torch import nn
 
-__all__ = ['RUNTIMES', 'example_input', 'export', 'optimize']
+from . import tasks
+from .tasks import example_input
+
+__all__ = ['RUNTIMES', 'export', 'optimize']
 
 RUNTIMES = ('eager', 'compile', 'onnxruntime', 'openvino', 'onnxruntime-int8', 'openvino-int8', 'auto')
 FORMATS = ('onnx', 'pt2')
@@ -59,20 +62,6 @@ def check_runtime(runtime: str, message: str = 'unknown runtime {runtime!r}; exp
 def is_dense(model: nn.Module) -> bool:
     """A dense model: its network is ``forward_raw`` and its prediction ``head.predict`` (every detector)."""
     return hasattr(model, 'forward_raw') and hasattr(getattr(model, 'head', None), 'predict')
-
-
-def example_input(model: nn.Module, batch: int = 2, size: int | tuple | None = None) -> torch.Tensor:
-    """A random input for a zoo model (its registered input size; tokens for a language model)."""
-    import zoo
-    name = getattr(model, 'zoo_name', None)
-    info = zoo.model_info(name) if name in zoo.list_models() else None
-    if info is not None and info.task == 'language_modeling':
-        return torch.randint(0, getattr(model, 'vocab_size', 32), (batch, info.input_size[-1]))
-    shape = tuple(info.input_size) if info is not None else tuple(getattr(model, 'pretrained_cfg', {}).get(
-        'input_size', (3, 224, 224)))
-    if size is not None:
-        shape = shape[:1] + ((size, size) if isinstance(size, int) else tuple(size))
-    return torch.randn(batch, *shape)
 
 
 def _compiled(fn, options: dict | None):
@@ -196,15 +185,12 @@ def _graph_module(model: nn.Module, nms: bool = False) -> nn.Module:
 def output_names(model: nn.Module, nms: bool = False) -> list[str]:
     """The names of the graph's outputs as ``export`` writes them (and ``zoo export``'s card lists them):
     ``detections`` with ``nms``, a detector's raw maps ``stride8``, ``stride16``, ... (one per level), ``logits``
-    for classifiers, segmenters and language models, ``denoised`` for a denoiser."""
+    for classifiers, segmenters and language models, ``denoised`` for a denoiser (the task's ``output``)."""
     if nms:
         return ['detections']
     if is_detector(model):
         return [f'stride{s}' for s in model.strides]
-    import zoo
-    name = getattr(model, 'zoo_name', None)
-    task = zoo.model_info(name).task if name in zoo.list_models() else 'classification'
-    return ['denoised'] if task == 'denoising' else ['logits']
+    return [tasks.get(tasks.task_of(model)).output]
 
 
 def _batch2(example: torch.Tensor) -> torch.Tensor:
@@ -455,7 +441,7 @@ def optimize(model: nn.Module, runtime: str = 'compile', example: torch.Tensor |
         return _DenseRuntime(net, model)  # net gives _Raw's tuple of maps (one per level, or one for a segmenter)
     if dtype not in (None, torch.float32):
         raise ValueError(f'runtime {runtime!r} runs float32 only; got dtype={dtype}')
-    example = _batch2(example if example is not None else example_input(model))
+    example = _batch2(example if example is not None else example_input(model, batch_size=2))
     from zoo.layers._torch_compat import tree_flatten
     with progress(f'exporting {name} to ONNX for {runtime}'):
         with _frozen(model):

@@ -32,28 +32,12 @@ import warnings
 
 from torch import nn
 
+from . import tasks
 from ._registry import model_info
 
 IMAGENET_MEAN, IMAGENET_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
 DEFAULT_CROP_PCT = 0.875  # timm's DEFAULT_CROP_PCT
 SMALL_INPUT = 64          # at or below this side, images are used whole (crop_pct 1.0)
-
-
-def _pair(size) -> tuple[int, int]:
-    return (int(size), int(size)) if isinstance(size, int) else (int(size[0]), int(size[1]))
-
-
-def built_input_size(model: nn.Module, registry_size: tuple) -> tuple[int, int, int]:
-    """(C, H, W) the model was built for: its ``in_chans`` and ``img_size`` (PIIP: the largest branch's
-    ``img_sizes[-1]``) where it keeps them, else the registry's input size. A detector's backbone may be
-    built for another size than the detector's input, so only its ``in_chans`` is read."""
-    c, h, w = registry_size
-    c = getattr(model, 'in_chans', getattr(getattr(model, 'backbone', None), 'in_chans', c))
-    if getattr(model, 'img_size', None) is not None:
-        h, w = _pair(model.img_size)
-    elif getattr(model, 'img_sizes', None):
-        h, w = _pair(model.img_sizes[-1])
-    return int(c), h, w
 
 
 def _per_channel(values: tuple, c: int) -> tuple:
@@ -64,20 +48,22 @@ def pretrained_cfg(model: nn.Module, name: str) -> dict:
     """A timm-style ``pretrained_cfg`` for a registered model (see the module docstring for the choices)."""
     info = model_info(name)
     cfg = dict(architecture=name, hf_hub_id=None, url='', tag=None, task=info.task)
-    if info.task == 'language_modeling':
+    if tasks.get(info.task).takes_tokens:
         vocab = getattr(model, 'vocab_size', None)
         cfg.update(input_size=tuple(info.input_size), num_classes=vocab, vocab_size=vocab)
         return cfg
-    c, h, w = built_input_size(model, info.input_size)
+    # the input the model was built for: the task's input spec applied to the registry's size and the model
+    c, h, w = tasks.get(info.task).shape(tuple(info.input_size), model)
     family = dict(getattr(type(model), 'data_cfg', {}))
-    if info.task == 'classification':
+    pixels = tasks.get(info.task).pixels   # how the task's data feeds images (its Task says; no name branches)
+    if pixels == 'imagenet_crop':          # classification: timm's defaults, the family may declare its own
         mean, std = family.pop('mean', IMAGENET_MEAN), family.pop('std', IMAGENET_STD)
         crop = family.pop('crop_pct', DEFAULT_CROP_PCT)
         crop = crop if max(h, w) > SMALL_INPUT else 1.0
         interpolation = family.pop('interpolation', 'bicubic')
-    elif info.task == 'segmentation':  # whole images normalised as ImageNet backbones expect (mmseg, the data)
+    elif pixels == 'imagenet':  # whole images normalised as ImageNet backbones expect (segmentation: mmseg, the data)
         mean, std, crop, interpolation = IMAGENET_MEAN, IMAGENET_STD, 1.0, 'bilinear'
-    else:  # detection, denoising: [0, 1] images, used whole
+    else:  # 'unit' (detection, denoising): [0, 1] images, used whole
         mean, std, crop, interpolation = (0.0,) * c, (1.0,) * c, 1.0, 'bilinear'
     fixed = getattr(model, 'fixed_input_size', None)  # a classifier says what it is; others: the registry
     cfg.update(input_size=(c, h, w), fixed_input_size=bool('fixed_size' in info.capabilities if fixed is None else fixed),

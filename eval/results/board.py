@@ -119,7 +119,13 @@ LOWER_IS_BETTER = {'loss', 'nll', 'ppl', 'perplexity', 'bpb', 'mse', 'mae', 'err
 
 
 def is_higher_better(metric: str) -> bool:
-    """Whether a larger ``metric`` is better, from the tables above; an unknown metric is an error."""
+    """Whether a larger ``metric`` is better: the registered task's word for its primary metric and board columns
+    (``zoo.tasks``: a task's ``mode``), else the tables above; an unknown metric is an error."""
+    from zoo import tasks
+
+    mode = tasks.metric_mode(metric)
+    if mode is not None:
+        return mode == 'max'
     leaf = metric.rsplit('/', 1)[-1].lower()
     if leaf not in HIGHER_IS_BETTER | LOWER_IS_BETTER:
         leaf = re.sub(r'\d+$', '', leaf)  # acc_depth3 -> acc_depth
@@ -131,6 +137,7 @@ def is_higher_better(metric: str) -> bool:
                          f'higher {", ".join(sorted(HIGHER_IS_BETTER))}; lower {", ".join(sorted(LOWER_IS_BETTER))})')
 
 
+# then the task's board columns (``attrs['board_columns']``), e.g. val/map50 and val/map75 beside detection's val/map
 LEADERBOARD_COLUMNS = ['model', 'family', 'model_args', 'dataset', 'block_choices', 'budget', 'max_epochs', 'steps',
                        'n_seeds', 'mean', 'ci_low', 'ci_high', 'interval_note', 'values', 'iqm', 'std', 'best', 'params',
                        'macs',
@@ -144,18 +151,18 @@ INTERVAL = 'Student-t 95 % interval of the mean over seeds (n >= 3)'
 
 def board_tasks(*, db=None, model: str | None = None, task: str | None = None, dataset: str | None = None) -> list[str]:
     """The tasks of the finished runs (filtered like ``leaderboard``), in the registry's order."""
-    from zoo._registry import TASKS
+    from zoo import tasks
 
     store = open_db(db)
     store.check_filters(task=task, dataset=dataset, model=model)
     df = store.runs(model=model, task=task, dataset=dataset, status='finished')
     found = set(df.task.dropna()) if not df.empty else set()
-    return [t for t in TASKS if t in found] + sorted(found - set(TASKS))
+    return [t for t in tasks.names() if t in found] + sorted(found - set(tasks.names()))
 
 
 def leaderboards(task: str | None = None, dataset: str | None = None, metric: str | None = None, **kwargs) -> dict:
     """``{task: leaderboard}``, one per task among the finished runs (or just ``task``), each ranked by
-    ``metric`` or, by default, by its task's primary metric (``zoo._registry.PRIMARY_METRIC``)."""
+    ``metric`` or, by default, by its task's primary metric (``zoo.tasks.get(task).metric``)."""
     tasks = [task] if task else board_tasks(db=kwargs.get('db'), model=kwargs.get('model'), dataset=dataset)
     return {t: leaderboard(t, dataset, metric, **kwargs) for t in tasks}
 
@@ -185,6 +192,10 @@ def leaderboard(task: str | None = None, dataset: str | None = None, metric: str
     ``threads``: records at that many threads first; by default every thread count, and ``attrs['threads']``
     is the rows' common count (None when the rows' records differ). ``latency_iqr_ms`` is that record's spread.
 
+    Columns: ``LEADERBOARD_COLUMNS``, then the task's board columns its runs recorded (``zoo.tasks``: e.g.
+    ``val/map50`` and ``val/map75`` beside detection's ``val/map``), each the mean over the row's runs and named in
+    ``attrs['board_columns']``.
+
     Runtime and machine: only records of ``runtime`` (eager, compile, onnxruntime, openvino) count, and all
     latencies of one board come from one CPU model, never a mix: the CPU whose name contains ``cpu``
     (case-insensitive), by default the one most of the board's records were measured on (``attrs['cpu']``)."""
@@ -203,6 +214,7 @@ def leaderboard(task: str | None = None, dataset: str | None = None, metric: str
             raise ResultsDBError(f'no final metric {metric!r} among the finished runs; recorded: {", ".join(known)}')
         return pd.DataFrame(columns=LEADERBOARD_COLUMNS)
     df = df[df[metric].notna()].copy()
+    shown = _board_columns(task, df, metric)
     df['_args'] = [_model_args(h, b) for h, b in zip(df.hparams, df.block_choices)]
     steps = _trained_steps(store, df.id.tolist())
     all_lat = store.latency()
@@ -234,7 +246,8 @@ def leaderboard(task: str | None = None, dataset: str | None = None, metric: str
             params=_first(g.params), macs=_first(g.macs),
             _i=len(rows),
             arch_fingerprint=fp, aliases=', '.join(a for a in store.aliases(fp) if a != name) if fp else '',
-            config_key=key, run_ids=','.join(map(str, g.id.tolist()))))
+            config_key=key, run_ids=','.join(map(str, g.id.tolist())),
+            **{c: float(g[c].mean()) if g[c].notna().any() else None for c in shown}))
     board = pd.DataFrame(rows)
     board = board.sort_values('mean', ascending=not higher, kind='stable')
     # one row per (model, model arguments, dataset): its best configuration; datasets in name order, each best first
@@ -256,25 +269,37 @@ def leaderboard(task: str | None = None, dataset: str | None = None, metric: str
                      ('latency_cpu', 'cpu_model')):
         board[col] = [None if p is None else p[key] for p in picked]
     board['latency_batch'] = [None if p is None else 1 for p in picked]
-    board = board[LEADERBOARD_COLUMNS]
+    board = board[LEADERBOARD_COLUMNS + shown]
     board.attrs.update(metric=metric, higher_is_better=higher, task=task, dataset=dataset, threads=threads,
+                       board_columns=shown,
                        threads_asked=asked,
                        interval=INTERVAL, runtime=runtime, cpu=cpu_pick)
     board[['params', 'macs']] = board[['params', 'macs']].astype('Float64')
     return board.replace({np.nan: None}).astype({'mean': float})
 
 
+def _board_columns(task: str | None, df, metric: str) -> list[str]:
+    """The task's board columns (``zoo.tasks``: metrics shown beside the ranked one, mean over the row's runs)
+    that its runs recorded; for a board of one task only (``task``, or the one task of the runs)."""
+    from zoo import tasks
+
+    found = set(df.task.dropna()) if task is None else {task}
+    if len(found) != 1 or next(iter(found)) not in tasks.names():
+        return []
+    return [c for c in tasks.get(next(iter(found))).board_columns if c != metric and c in df.columns]
+
+
 def _default_metric(task: str | None, store, **filters) -> str:
-    from zoo._registry import primary_metric
+    from zoo import tasks
 
     if task is None:
-        tasks = board_tasks(db=store, **filters)
-        if len(tasks) > 1:
-            raise ResultsDBError(f'the finished runs are of {len(tasks)} tasks ({", ".join(tasks)}); choose one with '
+        found = board_tasks(db=store, **filters)
+        if len(found) > 1:
+            raise ResultsDBError(f'the finished runs are of {len(found)} tasks ({", ".join(found)}); choose one with '
                                  f'task= (`zoo results --task T`), or call leaderboards() for one board per task')
-        task = tasks[0] if tasks else 'classification'
+        task = found[0] if found else 'classification'
     try:
-        return primary_metric(task)
+        return tasks.get(task).metric
     except KeyError as e:
         raise ResultsDBError(f'{e.args[0]}; pass metric=') from None
 

@@ -29,7 +29,7 @@ DATA_COLUMNS = [
     'seed', 'status', 'error', 'recipe', 'config_key', 'max_epochs',
     'hparams',             # the system's hyper-parameters as JSON text (network spec and statistics left out)
     'benchmark', 'group', 'entry',   # the ``zoo benchmark`` job this run was (None otherwise)
-    'metric',              # the task's primary metric (zoo._registry.PRIMARY_METRIC)
+    'metric',              # the task's primary metric (zoo.tasks.get(task).metric)
     'final',               # its final value
     'best',                # its best per-epoch value (max, or min for a lower-is-better metric)
     'epochs',              # training epochs recorded
@@ -176,8 +176,8 @@ def data(db=None, task: str | None = None, dataset: str | None = None, model: st
 
 
 def _primary(task) -> str | None:
-    from zoo._registry import PRIMARY_METRIC
-    return PRIMARY_METRIC.get(task) if isinstance(task, str) else None
+    from zoo import tasks
+    return tasks.get(task).metric if isinstance(task, str) and task in tasks.names() else None
 
 
 def _block_kinds() -> list[str]:

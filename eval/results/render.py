@@ -80,8 +80,9 @@ def _display_rows(board) -> list[dict]:
     def num(v, f):
         return '' if v is None or v != v else f.format(v)
     metric = board.attrs.get('metric', 'metric')
+    extra = list(board.attrs.get('board_columns') or [])   # the task's other metrics, shown after the CI
     rows = []
-    for r in board.itertuples():
+    for r, rec in zip(board.itertuples(), board.to_dict('records')):
         if r.ci_low is not None and r.ci_low == r.ci_low:
             ci = f'[{num(r.ci_low, "{:.4f}")}, {num(r.ci_high, "{:.4f}")}]'
         else:                          # too few seeds: the values themselves, and why there is no interval
@@ -92,7 +93,7 @@ def _display_rows(board) -> list[dict]:
             lat_from = f'{r.latency_source}, {r.latency_threads} thr{load}'
         rows.append({'model': r.model, 'model args': r.model_args, 'dataset': r.dataset, 'budget': r.budget,
                      'steps': '' if r.steps is None else str(r.steps), 'seeds': r.n_seeds,
-                     metric: num(r.mean, '{:.4f}'), '95% CI (t)': ci,
+                     metric: num(r.mean, '{:.4f}'), '95% CI (t)': ci, **{c: num(rec.get(c), '{:.4f}') for c in extra},
                      'params (M)': num(None if r.params is None else r.params / 1e6, '{:.3f}'),
                      'MACs (M)': num(None if r.macs is None else r.macs / 1e6, '{:.1f}'),
                      'latency ms (bs 1)': num(r.latency_ms, '{:.2f}'), 'IQR ms': num(r.latency_iqr_ms, '{:.2f}'),
