@@ -32,6 +32,9 @@ import sys
 
 from .errors import at_least
 
+# zoo.RUNTIMES, spelled out: the parser is built without importing torch (tests/test_int8.py checks they agree)
+RUNTIME_NAMES = ('eager', 'compile', 'onnxruntime', 'openvino', 'onnxruntime-int8', 'openvino-int8', 'auto')
+
 TRAIN_COMMANDS = ('fit', 'validate', 'test', 'predict')
 DEMO = 'recipes/configs/poolformer/poolformer_tiny_digits_15e.yaml'
 EXAMPLES = f"""examples:
@@ -426,9 +429,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help='registered models (or timm/NAME); none with --db: the models recorded in that database')
     p.add_argument('--vs', help='reference model, run interleaved in one process: timm/NAME, a zoo NAME, or '
                    'official:FILE.py[:CALLABLE] (your copy of the official code, given our weights; RaftMLP, Strip-MLP)')
-    p.add_argument('--runtime', default='eager', metavar='eager,compile,onnxruntime[,openvino]',
-                   help='runtimes to time, comma-separated (zoo.optimize); each runtime of each model runs interleaved '
-                        'with the others, with its max |Δ| against eager and its compile or export time '
+    p.add_argument('--runtime', default='eager', metavar='eager,compile,onnxruntime[,openvino,...]',
+                   help='runtimes to time, comma-separated (zoo.optimize: also onnxruntime-int8, openvino-int8, '
+                        'calibrated on the random timed input, and auto); each runtime of each model runs '
+                        'interleaved with the others, with its max |Δ| against eager and its compile or export time '
                         '(default eager)')
     p.add_argument('--batch-size', type=at_least(1), nargs='+', default=[1], help='batch sizes to time (default 1)')
     p.add_argument('--img-size', type=at_least(1), help='image height and width (default: the model\'s input size)')
@@ -514,7 +518,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument('--plot', metavar='PNG', help='also draw metric vs latency with the Pareto front to this file')
     p.add_argument('--threads', type=at_least(1),
                    help='use latency records taken at this many threads (default: the count most models have)')
-    p.add_argument('--runtime', default='eager', choices=['eager', 'compile', 'onnxruntime', 'openvino'],
+    p.add_argument('--runtime', default='eager', choices=RUNTIME_NAMES,
                    help='use latency records of this runtime (default eager)')
     p.add_argument('--cpu', metavar='SUBSTRING',
                    help='use latency records of the CPU whose model name contains this (default: the CPU most '

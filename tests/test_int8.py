@@ -166,3 +166,11 @@ def test_denoising_refuses_a_one_size_graph_runtime(runtime):
     from zoo.recipes.denoising import Denoiser
     with pytest.raises(ValueError, match=f'--runtime {runtime} runs an ONNX graph of one image size'):
         Denoiser('dncnn', runtime=runtime)
+
+
+def test_every_list_of_runtime_names_is_zoo_runtimes():
+    """The runtimes are named in three places that cannot import torch's side (the results store, the CLI's
+    parser): each is ``zoo.RUNTIMES``."""
+    from zoo.eval.results.schema import LATENCY_RUNTIMES
+    from zoo.recipes.main import RUNTIME_NAMES
+    assert tuple(LATENCY_RUNTIMES) == tuple(RUNTIME_NAMES) == tuple(zoo.RUNTIMES)
