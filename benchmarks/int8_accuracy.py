@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import io
+import os
 
 from zoo.recipes import benchmark as B
 from zoo.recipes.benchmark_spec import load, override_args
@@ -76,7 +77,10 @@ def cli(argv=None) -> int:
     p.add_argument('--groups', nargs='+', required=True, help='benchmark groups whose entries are tested')
     p.add_argument('--seed', type=int, default=0)
     p.add_argument('--db', default='benchmarks/int8.db')
+    p.add_argument('--run-root', help="where the benchmark's runs are (default $ZOO_RUNS or ./runs)")
     args = p.parse_args(argv)
+    if args.run_root:
+        os.environ['ZOO_RUNS'] = args.run_root
     print(table(run(args.groups, args.seed, args.db)))
     return 0
 

@@ -50,6 +50,9 @@ SMOKE = {
                                ['case=sequential', 'case=chunked/4', 'case=chunked/8', 'case=chunked_autograd'])],
     'benchmarks.scan_onnx': [(['--smoke', '--only', 'parallel/16', 'loop/auto'],
                               ['| L | K*D | eager chunked | parallel/16 | loop/auto |', '| 40 | 16 |', '| 7 | 32 |'])],
+    # no trained runs under {tmp}: the script finds the group's jobs and says which checkpoints are missing
+    'benchmarks.int8_accuracy': [(['--groups', 'backbones_shapes64', '--run-root', '{tmp}', '--db', '{tmp}/i.db'],
+                                  ['backbones_shapes64/poolformer seed 0: no checkpoint', '| group | entry |'])],
     'benchmarks.train_step': [(['--model', 'semfpn_seg_tiny', '--num-classes', '3', '--batch-size', '2', '--img-size',
                                  '32', '--modes', 'fp32', 'bf16-cl', '--repeats', '1', '--warmup', '0', '--threads', '1'],
                                 ['CPU: ', '| fp32 |', '| bf16-cl |'])],
