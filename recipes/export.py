@@ -247,7 +247,7 @@ def _export_int8(net: nn.Module, out: Path, example: torch.Tensor, nms: bool, ca
         quantize_onnx(tmp / 'float.onnx', tmp / 'int8.onnx', calibration, keep_float=keep)
         quantized, weighted = int8_fraction(tmp / 'int8.onnx')
         os.replace(tmp / 'int8.onnx', out)
-    return {'runtime': 'onnxruntime', 'format': 'QDQ, per-channel int8 weights, int8 activations',
+    return {'runtime': 'onnxruntime', 'format': 'QDQ, per-channel int8 weights, uint8 activations',
             'calibration_images': sum(len(x) for x in calibration), 'calibration_split': 'train',
             'float_modules': list(keep), 'quantized_nodes': quantized, 'weighted_nodes': weighted}
 
