@@ -226,11 +226,8 @@ def _int8_calibration(args, dm) -> list | None:
     if dm is None:
         raise ValueError('--int8 calibrates on the training images of a recipe: export a zoo fit checkpoint '
                          '(its run config names the data) or -c CONFIG, not a random initialisation or bare weights')
-    from zoo._quantize import calibration_from
-
-    from .system import CALIBRATION_IMAGES
-    dm.setup('fit')
-    return calibration_from(dm.train_dataloader(), CALIBRATION_IMAGES)
+    from zoo._quantize import training_calibration
+    return training_calibration(dm)
 
 
 def _export_int8(net: nn.Module, out: Path, example: torch.Tensor, nms: bool, calibration: list) -> dict:

@@ -40,8 +40,6 @@ __all__ = ['ZooSystem', 'require_task', 'require_data_task', 'block_choices']
 
 # model_args keys that choose a block: recorded as ``block_choices`` by the results database.
 _BLOCK_KEYS = ('token_mixer', 'canon', 'mixer', 'backbone', 'neck', 'head')
-# int8 runtimes (``zoo test --runtime onnxruntime-int8``): the training images that set the activation ranges
-CALIBRATION_IMAGES = 256
 
 
 def require_task(name: str, task: str, system: str) -> None:
@@ -213,17 +211,16 @@ class ZooSystem(LightningModule):
         self._runtime_model = None
 
     def _calibration(self) -> list | None:
-        """An int8 runtime's calibration inputs: the first :data:`CALIBRATION_IMAGES` images of the data's
-        training split as its loader gives them (never the split being tested); None for the other runtimes."""
+        """An int8 runtime's calibration inputs: the first 256 images of the data's training split
+        (``zoo._quantize.training_calibration``; never the split being tested); None for the other runtimes."""
         if not self.hparams.runtime.endswith('-int8'):
             return None
         dm = getattr(self.trainer, 'datamodule', None)
         if dm is None:
             raise ValueError(f'--runtime {self.hparams.runtime} calibrates on the training split: run zoo test '
                              f'with the recipe\'s --data')
-        from zoo._quantize import calibration_from
-        dm.setup('fit')
-        return calibration_from(dm.train_dataloader(), CALIBRATION_IMAGES)
+        from zoo._quantize import training_calibration
+        return training_calibration(dm)
 
     def forward(self, *args, **kwargs):
         return self.model(*args, **kwargs)

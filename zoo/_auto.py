@@ -16,6 +16,7 @@ import hashlib
 import json
 import os
 import pathlib
+import statistics
 import sys
 import tempfile
 
@@ -116,7 +117,6 @@ def choose(model: nn.Module, example: torch.Tensor, build, *, candidates=CANDIDA
 
     times = interleave({rt: call(net) for rt, net in ok.items()}, repeats=REPEATS, warmup=WARMUP,
                        budget_s=BUDGET_S)
-    import statistics
     medians = {rt: statistics.median(t) for rt, t in times.items()}
     best = min(medians, key=medians.get)
     entry = {'runtime': best, 'median_ms': medians, 'max_delta': deltas, 'wrong': wrong, 'failed': failed,

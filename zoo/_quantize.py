@@ -31,7 +31,8 @@ from typing import Iterable
 import torch
 from torch import nn
 
-__all__ = ['INT8_RUNTIMES', 'calibration_from', 'float_modules', 'int8_fraction', 'openvino_int8', 'quantize_onnx']
+__all__ = ['CALIBRATION_IMAGES', 'INT8_RUNTIMES', 'batch_inputs', 'float_modules', 'int8_fraction', 'openvino_int8',
+           'quantize_onnx', 'training_calibration']
 
 INT8_RUNTIMES = ('onnxruntime-int8', 'openvino-int8')
 QUANTIZED_OPS = ('Conv', 'Gemm', 'MatMul')
@@ -54,13 +55,22 @@ def float_modules(model: nn.Module, graph: nn.Module | None = None) -> tuple[str
     return tuple(dict.fromkeys(prefix + k for k in keep if k))
 
 
-def calibration_from(batches: Iterable, images: int = 256) -> list[torch.Tensor]:
-    """The inputs of the first ``images`` images of ``batches`` (a DataLoader of ``(inputs, targets)`` or of
-    inputs): an int8 runtime's calibration set (``zoo test --runtime *-int8`` and ``zoo export --int8`` give the
-    recipe's training loader: never the split that is evaluated)."""
+# the training images that set the activation ranges (``zoo test --runtime *-int8``, ``zoo export --int8``)
+CALIBRATION_IMAGES = 256
+
+
+def batch_inputs(batch):
+    """A batch's inputs: the first item of an ``(inputs, targets)`` batch as a DataLoader gives it, else itself."""
+    return batch[0] if isinstance(batch, (tuple, list)) else batch
+
+
+def training_calibration(datamodule, images: int = CALIBRATION_IMAGES) -> list[torch.Tensor]:
+    """The inputs of the first ``images`` images of ``datamodule``'s training loader: an int8 runtime's
+    calibration set, never the split that is evaluated."""
+    datamodule.setup('fit')
     out, seen = [], 0
-    for batch in batches:
-        x = batch[0] if isinstance(batch, (tuple, list)) else batch
+    for batch in datamodule.train_dataloader():
+        x = batch_inputs(batch)
         out.append(x)
         seen += len(x)
         if seen >= images:
@@ -93,14 +103,14 @@ def float_nodes(graph_path: str | pathlib.Path, modules: Iterable[str]) -> list[
     return out
 
 
-def _batches(calibration, input_name: str = 'input'):
+def _batches(calibration):
     """Calibration inputs as a list of float32 NumPy batches (a tensor, or an iterable of tensors or
     ``(inputs, targets)`` pairs as a DataLoader gives them)."""
     if isinstance(calibration, torch.Tensor):
         calibration = [calibration]
     out = []
     for b in calibration:
-        x = b[0] if isinstance(b, (tuple, list)) else b
+        x = batch_inputs(b)
         if not isinstance(x, torch.Tensor):
             raise ValueError('calibration must be input tensors (or (input, target) batches); got '
                              f'{type(x).__name__}')

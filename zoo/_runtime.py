@@ -39,9 +39,14 @@ _NEEDS = {'onnxruntime': ('onnxruntime', 'onnx', 'onnxscript'), 'openvino': ('op
           'openvino-int8': ('openvino', 'nncf', 'onnx', 'onnxscript'), 'onnx': ('onnx', 'onnxscript')}
 
 
+def _missing(what: str) -> list[str]:
+    """The packages runtime (or format) ``what`` needs that are not installed."""
+    return [m for m in _NEEDS.get(what, ()) if importlib.util.find_spec(m) is None]
+
+
 def _require(what: str) -> None:
     """One-line error naming the extra when a runtime's package is missing."""
-    missing = [m for m in _NEEDS.get(what, ()) if importlib.util.find_spec(m) is None]
+    missing = _missing(what)
     if missing:
         raise ValueError(f"{what} needs {', '.join(missing)}: pip install 'zoo[export]'")
 
@@ -405,8 +410,7 @@ def optimize(model: nn.Module, runtime: str = 'compile', example: torch.Tensor |
                              'dtype, mode or calibration (name the runtime instead)')
         from ._auto import CANDIDATES, choose
         example = example if example is not None else example_input(model)
-        usable = [rt for rt in CANDIDATES if rt in ('eager', 'compile') or
-                  all(importlib.util.find_spec(m) is not None for m in _NEEDS[rt])]
+        usable = [rt for rt in CANDIDATES if not _missing(rt)]
         return choose(model, example, lambda rt: optimize(model, rt, example), candidates=usable)
     if runtime not in ('eager', 'compile'):
         _require(runtime)
@@ -452,10 +456,9 @@ def optimize(model: nn.Module, runtime: str = 'compile', example: torch.Tensor |
             path = str(pathlib.Path(tmp) / 'model.onnx')
             program.save(path)
             if runtime in INT8_RUNTIMES:
-                from ._quantize import float_modules, openvino_int8, quantize_onnx
+                from ._quantize import batch_inputs, float_modules, openvino_int8, quantize_onnx
                 if dense and hasattr(model, 'network_input'):
-                    calibration = [model.network_input(x[0] if isinstance(x, (tuple, list)) else x)
-                                   for x in calibration]
+                    calibration = [model.network_input(batch_inputs(b)) for b in calibration]
                 with progress(f'quantizing {name} to int8 for {runtime.removesuffix("-int8")}'):
                     if runtime == 'onnxruntime-int8':
                         run = _ort_session(str(quantize_onnx(path, pathlib.Path(tmp) / 'int8.onnx', calibration,
