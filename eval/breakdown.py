@@ -196,3 +196,72 @@ def print_table(name: str, result: dict, input_shape, runtimes: dict | None = No
     for rt, ms in (runtimes or {}).items():
         console().print(f'{rt}: {ms:.3f} ms per forward (median, interleaved with eager; no per-kind split inside '
                         'a compiled or exported graph)')
+
+
+def weighted_kinds(model: nn.Module) -> dict[str, int]:
+    """``{kind: number of convolutions and linear layers it owns}`` (the ops an int8 runtime quantizes), for the
+    kinds that own at least one; a layer belongs to the innermost kind-carrying module above it. The layers every
+    int8 runtime keeps float (``zoo._quantize.float_modules``: the classifier, the first convolution) are left
+    out."""
+    from zoo._quantize import float_modules
+
+    kinds, keep = kind_map(model), float_modules(model)
+    out = defaultdict(int)
+    for path, m in model.named_modules():
+        if isinstance(m, (nn.Linear, nn.Conv1d, nn.Conv2d, nn.Conv3d)) and \
+                not any(path == k or path.startswith(k + '.') for k in keep):
+            out[kinds.get(_owner(path, kinds), OTHER)] += 1
+    return dict(out)
+
+
+def int8_sensitivity(model: nn.Module, x: torch.Tensor, calibration, evaluate=None,
+                     runtime: str = 'onnxruntime-int8', repeats: int = 20, warmup: int = 3) -> list[dict]:
+    """Quantize one block kind at a time: for each kind that owns weighted layers (:func:`weighted_kinds`), the
+    model in ``runtime`` with only that kind's Conv / Gemm / MatMul ops in int8 (the classifier and first
+    convolution stay float, as in the full int8 runtime), beside the float32 graph of the same runtime family and
+    the whole model in int8.
+
+    Every variant is timed on ``x`` under the one interleaved timer (``profile.benchmark``) and, with
+    ``evaluate`` (a network -> its metric, e.g. top-1 on a test split), scored. Returns one row per variant:
+    ``{'variant': 'float32' | 'all' | kind, 'layers', 'metric', 'delta' (metric - float32's), 'ms' (median),
+    'iqr_ms', 'speedup' (float32 ms / ms), 'max_abs_delta' (largest |output - float32 output| on x)}``."""
+    import zoo
+
+    from .bench import _compared, _max_diff
+    from .profile import benchmark
+
+    model.eval()
+    layers = weighted_kinds(model)
+    kinds = kind_map(model)
+    base = runtime.removesuffix('-int8')
+    nets = {'float32': zoo.optimize(model, base, x), 'all': zoo.optimize(model, runtime, x, calibration=calibration)}
+    for kind in sorted(layers):
+        nets[kind] = zoo.optimize(model, runtime, x, calibration=calibration,
+                                  int8_only=lambda path, kind=kind: kinds.get(_owner(path, kinds), OTHER) == kind)
+    with torch.inference_mode():
+        outs = {name: _compared(net, x) for name, net in nets.items()}
+    lat = benchmark(nets, inputs=dict.fromkeys(nets, x), batch_size=len(x), repeats=repeats, warmup=warmup)
+    metrics = {name: evaluate(net) if evaluate is not None else None for name, net in nets.items()}
+    rows = []
+    for name in nets:
+        m, ref = metrics[name], metrics['float32']
+        rows.append({'variant': name, 'layers': sum(layers.values()) if name in ('float32', 'all') else layers[name],
+                     'metric': m, 'delta': m - ref if m is not None and ref is not None else None,
+                     'ms': lat[name].median_ms, 'iqr_ms': lat[name].iqr_ms,
+                     'speedup': lat['float32'].median_ms / lat[name].median_ms,
+                     'max_abs_delta': _max_diff(outs[name], outs['float32'])})
+    return rows
+
+
+def int8_table(results: list[tuple[str, list[dict]]]) -> str:
+    """:func:`int8_sensitivity` rows of one or more models as a Markdown table."""
+    out = ['| model | quantized | layers | metric | change | ms | IQR | speed-up | max abs logit delta |',
+           '|---|---|---|---|---|---|---|---|---|']
+    for name, rows in results:
+        for r in rows:
+            acc = '' if r['metric'] is None else f'{r["metric"]:.4f}'
+            drop = '' if r['delta'] is None else f'{r["delta"]:+.4f}'
+            delta = '' if r['max_abs_delta'] is None else f'{r["max_abs_delta"]:.3g}'
+            out.append(f'| {name} | {r["variant"]} | {r["layers"]} | {acc} | {drop} | {r["ms"]:.3f} | '
+                       f'{r["iqr_ms"]:.3f} | {r["speedup"]:.2f}x | {delta} |')
+    return '\n'.join(out)

@@ -30,6 +30,7 @@ the head's ``detections`` and an exported graph run; :func:`nms` gives its rows 
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import math
 from collections.abc import Callable, Sequence
@@ -180,6 +181,16 @@ class DFL(nn.Module):
         p = rearrange(x, 'b (four r) a -> b r four a', four=4).softmax(1)
         return rearrange(self.conv(p), 'b 1 four a -> b four a')
 
+
+def float32_maps(maps: Sequence[torch.Tensor]):
+    """``(maps in float32, a context that turns autocast off)``: under ``--trainer.precision bf16-mixed`` the network's
+    maps come out in bfloat16, and autocast would run the decode's matmul and DFL convolution, the assigner's IoUs
+    and the loss in bfloat16 too (8 bits of mantissa: a box edge at 256 px to about a pixel). The decode, the
+    assigner and the loss run in float32, as the mixed-precision recipes of mmyolo and YOLOv8 keep their loss. Off
+    autocast, nothing changes (and nothing is captured by an export)."""
+    device = maps[0].device.type
+    off = torch.autocast(device, enabled=False) if torch.is_autocast_enabled(device) else contextlib.nullcontext()
+    return [m.float() for m in maps], off
 
 def make_anchors(shapes: Sequence[tuple[int, int]], strides: Sequence[int], offset: float = 0.5,
                  device=None, dtype=torch.float32) -> tuple[torch.Tensor, torch.Tensor]:
@@ -379,12 +390,14 @@ class DetectHead(nn.Module):
         return make_anchors([m.shape[-2:] for m in maps], self.strides, device=maps[0].device, dtype=maps[0].dtype)
 
     def decode(self, maps: Sequence[torch.Tensor]) -> torch.Tensor:
-        """Raw maps -> (B, 4 + nc, A): xyxy boxes in input pixels, then sigmoid class scores."""
-        box, cls = self.split(maps)
-        points, stride = self.anchors(maps)
-        # (B, 4, A) distances in bins -> xyxy in grid units -> pixels
-        boxes = dist2bbox(self.dfl(box), points.transpose(0, 1).unsqueeze(0), dim=1) * stride.transpose(0, 1)
-        return torch.cat((boxes, cls.sigmoid()), 1)
+        """Raw maps -> (B, 4 + nc, A): xyxy boxes in input pixels, then sigmoid class scores (float32)."""
+        maps, off = float32_maps(maps)
+        with off:
+            box, cls = self.split(maps)
+            points, stride = self.anchors(maps)
+            # (B, 4, A) distances in bins -> xyxy in grid units -> pixels
+            boxes = dist2bbox(self.dfl(box), points.transpose(0, 1).unsqueeze(0), dim=1) * stride.transpose(0, 1)
+            return torch.cat((boxes, cls.sigmoid()), 1)
 
     def detections(self, maps: Sequence[torch.Tensor], conf: float | None = None, iou: float | None = None,
                    max_det: int | None = None) -> torch.Tensor:
@@ -429,7 +442,13 @@ class DetectHead(nn.Module):
         by the task-aligned target scores and divided by their sum, times the gains; the total is multiplied by
         the batch size (YOLOv8's convention). ``targets``: one ``{'boxes': (n, 4) xyxy input pixels, 'labels':
         (n,)}`` per image (boxes flagged by an optional ``'iscrowd'`` are left out: COCO crowd regions are not
-        objects to regress). Returns ``(total, {'box': ..., 'cls': ..., 'dfl': ...})`` (the parts detached)."""
+        objects to regress). Returns ``(total, {'box': ..., 'cls': ..., 'dfl': ...})`` (the parts detached), computed in
+        float32 whatever the maps' dtype (:func:`float32_maps`)."""
+        maps, off = float32_maps(maps)
+        with off:
+            return self._loss(maps, targets)
+
+    def _loss(self, maps: Sequence[torch.Tensor], targets: Sequence[dict]):
         box_logits, cls_logits = self.split(maps)  # (B, 4R, A), (B, nc, A)
         pred_dist = box_logits.transpose(1, 2).contiguous()  # (B, A, 4R)
         pred_scores = cls_logits.transpose(1, 2).contiguous()  # (B, A, nc)

@@ -79,6 +79,17 @@ def _from_lightning(path: Path, name: str | None, class_path: str | None,
     return net, created
 
 
+def trained_run(ckpt: str | Path, weights: str = 'auto'):
+    """A ``zoo fit`` checkpoint's network (``weights``: see ``zoo.read_weights``) in eval mode, how it was created
+    and its run's DataModule (rebuilt from the run's ``config.yaml``; None when there is none): what a study
+    needs to evaluate a trained network outside Lightning."""
+    ckpt = Path(ckpt)
+    if not ckpt.is_file():
+        raise FileNotFoundError(f'{ckpt}: no such checkpoint file')
+    net, created = _from_lightning(ckpt, None, None, weights)
+    return net.eval(), created, _data_module(_run_config(ckpt)[1])
+
+
 def _run_config(ckpt: Path | None) -> tuple[Path | None, dict | None]:
     """The resolved ``config.yaml`` of the run a checkpoint belongs to (``<run>/checkpoints/<file>.ckpt``), if any:
     what the run really trained with, overrides included."""

@@ -180,6 +180,15 @@ def _cmd_profile(args) -> int:
         torch.set_num_threads(args.threads)
     model = zoo.create(args.name).eval()
     x = example_input(model, tasks.input_size(args.name, img_size=args.img_size), args.batch_size)
+    if args.int8:
+        if len(runtimes) > 1:
+            raise ValueError('--int8 times onnxruntime float32 against int8 itself; it takes no --runtime')
+        rows = breakdown.int8_sensitivity(model, x, [x], repeats=args.repeats, warmup=args.warmup)
+        print(f'zoo profile {args.name} --int8 ({"x".join(map(str, x.shape))}, onnxruntime-int8 one block kind at '
+              f'a time, random weights calibrated on the timed input: speed, not accuracy; '
+              f'benchmarks/int8_blocks.py --ckpt measures a trained run)')
+        print(breakdown.int8_table([(args.name, rows)]))
+        return 0
     result = breakdown.profile_kinds(model, x, repeats=args.repeats, warmup=args.warmup)
     totals = {}
     if len(runtimes) > 1:        # other runtimes: their total only, interleaved with eager under the one timer
@@ -493,7 +502,8 @@ def build_parser() -> argparse.ArgumentParser:
                                    '(eager, module hooks; warm-up calls not counted), and with --runtime the total '
                                    'of other runtimes beside eager\'s.',
                        epilog='examples:\n  zoo profile tnt_tiny\n  zoo profile resnet_tiny --img-size 64\n'
-                              '  zoo profile resnet_tiny --runtime eager,onnxruntime')
+                              '  zoo profile resnet_tiny --runtime eager,onnxruntime\n'
+                              '  zoo profile poolformer_tiny --int8 --batch-size 16')
     p.add_argument('name', help='a registered model (`zoo list`)')
     p.add_argument('--runtime', default='eager', metavar='eager[,compile,onnxruntime,openvino]',
                    help='per-kind split in eager; other runtimes (comma-separated) add their total (default eager)')
@@ -503,6 +513,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument('--warmup', type=at_least(0), default=3, help='forwards before timing, not counted (default 3)')
     p.add_argument('--threads', type=at_least(1), help='torch threads (default: all cores)')
     p.add_argument('--json', action='store_true', help='also print the rows as JSON')
+    p.add_argument('--int8', action='store_true',
+                   help='onnxruntime-int8 with one block kind quantized at a time: speed-up and output change per '
+                        'kind against the float32 graph')
     p.set_defaults(func=_cmd_profile)
 
     p = sub.add_parser('results', help='leaderboards from the results database, one per task (best per model, '

@@ -229,6 +229,26 @@ def test_loss_backward_with_empty_images_and_gains():
         loss(m(torch.randn(1, 3, 64, 64)), [{'boxes': torch.tensor([[0.0, 0, 9, 9]]), 'labels': torch.tensor([3])}])
 
 
+def test_decode_and_loss_run_in_float32_under_bf16_autocast():
+    """Issue 45, item 5: with ``--trainer.precision bf16-mixed`` the network's maps come out in bfloat16; the decode,
+    the assigner and the loss must still run in float32 (autocast would put the decode's DFL convolution and matmul
+    in bf16): under autocast they give what float32 maps give outside it, to float32 rounding, and a float32 loss."""
+    torch.manual_seed(0)
+    m = zoo.create('yolo_det_tiny').train()
+    targets = [{'boxes': torch.tensor([[4.0, 6.0, 40.0, 30.0]]), 'labels': torch.tensor([2])}]
+    with torch.autocast('cpu', dtype=torch.bfloat16):
+        maps = m(torch.randn(1, 3, 64, 64))
+        assert all(t.dtype == torch.bfloat16 for t in maps)
+        total, items = m.head.loss(maps, targets)
+        boxes = m.head.decode(maps)
+    ref_total, ref_items = m.head.loss([t.float() for t in maps], targets)
+    assert total.dtype == torch.float32 and boxes.dtype == torch.float32
+    assert torch.allclose(total, ref_total, rtol=1e-6) and all(
+        torch.allclose(items[k], ref_items[k], rtol=1e-6) for k in items)
+    assert torch.allclose(boxes, m.head.decode([t.float() for t in maps]), rtol=1e-6, atol=1e-5)
+    total.backward()
+
+
 def test_crowd_regions_are_not_training_targets():
     """COCO crowd regions (``iscrowd``) are left out of the assignment: the loss equals the loss without them,
     and differs from the loss with them as ordinary objects."""

@@ -64,7 +64,7 @@ def test_optimize_int8_runs_close_to_float_and_refuses_a_missing_calibration(run
     assert 0 < err < 0.1          # quantized (not the float graph), and close to it
     with pytest.raises(ValueError, match='needs calibration=: a few batches of real inputs'):
         zoo.optimize(model, runtime, x)
-    with pytest.raises(ValueError, match='calibration is for the int8 runtimes'):
+    with pytest.raises(ValueError, match='calibration and int8_only are for the int8 runtimes'):
         zoo.optimize(model, 'onnxruntime', x, calibration=calib)
     with pytest.raises(ValueError, match='calibration is empty'):
         zoo.optimize(model, runtime, x, calibration=[])
@@ -174,3 +174,47 @@ def test_every_list_of_runtime_names_is_zoo_runtimes():
     from zoo.eval.results.schema import LATENCY_RUNTIMES
     from zoo.recipes.main import RUNTIME_NAMES
     assert tuple(LATENCY_RUNTIMES) == tuple(RUNTIME_NAMES) == tuple(zoo.RUNTIMES)
+
+
+def test_one_block_kind_at_a_time_quantizes_exactly_that_kinds_layers(tmp_path):
+    """Per-block sensitivity (issue 45, item 2): with ``only`` accepting the channel mixers' module paths, the int8
+    graph of PoolFormer-tiny has int8 weights on exactly the channel mixers' convolutions (10 of its 15 weighted
+    nodes: ``weighted_kinds`` counts them from the modules), the downsampling convolutions, stem and classifier left
+    float; ``zoo.optimize(..., int8_only=)`` passes model-relative paths."""
+    from zoo.eval.breakdown import _owner, kind_map, weighted_kinds
+
+    torch.manual_seed(0)
+    model = zoo.create('poolformer_tiny', num_classes=10).eval()
+    kinds = kind_map(model)
+    assert weighted_kinds(model) == {'channel_mixer': 10, 'downsample': 3}   # stem conv and head fc stay float
+    src = _float_graph(model, tmp_path / 'f.onnx', example_input(model, batch_size=2))
+    only = lambda path: kinds.get(_owner(path, kinds)) == 'channel_mixer'  # noqa: E731
+    dst = quantize_onnx(src, tmp_path / 'q.onnx', [example_input(model, batch_size=4)],
+                        keep_float=float_modules(model), only=only)
+    quantized = _weight_is_quantized(onnx.load(str(dst)).graph)
+    assert sum(quantized.values()) == 10 and len(quantized) == 15
+    assert sorted(float_nodes(src, (), only)) == sorted(k for k, v in quantized.items() if not v)
+    with pytest.raises(ValueError, match='calibration and int8_only are for the int8 runtimes'):
+        zoo.optimize(model, 'onnxruntime', int8_only=only)
+
+
+def test_int8_sensitivity_rows_and_zoo_profile_int8(capsys):
+    """ResNet-tiny owns only convolutions outside its stem and classifier, so quantizing the ``conv`` kind alone is
+    the whole int8 network: the same logits. Each variant is scored by ``evaluate`` and timed; the CLI prints the
+    table."""
+    from zoo.eval.breakdown import int8_sensitivity
+
+    torch.manual_seed(0)
+    model = zoo.create('resnet_tiny', num_classes=10).eval()
+    x = example_input(model, batch_size=4)
+    seen = []
+    rows = int8_sensitivity(model, x, [x], evaluate=lambda net: seen.append(net) or float(len(seen)),
+                            repeats=1, warmup=0)
+    by = {r['variant']: r for r in rows}
+    assert list(by) == ['float32', 'all', 'conv'] and len(seen) == 3
+    assert by['conv']['layers'] == 11 and by['float32']['max_abs_delta'] == 0.0
+    assert by['all']['max_abs_delta'] > 0 and by['conv']['max_abs_delta'] == pytest.approx(by['all']['max_abs_delta'])
+    assert by['all']['delta'] == 1.0 and by['float32']['speedup'] == 1.0
+    assert main(['profile', 'resnet_tiny', '--int8', '--img-size', '32', '--repeats', '1', '--warmup', '0']) == 0
+    out = capsys.readouterr().out
+    assert '| resnet_tiny | conv | 11 |' in out and 'speed, not accuracy' in out

@@ -26,7 +26,7 @@ from the recipe's training split; ``zoo bench`` (timing only) calibrates on rand
 from __future__ import annotations
 
 import pathlib
-from typing import Iterable
+from typing import Callable, Iterable
 
 import torch
 from torch import nn
@@ -91,16 +91,24 @@ def _module_path(node) -> str:
     return scopes[-2] if len(scopes) >= 2 else ''
 
 
-def float_nodes(graph_path: str | pathlib.Path, modules: Iterable[str]) -> list[str]:
-    """Names of the graph's quantizable nodes (:data:`QUANTIZED_OPS`) that belong to ``modules`` (or below)."""
+def weighted_nodes(graph_path: str | pathlib.Path) -> list[tuple[str, str]]:
+    """``(node name, module path)`` of the graph's quantizable nodes (:data:`QUANTIZED_OPS`)."""
     import onnx
-    modules = tuple(modules)
-    out = []
-    for node in onnx.load(str(graph_path), load_external_data=False).graph.node:
-        path = _module_path(node)
-        if node.op_type in QUANTIZED_OPS and any(path == m or path.startswith(m + '.') for m in modules):
-            out.append(node.name)
-    return out
+    return [(node.name, _module_path(node)) for node in onnx.load(str(graph_path), load_external_data=False).graph.node
+            if node.op_type in QUANTIZED_OPS]
+
+
+def _under(path: str, modules: tuple[str, ...]) -> bool:
+    return any(path == m or path.startswith(m + '.') for m in modules)
+
+
+def float_nodes(graph_path: str | pathlib.Path, keep_float: Iterable[str] = (),
+                only: Callable[[str], bool] | None = None) -> list[str]:
+    """Names of the graph's quantizable nodes left float: those of the ``keep_float`` modules (or below) and, with
+    ``only`` (a test on a node's module path), those it rejects."""
+    keep_float = tuple(keep_float)
+    return [name for name, path in weighted_nodes(graph_path)
+            if _under(path, keep_float) or (only is not None and not only(path))]
 
 
 def _batches(calibration):
@@ -122,10 +130,11 @@ def _batches(calibration):
 
 
 def quantize_onnx(src: str | pathlib.Path, dst: str | pathlib.Path, calibration, *,
-                  keep_float: Iterable[str] = ()) -> pathlib.Path:
+                  keep_float: Iterable[str] = (), only: Callable[[str], bool] | None = None) -> pathlib.Path:
     """``src`` (a float ONNX graph with input ``input``) quantized for ONNX Runtime into ``dst``: QDQ, per-channel
     int8 weights, uint8 activations calibrated by min-max on ``calibration``; Conv / Gemm / MatMul only, the nodes
-    of the ``keep_float`` modules left float. Returns ``dst``."""
+    of the ``keep_float`` modules left float, and with ``only`` those whose module path it rejects (one block kind
+    at a time: ``zoo.eval.breakdown.int8_sensitivity``). Returns ``dst``."""
     import contextlib
     import io
     import logging
@@ -148,7 +157,7 @@ def quantize_onnx(src: str | pathlib.Path, dst: str | pathlib.Path, calibration,
     root = logging.getLogger()
     level = root.level
     root.setLevel(logging.ERROR)  # ORT's quantizer logs its advice on the root logger
-    exclude = float_nodes(src, keep_float)  # before folding: ORT's optimizer keeps node names, not their metadata
+    exclude = float_nodes(src, keep_float, only)  # before folding: ORT's optimizer keeps node names, not their metadata
     try:
         with contextlib.redirect_stdout(io.StringIO()):
             quant_pre_process(str(src), str(folded), skip_symbolic_shape=True)
@@ -191,7 +200,8 @@ def _unshare_initializers(path: pathlib.Path) -> None:
     onnx.save(model, str(path))
 
 
-def openvino_int8(src: str | pathlib.Path, calibration, *, keep_float: Iterable[str] = ()):
+def openvino_int8(src: str | pathlib.Path, calibration, *, keep_float: Iterable[str] = (),
+                  only: Callable[[str], bool] | None = None):
     """``src`` read by OpenVINO and quantized by NNCF (``nncf.quantize``, min-max ranges on every calibration
     batch), the nodes of the ``keep_float`` modules ignored; returns the ``openvino.Model``."""
     import logging
@@ -200,7 +210,7 @@ def openvino_int8(src: str | pathlib.Path, calibration, *, keep_float: Iterable[
     import openvino as ov
 
     batches = _batches(calibration)
-    names = float_nodes(src, keep_float)
+    names = float_nodes(src, keep_float, only)
     # OpenVINO names an op after its ONNX node, plus a suffix for the parts it splits a node into
     ignored = nncf.IgnoredScope(patterns=[f'^{n}(/.*)?$' for n in names], validate=False) if names else None
     nncf_log = logging.getLogger('nncf')

@@ -23,6 +23,7 @@ import contextlib
 import importlib.util
 import pathlib
 import tempfile
+from typing import Callable
 
 import torch
 from torch import nn
@@ -388,7 +389,8 @@ def _openvino(path):
 
 
 def optimize(model: nn.Module, runtime: str = 'compile', example: torch.Tensor | None = None, *,
-             dtype: torch.dtype | str | None = None, mode: str | None = None, calibration=None) -> nn.Module:
+             dtype: torch.dtype | str | None = None, mode: str | None = None, calibration=None,
+             int8_only: Callable[[str], bool] | None = None) -> nn.Module:
     """``model`` (put in eval mode) in a runtime: a module whose output equals ``model(x)`` in eval mode.
 
     runtime: ``'eager'`` (the module itself, under no_grad), ``'compile'`` (``torch.compile`` with inductor's
@@ -396,7 +398,9 @@ def optimize(model: nn.Module, runtime: str = 'compile', example: torch.Tensor |
     compiled: after changing the model, optimize it again), ``'onnxruntime'`` or ``'openvino'`` (exported to ONNX
     with a dynamic batch, traced on ``example`` (default: a random input of the model's registered size), and run
     in an inference session), ``'onnxruntime-int8'`` or ``'openvino-int8'`` (that graph quantized to int8 after
-    training, its ranges set on ``calibration``: a few batches of real inputs; ``zoo._quantize``). ``dtype`` (e.g.
+    training, its ranges set on ``calibration``: a few batches of real inputs; ``zoo._quantize``; ``int8_only``, a
+    test on a weighted op's module path such as ``'stages.0.blocks.1.token_mixer.fc1'``, quantizes only the ops it
+    accepts, for one block kind at a time). ``dtype`` (e.g.
     ``torch.bfloat16``) runs eager/compile under autocast; the ONNX runtimes take float32 inputs. ``'auto'``: the
     fastest float32 runtime whose outputs equal eager's, measured on ``example`` on this CPU and cached
     (``zoo._auto``); the returned module's ``runtime`` says which. A dense model keeps its eager prediction (decode, NMS) after the captured network
@@ -405,9 +409,9 @@ def optimize(model: nn.Module, runtime: str = 'compile', example: torch.Tensor |
     from ._quantize import INT8_RUNTIMES, check_calibration
     check_runtime(runtime)
     if runtime == 'auto':
-        if dtype is not None or mode is not None or calibration is not None:
+        if dtype is not None or mode is not None or calibration is not None or int8_only is not None:
             raise ValueError("runtime 'auto' chooses among the float32 runtimes at their defaults; it takes no "
-                             'dtype, mode or calibration (name the runtime instead)')
+                             'dtype, mode, calibration or int8_only (name the runtime instead)')
         from ._auto import CANDIDATES, choose
         example = example if example is not None else example_input(model)
         usable = [rt for rt in CANDIDATES if not _missing(rt)]
@@ -416,9 +420,9 @@ def optimize(model: nn.Module, runtime: str = 'compile', example: torch.Tensor |
         _require(runtime)
     if runtime in INT8_RUNTIMES:
         check_calibration(runtime, calibration)
-    elif calibration is not None:
-        raise ValueError(f'calibration is for the int8 runtimes ({", ".join(INT8_RUNTIMES)}); runtime {runtime!r} '
-                         f'takes none')
+    elif calibration is not None or int8_only is not None:
+        raise ValueError(f'calibration and int8_only are for the int8 runtimes ({", ".join(INT8_RUNTIMES)}); '
+                         f'runtime {runtime!r} takes neither')
     if isinstance(dtype, str):
         dtype = getattr(torch, dtype, None) if isinstance(getattr(torch, dtype, None), torch.dtype) else \
             _bad_dtype(dtype)
@@ -459,12 +463,17 @@ def optimize(model: nn.Module, runtime: str = 'compile', example: torch.Tensor |
                 from ._quantize import batch_inputs, float_modules, openvino_int8, quantize_onnx
                 if dense and hasattr(model, 'network_input'):
                     calibration = [model.network_input(batch_inputs(b)) for b in calibration]
+                only = None
+                if int8_only is not None:
+                    prefix = '' if graph is model else 'model.'  # a path in the exported wrapper -> in the model
+                    only = lambda path: path.startswith(prefix) and int8_only(path[len(prefix):])  # noqa: E731
                 with progress(f'quantizing {name} to int8 for {runtime.removesuffix("-int8")}'):
+                    keep = float_modules(model, graph)
                     if runtime == 'onnxruntime-int8':
                         run = _ort_session(str(quantize_onnx(path, pathlib.Path(tmp) / 'int8.onnx', calibration,
-                                                             keep_float=float_modules(model, graph))))
+                                                             keep_float=keep, only=only)))
                     else:
-                        run = _openvino(openvino_int8(path, calibration, keep_float=float_modules(model, graph)))
+                        run = _openvino(openvino_int8(path, calibration, keep_float=keep, only=only))
             else:
                 run = _ort_session(path) if runtime == 'onnxruntime' else _openvino(path)
     net = _Runtime(run, spec, runtime, keep=model)
