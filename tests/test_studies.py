@@ -53,6 +53,8 @@ SMOKE = {
     # no trained runs under {tmp}: the script finds the group's jobs and says which checkpoints are missing
     'benchmarks.int8_accuracy': [(['--groups', 'backbones_shapes64', '--run-root', '{tmp}', '--db', '{tmp}/i.db'],
                                   ['backbones_shapes64/poolformer seed 0: no checkpoint', '| group | entry |'])],
+    'benchmarks.auto_check': [(['--models', 'resnet_tiny', '--batch-sizes', '2', '--img-size', '32', '--repeats', '1'],
+                               ['CPU: ', '| resnet_tiny | 2 |', 'within 3 % of the best:'])],
     'benchmarks.int8_blocks': [(['--model', 'resnet_tiny', '--img-size', '32', '--batch-size', '2', '--repeats', '1'],
                                 ['CPU: ', '| resnet_tiny | conv | 11 |'])],
     'benchmarks.train_step': [(['--model', 'semfpn_seg_tiny', '--num-classes', '3', '--batch-size', '2', '--img-size',
