@@ -4,7 +4,7 @@ true`` and ``--compile`` buy a recipe on this CPU (docs/runtimes.md, "Training";
 
 Every mode trains its own copy of the same initial weights on the same random batch; the modes are timed
 interleaved in one process by ``zoo.eval.profile.interleave`` (medians). A segmenter or detector trains through
-``forward_raw`` and its head's loss (segmentation: random class ids), a classifier through cross-entropy on its
+``forward_raw`` and its head's loss (segmentation: random class ids; detection: 1-4 random boxes per image), a classifier through cross-entropy on its
 logits. The CPU and ``uptime`` are printed with the table.
 
     python -m benchmarks.train_step --model semfpn_seg --model-args '{"backbone": "resnet18", "backbone_kwargs":
@@ -66,8 +66,15 @@ def main(argv=None) -> None:
     x = torch.randn(args.batch_size, 3, args.img_size, args.img_size)
     if zoo.model_info(args.model).task == 'segmentation':
         target = torch.randint(0, args.num_classes, (args.batch_size, args.img_size, args.img_size))
+    elif zoo.model_info(args.model).task == 'detection':  # 1-4 random boxes per image, 16-128 px wide
+        target = []
+        for _ in range(args.batch_size):
+            n = int(torch.randint(1, 5, ()))
+            xy = torch.rand(n, 2) * (args.img_size - 128)
+            target.append({'boxes': torch.cat([xy, xy + 16 + torch.rand(n, 2) * 112], 1),
+                           'labels': torch.randint(0, args.num_classes, (n,))})
     elif hasattr(model, 'forward_raw'):
-        raise SystemExit(f'{args.model}: only segmenters and classifiers have a target here')
+        raise SystemExit(f'{args.model}: only segmenters, detectors and classifiers have a target here')
     else:
         target = torch.randint(0, args.num_classes, (args.batch_size,))
     steps = {mode: make_step(model, mode, x, target) for mode in args.modes}
