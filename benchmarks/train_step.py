@@ -4,8 +4,8 @@ true`` and ``--compile`` buy a recipe on this CPU (docs/runtimes.md, "Training";
 
 Every mode trains its own copy of the same initial weights on the same random batch; the modes are timed
 interleaved in one process by ``zoo.eval.profile.interleave`` (medians). A segmenter or detector trains through
-``forward_raw`` and its head's loss (segmentation: random class ids; detection: 1-4 random boxes per image), a classifier through cross-entropy on its
-logits. The CPU and ``uptime`` are printed with the table.
+``forward_raw`` and its head's loss (segmentation: random class ids; detection: 1-4 random boxes per image), a
+classifier through cross-entropy on its logits. The CPU and ``uptime`` are printed with the table.
 
     python -m benchmarks.train_step --model semfpn_seg --model-args '{"backbone": "resnet18", "backbone_kwargs":
         {"widths": [32, 64, 128, 256]}, "neck_channels": 64, "channels": 64}' --num-classes 7 --batch-size 4
