@@ -1,8 +1,8 @@
 """Is ``zoo.optimize(model, 'auto')`` the fastest? (issue 45, target: within 3 % of the best float32 runtime.)
 
-For each model and batch size, ``auto`` chooses on its own short measurement (an empty cache in a temporary
-``$ZOO_CACHE``); then eager, compile, ONNX Runtime and OpenVINO are built again and timed in a second, longer
-interleaved measurement (``zoo.eval.profile.benchmark``), and auto's choice is compared with the best of that
+For each model and batch size, ``auto`` chooses on its own short measurement (``zoo._auto.choose``, no cache);
+then the same eager, compile, ONNX Runtime and OpenVINO modules are timed in a second, longer interleaved
+measurement (``zoo.eval.profile.benchmark``), and auto's choice is compared with the best of that
 second measurement: ``ratio`` = choice's median / best median (1.00 = auto chose the fastest). A choice is only
 as good as the timing it rests on, so the second measurement's IQR is printed beside each median.
 
@@ -13,8 +13,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import io
-import os
-import tempfile
 
 import torch
 
@@ -24,21 +22,22 @@ from zoo._auto import CANDIDATES
 def check(name: str, batch_size: int, repeats: int, img_size: int | None) -> dict:
     import zoo
     from zoo import tasks
+    from zoo._auto import choose
     from zoo.eval.profile import benchmark
 
     torch.manual_seed(0)
     model = zoo.create(name).eval()
     x = tasks.example_input(model, tasks.input_size(name, img_size=img_size), batch_size)
-    with tempfile.TemporaryDirectory() as cache:
-        os.environ['ZOO_CACHE'] = cache
-        with contextlib.redirect_stderr(io.StringIO()):
-            chosen = zoo.optimize(model, 'auto', x)
-    nets = {}
-    for rt in CANDIDATES:
-        if rt in chosen.auto['failed'] or rt in chosen.auto['wrong']:
-            continue
-        with contextlib.redirect_stderr(io.StringIO()):
-            nets[rt] = zoo.optimize(model, rt, x)
+    built = {}
+
+    def build(rt):  # each runtime built once: auto's measurement and the second one time the same modules
+        if rt not in built:
+            built[rt] = zoo.optimize(model, rt, x)
+        return built[rt]
+
+    with contextlib.redirect_stderr(io.StringIO()):
+        chosen = choose(model, x, build, use_cache=False)
+    nets = {rt: net for rt, net in built.items() if rt not in chosen.auto['wrong']}
     lat = benchmark(nets, inputs=dict.fromkeys(nets, x), batch_size=batch_size, repeats=repeats, warmup=3)
     medians = {rt: lat[rt].median_ms for rt in nets}
     best = min(medians, key=medians.get)
