@@ -506,7 +506,7 @@ def build_parser() -> argparse.ArgumentParser:
                        formatter_class=raw,
                        epilog=f'examples:\n  zoo publish -c {DEMO} --ckpt_path best --out poolformer_tiny_digits\n\n'
                               'The card\'s numbers come from the results database (--db): the run\'s and its '
-                              'seed-repeats\' metric with a 95%% interval, params, MACs, latency per runtime. Load the '
+                              'seed-repeats\' metric with a 95 % interval, params, MACs, latency per runtime. Load the '
                               "folder with zoo.create('local-dir:DIR'), or after --push ORG/NAME with "
                               "zoo.create('hf-hub:ORG/NAME') (docs/sharing.md).")
     p.add_argument('-c', '--config', help='a recipe (file or shipped name): publish its run\'s checkpoint')
