@@ -187,8 +187,8 @@ def _db_numbers(db: str | None, run_id: int | None, task: str) -> dict | None:
                     'batch_16_ms': _num(row.get(f'latency_{rt}_b16_ms'))} for rt in runtimes}
     latency = {rt: v for rt, v in latency.items() if v['batch_1_ms'] is not None or v['batch_16_ms'] is not None}
     return {'run_id': int(run_id), 'metric': row['metric'] or zoo.tasks.get(task).metric, 'final': _num(row['final']),
-            'seed': _int(row['seed']), 'dataset': row['dataset'], 'recipe': row['recipe'], 'params': _int(row['params']),
-            'macs': _int(row['macs']), 'input_shape': row['input_shape'], 'max_epochs': row['max_epochs'],
+            'seed': _int(row['seed']), 'dataset': row['dataset'], 'recipe': row['recipe'],
+            'params': _int(row['params']), 'macs': _int(row['macs']), 'input_shape': row['input_shape'], 'max_epochs': row['max_epochs'],
             'seeds': [None if s != s else int(s) for s in reps.seed.tolist()], 'values': values, 'n_seeds': n,
             'mean': mean if n else None, 'interval': interval, 'latency': latency,
             'latency_cpu': row['latency_cpu'], 'latency_threads': row['latency_threads'],

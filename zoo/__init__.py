@@ -7,6 +7,7 @@
 11915176
 >>> fast = zoo.optimize(m)                      # torch.compile; 'onnxruntime', 'openvino' (docs/runtimes.md)
 >>> zoo.export(m, 'm.onnx', torch.randn(2, 3, 224, 224))
+>>> zoo.create('local-dir:tiny_digits')              # a folder `zoo publish` wrote; 'hf-hub:ORG/NAME' (docs/sharing.md)
 >>> zoo.tasks.get('segmentation').metric        # 'val/miou': a task is one registered object (zoo/tasks.py)
 
 ``import zoo`` itself imports nothing heavy (not even torch): the families register on the first call
@@ -73,7 +74,6 @@ def __dir__():
 
 __version__ = '0.1.0'
 __all__ = ['create', 'create_with_optional', 'list_models', 'model_info', 'families', 'register_model', 'ModelInfo',
-           'ReleasedWeights',
-           'load_checkpoint', 'read_weights',
-           'read_state_dict', 'save_folder', 'folder_config', 'FOLDER_PREFIXES', 'classifier_prefix', 'remap_checkpoint', 'layers', 'ClassifierBase', 'optimize', 'export',
+           'ReleasedWeights', 'load_checkpoint', 'read_weights', 'read_state_dict', 'save_folder', 'folder_config',
+           'FOLDER_PREFIXES', 'classifier_prefix', 'remap_checkpoint', 'layers', 'ClassifierBase', 'optimize', 'export',
            'RUNTIMES', 'tasks']
