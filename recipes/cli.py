@@ -279,6 +279,9 @@ class ZooCLI(CkptPathHook, LightningCLI):
             raise
         finally:
             if rank0:
+                run_id = getattr(getattr(self, 'results_logger', None), 'run_id', None)
+                if run_id is not None:  # the run's row in the results database: `zoo publish` reads its numbers
+                    runs.write_manifest(self.run_dir, results_run_id=int(run_id))
                 status = runs.finish_manifest(self.run_dir, error)
                 if status == 'failed' and self._rejected(error, start_step):
                     self._discard()

@@ -9,6 +9,8 @@
                [--format onnx|pt2] [--nms]
                [--out PATH]
     zoo profile NAME [--runtime eager[,compile]] [--img-size 224]      (time and MACs per block kind)
+    zoo publish -c CONFIG [--ckpt_path best|last|PATH] --out DIR [--force] [--push ORG/NAME] [--license L]
+    zoo weights NAME [--verify FILE]     (released checkpoint files: URL, sha256; check a downloaded one)
     zoo results [--task T] [--dataset D] [--model PATTERN] [--metric val/acc1] [--format table|csv|json|markdown]
                 [--plot pareto.png] [--aggregate] [--runs] [--data [--only-best]] [--db URL]
     zoo benchmark run|report NAME [--workers N] [--db URL] [--retry-failed] [--no-latency] [--dry-run] [--threads K]
@@ -206,6 +208,18 @@ def _cmd_export(args) -> int:
     from .export import export_command
 
     return export_command(args)
+
+
+def _cmd_publish(args) -> int:
+    from .publish import publish_command
+
+    return publish_command(args)
+
+
+def _cmd_weights(args) -> int:
+    from .publish import weights_command
+
+    return weights_command(args)
 
 
 def _cmd_results(args) -> int:
@@ -495,6 +509,35 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument('--run_root', help='where -c CONFIG runs are (default $ZOO_RUNS or ./runs)')
     p.add_argument('--overwrite', action='store_true', help='replace an existing file and card')
     p.set_defaults(func=_cmd_export)
+
+    p = sub.add_parser('publish', help="a recipe's trained run as a Hugging Face model folder (config.json, "
+                                       'model.safetensors, model card, eval_results.yaml); --push uploads it',
+                       formatter_class=raw,
+                       epilog=f'examples:\n  zoo publish -c {DEMO} --ckpt_path best --out poolformer_tiny_digits\n\n'
+                              'The card\'s numbers come from the results database (--db): the run\'s and its '
+                              'seed-repeats\' metric with a 95 % interval, params, MACs, latency per runtime. Load the '
+                              "folder with zoo.create('local-dir:DIR'), or after --push ORG/NAME with "
+                              "zoo.create('hf-hub:ORG/NAME') (docs/sharing.md).")
+    p.add_argument('-c', '--config', help='a recipe (file or shipped name): publish its run\'s checkpoint')
+    p.add_argument('--ckpt_path', help='best, last or interrupted (the newest run of -c CONFIG; default best), or a '
+                                       'zoo fit .ckpt file')
+    p.add_argument('--out', help='the folder to write (refused when it exists and is not empty, unless --force)')
+    p.add_argument('--force', action='store_true', help='replace a non-empty --out folder')
+    p.add_argument('--push', metavar='ORG/NAME',
+                   help='upload the folder to this Hugging Face model repository (needs HF_TOKEN or `hf auth login`)')
+    p.add_argument('--license', default='apache-2.0', help="the card's license (default apache-2.0, zoo's own)")
+    p.add_argument('--db', help='results database of the run (default $ZOO_DB or ./zoo-results.db)')
+    p.add_argument('--run_root', help='where -c CONFIG runs are (default $ZOO_RUNS or ./runs)')
+    p.set_defaults(func=_cmd_publish)
+
+    p = sub.add_parser('weights', help='where the released checkpoint files of a model are (URL, sha256 when '
+                                       'known); --verify checks a downloaded file', formatter_class=raw,
+                       epilog='examples:\n  zoo weights poolformer_s12\n\nWith --verify FILE the file\'s sha256 is '
+                              'compared with the released one (when a source states it) and the file is loaded into '
+                              'the model (strict, official keys remapped) before OK is printed.')
+    p.add_argument('name', help='a registered model with released weights, e.g. poolformer_s12')
+    p.add_argument('--verify', metavar='FILE', help='a downloaded checkpoint to check')
+    p.set_defaults(func=_cmd_weights)
 
     p = sub.add_parser('profile', help='time and MACs per block kind (token mixer, channel mixer, norm, stem, ...)',
                        formatter_class=raw,

@@ -5,7 +5,10 @@ Every ``zoo fit|validate|test|predict`` gets a new folder ``<run_root>/<config s
 the resolved ``config.yaml``, ``checkpoints/``, ``metrics.csv`` and ``run.json``, the run's manifest:
 
     {"command": "fit", "status": "finished", "started": "...", "ended": "...", "host": "...", "pid": 123,
-     "resumed_from": "runs/<stem>/<earlier>/checkpoints/last.ckpt", "error": null}
+     "resumed_from": "runs/<stem>/<earlier>/checkpoints/last.ckpt", "error": null, "results_run_id": 7}
+
+``results_run_id`` is the run's row in the results database (absent with ``--db none``): ``zoo publish`` reads
+the run's and its seed-repeats' numbers from it.
 
 ``status`` is ``running`` while the run lasts (and stays so when it is killed), then ``finished``,
 ``interrupted`` (Ctrl-C, SIGTERM) or ``failed`` (an exception: bad data, a non-finite loss). A failed run

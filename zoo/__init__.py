@@ -7,6 +7,7 @@
 11915176
 >>> fast = zoo.optimize(m)                      # torch.compile; 'onnxruntime', 'openvino' (docs/runtimes.md)
 >>> zoo.export(m, 'm.onnx', torch.randn(2, 3, 224, 224))
+>>> zoo.create('local-dir:tiny_digits')              # a folder `zoo publish` wrote; 'hf-hub:ORG/NAME' (docs/sharing.md)
 >>> zoo.tasks.get('segmentation').metric        # 'val/miou': a task is one registered object (zoo/tasks.py)
 
 ``import zoo`` itself imports nothing heavy (not even torch): the families register on the first call
@@ -45,10 +46,12 @@ if _os.path.isfile(_os.path.join(_root, 'pyproject.toml')) and _os.path.isdir(_o
     _sys.meta_path.insert(0, _CheckoutFolders())
 
 from . import tasks  # noqa: E402  (the task registry: light, no torch)
-from ._registry import FAMILY_MODULES, ModelInfo, families, list_models, model_info, register_model  # noqa: E402
+from ._registry import (FAMILY_MODULES, ModelInfo, ReleasedWeights, families, list_models,  # noqa: E402
+                        model_info, register_model)
 
 _LAZY = {'create': '_factory', 'create_with_optional': '_factory', 'load_checkpoint': '_factory',
          'read_weights': '_factory', 'read_state_dict': '_factory',
+         'save_folder': '_hub', 'folder_config': '_hub', 'FOLDER_PREFIXES': '_hub',
          'classifier_prefix': '_factory', 'remap_checkpoint': '_factory',
          'ClassifierBase': '_builder', 'optimize': '_runtime', 'export': '_runtime', 'RUNTIMES': '_runtime'}
 _SUBPACKAGES = ('layers', 'eval', 'recipes', 'datasets', *FAMILY_MODULES)
@@ -71,6 +74,6 @@ def __dir__():
 
 __version__ = '0.1.0'
 __all__ = ['create', 'create_with_optional', 'list_models', 'model_info', 'families', 'register_model', 'ModelInfo',
-           'load_checkpoint', 'read_weights',
-           'read_state_dict', 'classifier_prefix', 'remap_checkpoint', 'layers', 'ClassifierBase', 'optimize', 'export',
+           'ReleasedWeights', 'load_checkpoint', 'read_weights', 'read_state_dict', 'save_folder', 'folder_config',
+           'FOLDER_PREFIXES', 'classifier_prefix', 'remap_checkpoint', 'layers', 'ClassifierBase', 'optimize', 'export',
            'RUNTIMES', 'tasks']

@@ -11,6 +11,7 @@ import torch
 from torch import nn
 
 from ._builder import UnknownArgumentError
+from ._hub import FOLDER_PREFIXES
 from ._registry import model_info
 from ._timm_habits import attach_pretrained_cfg, match_checkpoint_head, no_weights_error
 
@@ -28,7 +29,8 @@ WEIGHTS = ('auto', 'ema', 'model')
 
 def create(name: str, num_classes: int | None = None, in_chans: int | None = None,
            checkpoint: str | Path | None = None, weights: str = 'auto', **overrides) -> nn.Module:
-    """Build a registered model (or any timm model as ``'timm/<name>'``).
+    """Build a registered model (or any timm model as ``'timm/<name>'``, or a published model folder as
+    ``'hf-hub:ORG/NAME'`` or ``'local-dir:DIR'``: ``zoo/_hub.py``, docs/sharing.md).
 
     ``None`` arguments are dropped, so callers can pass optional settings through unchanged.
     ``checkpoint`` loads a state dict (``.pth``/``.pt``/``.bin``, ``.safetensors``, or a file that pickles whole
@@ -49,6 +51,12 @@ def create(name: str, num_classes: int | None = None, in_chans: int | None = Non
         raise ValueError(f"weights={weights!r} chooses which weights of a checkpoint to load; pass checkpoint= too")
     if not isinstance(name, str):
         raise TypeError(f'model name must be a string, got {type(name).__name__}')
+    if name.startswith(FOLDER_PREFIXES):  # a published model folder (zoo publish): its own weights, its own args
+        if checkpoint is not None or weights != 'auto' or pretrained:
+            raise ValueError(f'{name} carries its own weights (model.safetensors); checkpoint=, weights= and '
+                             'pretrained= do not apply')
+        from ._hub import create_from_folder
+        return create_from_folder(name, **kwargs)
     if name.startswith('timm/'):
         import timm  # lazily: timm's import is heavy
         timm_name = name[len('timm/'):]

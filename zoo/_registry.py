@@ -16,6 +16,17 @@ from . import tasks as _tasks
 
 
 @dataclass(frozen=True)
+class ReleasedWeights:
+    """One checkpoint file the model's authors (or timm) released and ``zoo.create(name, checkpoint=file)`` loads
+    (through the family's ``remap_checkpoint``). ``sha256`` only where a source states it: never computed from a
+    download we did not make, never guessed (``zoo weights NAME`` prints "hash unknown" without one)."""
+    url: str
+    sha256: str | None = None
+    source: str = ''                 # where the URL is stated (the official README, timm's default_cfgs, ...)
+    note: str = ''
+
+
+@dataclass(frozen=True)
 class ModelInfo:
     name: str
     family: str
@@ -34,6 +45,7 @@ class ModelInfo:
     # (timm model name, zoo.create overrides) that make this model compute exactly what timm's does,
     # so timm's weights load and reproduce timm's outputs (used by `zoo bench --vs` and the tests).
     timm_equivalent: tuple | None = None
+    weights: tuple = ()              # ReleasedWeights of the files zoo loads (`zoo weights NAME`)
     fn: Callable | None = field(default=None, repr=False, compare=False)
 
     def as_dict(self) -> dict:
@@ -74,6 +86,7 @@ def register_model(fn: Callable | None = None, /, *, family: str, task: str = 'c
         if 'input_size' in meta:
             meta['input_size'] = tuple(meta['input_size'])
         meta['capabilities'] = tuple(meta.get('capabilities', ()))
+        meta['weights'] = tuple(meta.get('weights', ()))
         _MODELS[name] = ModelInfo(name=name, family=family, task=task, is_tiny=name.endswith('_tiny'), fn=f,
                                   **meta)
         return f

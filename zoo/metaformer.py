@@ -38,7 +38,7 @@ from zoo.layers import DropPath, LayerScale, linear_drop_path_rates
 from zoo.layers._torch_compat import state_dict_metadata
 
 from ._builder import ClassifierBase, FeatureInfo, build_model, check_image, select_features
-from ._registry import register_model
+from ._registry import ReleasedWeights, register_model
 
 # einops cannot take a torch.fx Proxy: traced as one call (torch.fx.symbolic_trace, create_feature_extractor)
 torch.fx.wrap('rearrange')
@@ -308,35 +308,49 @@ def _create(cfg: dict, kwargs: dict) -> MetaFormer:
 _POOLFORMER = dict(family='poolformer', paper='MetaFormer Is Actually What You Need for Vision (arXiv 2111.11418)',
                    repo='https://github.com/sail-sg/poolformer', input_size=(3, 224, 224),
                    capabilities=('features', 'official_weights', 'timm_weights'), tiny='poolformer_tiny')
+# The official release (sail-sg/poolformer README, "PoolFormer Models"; the same URLs are timm's default_cfgs of
+# poolformerv1_*). The README states no hashes.
+_RELEASE = 'https://github.com/sail-sg/poolformer/releases/download/v1.0/{}.pth.tar'
+
+
+def _released(name: str) -> tuple:
+    return (ReleasedWeights(_RELEASE.format(name), source='sail-sg/poolformer README (ImageNet-1k, 224)'),)
+
+
 _S = dict(dims=(64, 128, 320, 512))
 _M = dict(dims=(96, 192, 384, 768))
 
 
 @register_model(**_POOLFORMER, timm_equivalent=('poolformer_s12', {'timm_head': True}),
+                weights=_released('poolformer_s12'),
                 params=11_915_176, macs=1_822_678_528, top1=77.2)
 def poolformer_s12(**kwargs):
     return _create(dict(depths=(2, 2, 6, 2), **_S, layer_scale_init_value=1e-5, drop_path_rate=0.1), kwargs)
 
 
 @register_model(**_POOLFORMER, timm_equivalent=('poolformer_s24', {'timm_head': True}),
+                weights=_released('poolformer_s24'),
                 params=21_388_968, macs=3_412_906_496, top1=80.3)
 def poolformer_s24(**kwargs):
     return _create(dict(depths=(4, 4, 12, 4), **_S, layer_scale_init_value=1e-5, drop_path_rate=0.1), kwargs)
 
 
 @register_model(**_POOLFORMER, timm_equivalent=('poolformer_s36', {'timm_head': True}),
+                weights=_released('poolformer_s36'),
                 params=30_862_760, macs=5_003_134_464, top1=81.4)
 def poolformer_s36(**kwargs):
     return _create(dict(depths=(6, 6, 18, 6), **_S, layer_scale_init_value=1e-6, drop_path_rate=0.2), kwargs)
 
 
 @register_model(**_POOLFORMER, timm_equivalent=('poolformer_m36', {'timm_head': True}),
+                weights=_released('poolformer_m36'),
                 params=56_172_520, macs=8_801_876_736, top1=82.1)
 def poolformer_m36(**kwargs):
     return _create(dict(depths=(6, 6, 18, 6), **_M, layer_scale_init_value=1e-6, drop_path_rate=0.3), kwargs)
 
 
 @register_model(**_POOLFORMER, timm_equivalent=('poolformer_m48', {'timm_head': True}),
+                weights=_released('poolformer_m48'),
                 params=73_473_448, macs=11_590_708_992, top1=82.5)
 def poolformer_m48(**kwargs):
     return _create(dict(depths=(8, 8, 24, 8), **_M, layer_scale_init_value=1e-6, drop_path_rate=0.4), kwargs)
