@@ -161,10 +161,10 @@ class ImageDataModule(LightningDataModule):
             interpolation=interpolation, scale=scale, ratio=ratio, hflip=hflip, color_jitter=color_jitter,
             crop_pct=crop_pct))
 
-    def _refuse_timm_augment(self, why: str, crop_pct: bool = True) -> None:
+    def _refuse_timm_augment(self, why: str, training_only: bool = False) -> None:
         """One line when timm's augmentations were named for data they cannot apply to (``why`` says what the
-        data is); ``crop_pct=False`` when only the training options are refused."""
-        named = self.timm_augment.names() if crop_pct else ', '.join(self.timm_augment.train_options)
+        data is); ``training_only`` refuses the training options only (``crop_pct`` still applies)."""
+        named = ', '.join(self.timm_augment.train_options) if training_only else self.timm_augment.names()
         if named:
             raise ValueError(f'{type(self).__name__}: {named} (timm augmentations) cannot apply: {why}')
 

@@ -85,7 +85,10 @@ class TimmAugment:
         if self.train:
             try:  # timm parses the policy string only when it builds the transform: build one now, not at setup
                 self.train_transform((0.5,) * 3, (0.5,) * 3, 32)
-            except (AssertionError, ValueError, KeyError, IndexError) as e:
+            except (AssertionError, ValueError, KeyError, IndexError, TypeError) as e:
+                if aa is None:  # the policy is not the cause
+                    raise ValueError(f'timm.data.create_transform refused {self.names()}: '
+                                     f'{type(e).__name__}: {e}') from None
                 raise ValueError(f"auto_augment {aa!r} is not a timm policy ({type(e).__name__}: {e}): expected "
                                  f'{_AUTO_AUGMENT_FORMS}') from None
 

@@ -54,7 +54,7 @@ class _CIFARDataModule(ImageDataModule):
         self.root, self.download = str(root), download
         self.val_fraction, self.split_seed, self.augment = val_fraction, split_seed, augment
         if not augment:
-            self._refuse_timm_augment('augment is false (training without augmentation)', crop_pct=False)
+            self._refuse_timm_augment('augment is false (training without augmentation)', training_only=True)
 
     @property
     def folder(self) -> Path:
