@@ -68,9 +68,9 @@ class DigitsDataModule(ImageDataModule):
         """The training split through timm's transform: grey in [0, 1] (N, 1, h, w) -> upsampled uint8 (N, 1, S, S)
         kept in memory; each image becomes an RGB PIL image (grey repeated) for timm, normalised with the grey
         mean/std on every channel, and the first ``in_chans`` channels are kept (timm's ops keep R = G = B)."""
-        timm = self.timm_augment.train_transform((self.mean,) * 3, (self.std,) * 3, self.img_size)
+        transform = self.timm_augment.train_transform((self.mean,) * 3, (self.std,) * 3, self.img_size)
         grey = (self._upsample(images) * 255).round().clamp(0, 255).to(torch.uint8)
-        return TransformTensorDataset(grey, labels, OnPIL(timm, self.in_chans))
+        return TransformTensorDataset(grey, labels, OnPIL(transform, self.in_chans))
 
     def eval_transform(self):
         """An image file (uint8 RGB (3, H, W), any size) -> the test split's input: grey in [0, 1] (white digits on

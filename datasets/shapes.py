@@ -115,8 +115,8 @@ class ShapesDataModule(ImageDataModule):
         train, val, test = split_indices(len(x), (self.val_fraction, self.test_fraction), self.data_seed)
         if self.timm_augment.train:
             # x / 127.5 - 1 is Normalize(mean=0.5, std=0.5) of x / 255, what timm's transform ends with
-            timm = self.timm_augment.train_transform((0.5,) * 3, (0.5,) * 3, self.img_size)
-            self.train_set = TransformTensorDataset(images[train], y[train], OnPIL(timm))
+            transform = self.timm_augment.train_transform((0.5,) * 3, (0.5,) * 3, self.img_size)
+            self.train_set = TransformTensorDataset(images[train], y[train], OnPIL(transform))
         else:
             self.train_set = TransformTensorDataset(x[train], y[train])
         self.val_set = TransformTensorDataset(x[val], y[val])
