@@ -138,7 +138,15 @@ class ImageDataModule(LightningDataModule):
     in_chans: int = 3
 
     def __init__(self, batch_size: int = 64, num_workers: int = 0, img_size: int = 32, seed: int = 0,
-                 pin_memory: bool = False):
+                 pin_memory: bool = False, *, auto_augment: str | None = None, re_prob: float | None = None,
+                 re_mode: str | None = None, re_count: int | None = None, interpolation: str | None = None,
+                 scale: tuple[float, float] | None = None, ratio: tuple[float, float] | None = None,
+                 hflip: float | None = None, color_jitter: float | None = None, crop_pct: float | None = None):
+        """The keyword-only options are timm's augmentations (``zoo.datasets.augment``, docs/recipes.md
+        "Augmentation"): ``auto_augment`` (``rand-m9-mstd0.5-inc1``, ``original``, ``v0``...), random erasing
+        (``re_prob``, ``re_mode``, ``re_count``), the random-resized crop (``scale``, ``ratio``,
+        ``interpolation``), ``hflip``, ``color_jitter``, and ``crop_pct`` for evaluation. None (the default) keeps
+        the DataModule's own transforms."""
         super().__init__()
         if batch_size < 1:
             raise ValueError(f'batch_size must be >= 1, got {batch_size}')
@@ -147,6 +155,18 @@ class ImageDataModule(LightningDataModule):
         self.batch_size, self.num_workers, self.img_size, self.seed = batch_size, num_workers, img_size, seed
         self.pin_memory = pin_memory
         self.train_set = self.val_set = self.test_set = None
+        from .augment import TimmAugment
+        self.timm_augment = TimmAugment(dict(
+            auto_augment=auto_augment, re_prob=re_prob, re_mode=re_mode, re_count=re_count,
+            interpolation=interpolation, scale=scale, ratio=ratio, hflip=hflip, color_jitter=color_jitter,
+            crop_pct=crop_pct))
+
+    def _refuse_timm_augment(self, why: str, training_only: bool = False) -> None:
+        """One line when timm's augmentations were named for data they cannot apply to (``why`` says what the
+        data is); ``training_only`` refuses the training options only (``crop_pct`` still applies)."""
+        named = ', '.join(self.timm_augment.train_options) if training_only else self.timm_augment.names()
+        if named:
+            raise ValueError(f'{type(self).__name__}: {named} (timm augmentations) cannot apply: {why}')
 
     def _check_sizes(self) -> None:
         name = type(self).__name__

@@ -1,5 +1,6 @@
 """CIFAR-10 and CIFAR-100 through torchvision's loaders, with the standard augmentation
-(4-pixel padded random crop and horizontal flip) and a seeded validation split of the training batches.
+(4-pixel padded random crop and horizontal flip), or timm's augmentations when a recipe names them
+(``zoo.datasets.augment``), and a seeded validation split of the training batches.
 
 Data lives in ``<root>/cifar-10-batches-py`` or ``<root>/cifar-100-python`` (the archives from
 https://www.cs.toronto.edu/~kriz/cifar.html, unpacked); ``download=True`` fetches them there.
@@ -47,11 +48,13 @@ class _CIFARDataModule(ImageDataModule):
 
     def __init__(self, root: str = 'data', download: bool = False, batch_size: int = 128, num_workers: int = 2,
                  img_size: int = 32, seed: int = 0, val_fraction: float = 0.1, split_seed: int = 0,
-                 augment: bool = True):
-        super().__init__(batch_size=batch_size, num_workers=num_workers, img_size=img_size, seed=seed)
+                 augment: bool = True, **timm_augment):
+        super().__init__(batch_size=batch_size, num_workers=num_workers, img_size=img_size, seed=seed, **timm_augment)
         split_indices(10, (val_fraction,), 0)  # validate the fraction now
         self.root, self.download = str(root), download
         self.val_fraction, self.split_seed, self.augment = val_fraction, split_seed, augment
+        if not augment:
+            self._refuse_timm_augment('augment is false (training without augmentation)', training_only=True)
 
     @property
     def folder(self) -> Path:
@@ -68,6 +71,12 @@ class _CIFARDataModule(ImageDataModule):
     def _transforms(self, train: bool):
         from torchvision.transforms import v2 as T
 
+        # torchvision's CIFAR hands out PIL images: timm's transforms take them as they are
+        if train and self.augment and self.timm_augment.train:
+            return self.timm_augment.train_transform(self.mean, self.std, self.img_size)
+        timm_eval = None if train else self.timm_augment.eval_transform(self.mean, self.std, self.img_size)
+        if timm_eval is not None:
+            return T.Compose([T.ToPILImage(), timm_eval])  # a PIL image passes through; a tensor becomes one
         ops = [T.ToImage()]
         if self.img_size != 32:
             ops.append(T.Resize(self.img_size, antialias=True))

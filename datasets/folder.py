@@ -15,15 +15,16 @@ _IMAGENET_MEAN, _IMAGENET_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
 
 
 class ImageFolderDataModule(ImageDataModule):
-    """Train/val(/test) folders, or one folder cut into seeded splits. Standard ImageNet-style transforms."""
+    """Train/val(/test) folders, or one folder cut into seeded splits. Standard ImageNet-style transforms, or
+    timm's augmentations for training when a recipe names them (``zoo.datasets.augment``)."""
 
     in_chans = 3
 
     def __init__(self, root: str, batch_size: int = 64, num_workers: int = 2, img_size: int = 224, seed: int = 0,
                  val_fraction: float = 0.1, test_fraction: float = 0.0, split_seed: int = 0,
                  crop_pct: float = 0.875, mean: tuple[float, float, float] = _IMAGENET_MEAN,
-                 std: tuple[float, float, float] = _IMAGENET_STD):
-        super().__init__(batch_size=batch_size, num_workers=num_workers, img_size=img_size, seed=seed)
+                 std: tuple[float, float, float] = _IMAGENET_STD, **timm_augment):
+        super().__init__(batch_size=batch_size, num_workers=num_workers, img_size=img_size, seed=seed, **timm_augment)
         self.root = Path(root)
         self.val_fraction, self.test_fraction, self.split_seed = val_fraction, test_fraction, split_seed
         self.crop_pct, self.mean, self.std = crop_pct, tuple(mean), tuple(std)
@@ -51,6 +52,8 @@ class ImageFolderDataModule(ImageDataModule):
     def _transforms(self, train: bool):
         from torchvision.transforms import v2 as T
 
+        if train and self.timm_augment.train:
+            return self.timm_augment.train_transform(self.mean, self.std, self.img_size)  # ImageFolder's PIL images
         if train:
             ops = [T.ToImage(), T.RandomResizedCrop(self.img_size, antialias=True), T.RandomHorizontalFlip()]
         else:

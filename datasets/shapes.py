@@ -12,6 +12,7 @@ import numpy as np
 import torch
 
 from ._base import ImageDataModule, TransformTensorDataset, split_indices
+from .augment import OnPIL
 
 # Chosen to stay distinguishable at 16-32 pixels (pentagons and hexagons look like circles there).
 SHAPES = ('circle', 'triangle', 'square', 'star', 'cross', 'ring')
@@ -73,14 +74,21 @@ def generate_shapes(num_samples: int, size: int = 32, num_classes: int = len(SHA
 
 
 class ShapesDataModule(ImageDataModule):
-    """``num_samples`` generated shape images, split seeded into train/val/test, scaled to [-1, 1]."""
+    """``num_samples`` generated shape images, split seeded into train/val/test, scaled to [-1, 1].
+
+    No training augmentation unless a recipe names timm's (``zoo.datasets.augment``): then each training image
+    goes through timm's transform as a PIL image, normalised with mean = std = 0.5 (the same [-1, 1] scale).
+    """
 
     in_chans = 3
 
     def __init__(self, batch_size: int = 64, num_workers: int = 0, img_size: int = 32, seed: int = 0,
                  num_samples: int = 3000, num_classes: int = len(SHAPES), val_fraction: float = 0.2,
-                 test_fraction: float = 0.1, data_seed: int = 0):
-        super().__init__(batch_size=batch_size, num_workers=num_workers, img_size=img_size, seed=seed)
+                 test_fraction: float = 0.1, data_seed: int = 0, **timm_augment):
+        super().__init__(batch_size=batch_size, num_workers=num_workers, img_size=img_size, seed=seed, **timm_augment)
+        if self.timm_augment.crop_pct is not None:
+            raise ValueError('ShapesDataModule: crop_pct cannot apply: the shapes are drawn at img_size for '
+                             'evaluation (crop_pct is for CIFAR and image folders)')
         if not 1 <= num_classes <= len(SHAPES):
             raise ValueError(f'num_classes must be between 1 and {len(SHAPES)}, got {num_classes}')
         split_indices(10, (val_fraction, test_fraction), 0)  # validate the fractions now
@@ -105,7 +113,12 @@ class ShapesDataModule(ImageDataModule):
         images, y = generate_shapes(self.num_samples, self.img_size, self.num_classes, self.data_seed)
         x = self._to_input(images)
         train, val, test = split_indices(len(x), (self.val_fraction, self.test_fraction), self.data_seed)
-        self.train_set = TransformTensorDataset(x[train], y[train])
+        if self.timm_augment.train:
+            # x / 127.5 - 1 is Normalize(mean=0.5, std=0.5) of x / 255, what timm's transform ends with
+            transform = self.timm_augment.train_transform((0.5,) * 3, (0.5,) * 3, self.img_size)
+            self.train_set = TransformTensorDataset(images[train], y[train], OnPIL(transform))
+        else:
+            self.train_set = TransformTensorDataset(x[train], y[train])
         self.val_set = TransformTensorDataset(x[val], y[val])
         self.test_set = TransformTensorDataset(x[test], y[test])
         self._check_sizes()

@@ -226,8 +226,9 @@ class ZooCLI(CkptPathHook, LightningCLI):
                                  f'drop --model.{k} or change --data)')
 
     def instantiate_trainer(self, **kwargs):
-        """The trainer with the run folder as its root, the default callbacks, a CSV logger (unless the config
-        names its own loggers or turns them off) and the results-database logger."""
+        """The trainer with the run folder as its root, the default callbacks, a CSV logger in the run folder
+        (unless the config turns loggers off), the loggers the config names (TensorBoard, MLflow, ... beside it)
+        and the results-database logger."""
         from lightning.pytorch.callbacks import ModelSummary, ProgressBar
         from lightning.pytorch.loggers import CSVLogger
 
@@ -242,8 +243,11 @@ class ZooCLI(CkptPathHook, LightningCLI):
             extra.append(model.prediction_writer(self.run_dir))
         self.trainer_defaults = {**self.trainer_defaults, 'callbacks': extra}
         configured = self.config_init[self.subcommand].trainer.get('logger')
-        loggers = ([CSVLogger(save_dir=str(self.run_dir), name='', version='')] if configured in (None, True)
-                   else [] if configured is False else list(configured) if isinstance(configured, list) else [configured])
+        # the CSV logger first: Lightning takes the first logger's folder as ``trainer.log_dir``, where the resolved
+        # config.yaml is saved, so the run folder keeps config.yaml and metrics.csv beside a user's tracker
+        named = [] if configured in (None, True, False) else list(configured) if isinstance(configured, list) \
+            else [configured]
+        loggers = [] if configured is False else [CSVLogger(save_dir=str(self.run_dir), name='', version=''), *named]
         config = self.config[self.subcommand]
         resolved = json.loads(self.parser.dump(self.config, format='json', skip_none=False))[self.subcommand]
         self.results_logger = results_logger(
