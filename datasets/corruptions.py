@@ -226,7 +226,9 @@ def parse_corruptions(spec: str | None) -> tuple[str, ...]:
         return tuple(CORRUPTIONS)
     names: list[str] = []
     for part in (p.strip() for p in str(spec).split(',')):
-        if part in GROUPS:
+        if part == 'all':
+            names += list(CORRUPTIONS)
+        elif part in GROUPS:
             names += [n for n, (group, _) in CORRUPTIONS.items() if group == part]
         elif part in CORRUPTIONS:
             names.append(part)
