@@ -341,9 +341,10 @@ class ZooCLI(CkptPathHook, LightningCLI):
             self.datamodule.test_corruptions = pairs
             kwargs['verbose'] = False  # Lightning's table per dataloader (dozens of them): one table of ours instead
         self._run('test', self.trainer.test, **kwargs)
-        if self.corruptions is not None and self._rank0:
+        metrics = {k: float(v) for k, v in self.trainer.callback_metrics.items()}
+        if self.corruptions is not None and self._rank0 and 'test_c/acc1' in metrics:
             from .robustness import corruption_table
-            print(corruption_table({k: float(v) for k, v in self.trainer.callback_metrics.items()}))
+            print(corruption_table(metrics))
 
     def predict(self, **kwargs) -> None:
         """``zoo predict``: the system's prediction writer (``prediction_writer``) writes into the run folder;
