@@ -136,6 +136,13 @@ class ImageDataModule(LightningDataModule):
     zoo_task = 'classification'
     num_classes: int
     in_chans: int = 3
+    # the test split's normalisation of [0, 1] pixels, (pixels - mean) / std: the corruption splits undo it to
+    # corrupt the pixels (``corruptions.CorruptedDataset``); (0, 1) means the images are pixels already
+    mean: float | tuple = 0.0
+    std: float | tuple = 1.0
+    # ``zoo test --corruptions``: (corruption, severity) of each corrupted copy of the test split, tested after
+    # the clean split (dataloader 0) as dataloaders 1, 2, ...; empty: the test split alone
+    test_corruptions: tuple = ()
 
     def __init__(self, batch_size: int = 64, num_workers: int = 0, img_size: int = 32, seed: int = 0,
                  pin_memory: bool = False, *, auto_augment: str | None = None, re_prob: float | None = None,
@@ -192,8 +199,13 @@ class ImageDataModule(LightningDataModule):
     def val_dataloader(self) -> DataLoader:
         return self._loader(self.val_set, shuffle=False)
 
-    def test_dataloader(self) -> DataLoader:
-        return self._loader(self.test_set, shuffle=False)
+    def test_dataloader(self) -> DataLoader | list[DataLoader]:
+        clean = self._loader(self.test_set, shuffle=False)
+        if not self.test_corruptions:
+            return clean
+        from .corruptions import CorruptedDataset
+        return [clean, *(self._loader(CorruptedDataset(self.test_set, name, severity, self.mean, self.std, self.seed),
+                                      shuffle=False) for name, severity in self.test_corruptions)]
 
     def predict_dataloader(self) -> DataLoader:
         # ``zoo predict --images DIR`` points the predict split at those files (``zoo.datasets.images``)

@@ -81,6 +81,7 @@ class ShapesDataModule(ImageDataModule):
     """
 
     in_chans = 3
+    mean, std = 0.5, 0.5  # _to_input's [-1, 1]
 
     def __init__(self, batch_size: int = 64, num_workers: int = 0, img_size: int = 32, seed: int = 0,
                  num_samples: int = 3000, num_classes: int = len(SHAPES), val_fraction: float = 0.2,

@@ -20,7 +20,8 @@ from .benchmark_spec import Benchmark, Claim, Group, override_args, with_overrid
 
 COMPARE_TEXT = {'<': 'lower than', '>': 'higher than', '~': 'equal (within ±{margin:g}) to',
                 '>=': 'not worse (by {margin:g}) than'}
-BOUNDED = {'acc', 'acc1', 'acc5', 'token_acc', 'miou', 'macc', 'aacc', 'map', 'map50', 'map75', 'ssim'}  # in [0, 1]
+BOUNDED = {'acc', 'acc1', 'acc5', 'token_acc', 'miou', 'macc', 'aacc', 'map', 'map50', 'map75', 'ssim', 'ece',
+           'ce'}  # in [0, 1]
 
 
 def report_paths(bench: Benchmark, out: str | Path | None = None) -> tuple[Path, Path]:

@@ -49,11 +49,17 @@ class ImageClassifier(ZooSystem):
             from timm.data import Mixup
             self.mixup = Mixup(mixup_alpha=mixup_alpha, cutmix_alpha=cutmix_alpha, prob=mixup_prob,
                                label_smoothing=label_smoothing, num_classes=self.num_classes)
-        from torchmetrics.classification import MulticlassAccuracy
+        from torchmetrics.classification import MulticlassAccuracy, MulticlassCalibrationError
+
+        from .robustness import ECE_BINS
         top5 = min(5, self.num_classes)
         for split in ('val', 'test'):  # torchmetrics reduces these across processes itself
             setattr(self, f'{split}_acc1', MulticlassAccuracy(self.num_classes, top_k=1, average='micro'))
             setattr(self, f'{split}_acc5', MulticlassAccuracy(self.num_classes, top_k=top5, average='micro'))
+            # expected calibration error (top-label, 15 bins, L1); its states are not saved in checkpoints
+            setattr(self, f'{split}_ece', MulticlassCalibrationError(self.num_classes, n_bins=ECE_BINS, norm='l1'))
+        self.corruption_reference = None  # zoo test --corruptions-reference: {(corruption, severity): top-1 error}
+        self._corrupted: list = []        # one accuracy per corrupted test split (``on_test_start``)
 
     # -- steps -------------------------------------------------------------------------------------------
     def training_step(self, batch, batch_idx):
@@ -71,18 +77,50 @@ class ImageClassifier(ZooSystem):
         logits = self.eval_model(x)
         loss = F.cross_entropy(logits, y)
         acc1, acc5 = getattr(self, f'{split}_acc1'), getattr(self, f'{split}_acc5')
+        ece = getattr(self, f'{split}_ece')
         acc1.update(logits, y)
         acc5.update(logits, y)
-        self.log(f'{split}/loss', loss, on_step=False, on_epoch=True, sync_dist=True)
-        self.log(f'{split}/acc1', acc1, on_step=False, on_epoch=True, prog_bar=True)
-        self.log(f'{split}/acc5', acc5, on_step=False, on_epoch=True)
+        ece.update(logits.float(), y)  # softmax inside; float: bf16 confidences would bin coarsely
+        # add_dataloader_idx=False: the clean split keeps its names when corrupted splits follow it
+        log = dict(on_step=False, on_epoch=True, add_dataloader_idx=False)
+        self.log(f'{split}/loss', loss, sync_dist=True, **log)
+        self.log(f'{split}/acc1', acc1, prog_bar=True, **log)
+        self.log(f'{split}/acc5', acc5, **log)
+        self.log(f'{split}/ece', ece, **log)
         return loss
 
     def validation_step(self, batch, batch_idx):
         return self._evaluate(batch, 'val')
 
-    def test_step(self, batch, batch_idx):
-        return self._evaluate(batch, 'test')
+    def test_step(self, batch, batch_idx, dataloader_idx: int = 0):
+        """Dataloader 0 is the test split; ``zoo test --corruptions`` adds one per (corruption, severity) of the
+        DataModule's ``test_corruptions``, whose accuracies ``on_test_epoch_end`` turns into ``test_c/*``."""
+        if dataloader_idx == 0:
+            return self._evaluate(batch, 'test')
+        x, y = batch
+        self._corrupted[dataloader_idx - 1].update(self.eval_model(x), y)
+
+    def on_test_start(self) -> None:
+        super().on_test_start()
+        from torchmetrics.classification import MulticlassAccuracy
+
+        splits = getattr(self.trainer.datamodule, 'test_corruptions', ()) if self.trainer.datamodule else ()
+        # a plain list: not registered as sub-modules, so never in a state dict
+        self._corrupted = [MulticlassAccuracy(self.num_classes, top_k=1, average='micro').to(self.device)
+                           for _ in splits]
+
+    def on_test_epoch_end(self) -> None:
+        """The corruption metrics (``robustness.corruption_metrics``): accuracy per corruption and severity, their
+        means, the unnormalised mean corruption error ``test_c/ce`` and, with a reference, ``test_c/mce``."""
+        if not self._corrupted:
+            return
+        from .robustness import corruption_metrics
+
+        splits = self.trainer.datamodule.test_corruptions
+        acc = {(c, s): float(m.compute()) for (c, s), m in zip(splits, self._corrupted)}  # synced across ranks
+        for name, value in corruption_metrics(acc, self.corruption_reference).items():
+            self.log(name, value, add_dataloader_idx=False, rank_zero_only=True)
+        self._corrupted = []
 
     def predict_step(self, batch, batch_idx):
         x = batch[0] if isinstance(batch, (tuple, list)) else batch
@@ -90,6 +128,11 @@ class ImageClassifier(ZooSystem):
 
     def prediction_writer(self, run_dir: Path) -> BasePredictionWriter:
         return ProbabilityWriter(run_dir)
+
+    def test_writer(self, run_dir: Path):
+        """``zoo test``: the reliability diagram of the test split, ``reliability.png`` in the run folder."""
+        from .robustness import ReliabilityWriter
+        return ReliabilityWriter(run_dir)
 
 
 class TensorWriter(BasePredictionWriter):

@@ -4,6 +4,7 @@
     zoo fit -c ... --model.name metaformer_tiny --model.model_args '{token_mixer: attention}' --trainer.max_epochs 3
     zoo fit -c ... --ckpt_path last          # resume the latest run of this config
     zoo test -c ... --ckpt_path best         # evaluate the best checkpoint of the latest run
+    zoo test -c ... --ckpt_path best --corruptions gaussian_noise,fog --severities 1,3,5   # robustness.py
     zoo predict -c ... --ckpt_path best      # the test split -> the task's prediction files in the run folder
     zoo predict -c ... --ckpt_path best --images DIR   # a folder of new images (zoo.datasets.images)
     zoo fit -c ... --print_config            # the resolved config
@@ -115,6 +116,15 @@ def _init_args(ns) -> dict:
 
 
 @dataclass
+class Corruptions:
+    """``zoo test --corruptions NAMES --severities 1,3,5 --corruptions-reference RUN``, checked
+    (``zoo.datasets.corruptions.parse_corruptions``, ``parse_severities``)."""
+    names: tuple[str, ...]
+    severities: tuple[int, ...]
+    reference: str | None = None
+
+
+@dataclass
 class CLIRun:
     """What one ``zoo fit|validate|test|predict`` returns: its exit code and its run folder."""
     code: int
@@ -128,9 +138,11 @@ class ZooCLI(CkptPathHook, LightningCLI):
     ``trial``: the sweep trial this run belongs to (``recipes.recording.TrialContext``), passed in by
     ``zoo sweep``; ``--db`` is a parsed argument (the results database of this run)."""
 
-    def __init__(self, *args, trial=None, result: CLIRun | None = None, images: str | None = None, **kwargs):
+    def __init__(self, *args, trial=None, result: CLIRun | None = None, images: str | None = None,
+                 corruptions: Corruptions | None = None, **kwargs):
         self.trial, self.result, self.run_dir, self.results_logger = trial, result or CLIRun(0), None, None
         self.images = images  # zoo predict --images DIR: the folder the predict split reads
+        self.corruptions = corruptions  # zoo test --corruptions: the corrupted copies of the test split
         self._ckpt = self._resolved = None
         self._rank0 = True  # this process is the job's global rank 0 (set with the run folder)
         super().__init__(*args, **kwargs)
@@ -241,6 +253,8 @@ class ZooCLI(CkptPathHook, LightningCLI):
                  and not (trainer_cfg.get('enable_model_summary') is False and isinstance(cb, ModelSummary))]
         if self.subcommand == 'predict' and hasattr(model, 'prediction_writer'):
             extra.append(model.prediction_writer(self.run_dir))
+        if self.subcommand == 'test' and hasattr(model, 'test_writer'):  # a classifier's reliability diagram
+            extra.append(model.test_writer(self.run_dir))
         self.trainer_defaults = {**self.trainer_defaults, 'callbacks': extra}
         configured = self.config_init[self.subcommand].trainer.get('logger')
         # the CSV logger first: Lightning takes the first logger's folder as ``trainer.log_dir``, where the resolved
@@ -315,7 +329,29 @@ class ZooCLI(CkptPathHook, LightningCLI):
         self._run('validate', self.trainer.validate, **kwargs)
 
     def test(self, **kwargs) -> None:
+        """``zoo test``; with ``--corruptions`` the DataModule's test split is followed by one corrupted copy per
+        (corruption, severity) (``ImageDataModule.test_corruptions``), and a ``--corruptions-reference`` run's
+        errors make ``test_c/mce`` (``robustness.py``)."""
+        if self.corruptions is not None:
+            stem = self._stem(self.config[self.subcommand])
+            if not hasattr(self.datamodule, 'test_corruptions') or not hasattr(self.model, 'corruption_reference'):
+                raise ValueError(f'--corruptions is for image classification; {stem} runs '
+                                 f'{type(self.model).__name__} on {type(self.datamodule).__name__}')
+            pairs = tuple((c, s) for c in self.corruptions.names for s in self.corruptions.severities)
+            if self.corruptions.reference is not None:
+                from .robustness import reference_errors
+                self.model.corruption_reference = reference_errors(self.corruptions.reference, pairs,
+                                                                   db=self.config[self.subcommand].get('db'))
+            else:
+                print('zoo test: no --corruptions-reference, so no test_c/mce; test_c/ce is the unnormalised mean '
+                      'corruption error (mean top-1 error over corruptions and severities)', file=sys.stderr)
+            self.datamodule.test_corruptions = pairs
+            kwargs['verbose'] = False  # Lightning's table per dataloader (dozens of them): one table of ours instead
         self._run('test', self.trainer.test, **kwargs)
+        metrics = {k: float(v) for k, v in self.trainer.callback_metrics.items()}
+        if self.corruptions is not None and self._rank0 and 'test_c/acc1' in metrics:
+            from .robustness import corruption_table
+            print(corruption_table(metrics))
 
     def predict(self, **kwargs) -> None:
         """``zoo predict``: the system's prediction writer (``prediction_writer``) writes into the run folder;
@@ -341,16 +377,18 @@ def _relative(path) -> str:
     return os.path.relpath(p, cwd) if p.startswith(cwd + os.sep) else str(path)
 
 
-def run_lightning_cli(argv: list[str], raise_errors: bool = False, images: str | None = None) -> int:
+def run_lightning_cli(argv: list[str], raise_errors: bool = False, images: str | None = None,
+                      corruptions: Corruptions | None = None) -> int:
     """Run ``zoo <fit|validate|test|predict> ...``; return a process exit code (2 for bad input)."""
-    return run_cli(argv, raise_errors=raise_errors, images=images).code
+    return run_cli(argv, raise_errors=raise_errors, images=images, corruptions=corruptions).code
 
 
-def run_cli(argv: list[str], raise_errors: bool = False, trial=None, images: str | None = None) -> CLIRun:
+def run_cli(argv: list[str], raise_errors: bool = False, trial=None, images: str | None = None,
+            corruptions: Corruptions | None = None) -> CLIRun:
     """Run ``zoo <fit|validate|test|predict> ...``: the exit code (2 for bad input) and the run folder.
     ``raise_errors``: raise a rejected configuration's error instead of printing it (``zoo sweep``
     stores it in the trial's run row). ``trial``: the sweep trial the run records itself under.
-    ``images``: ``zoo predict --images DIR``'s folder."""
+    ``images``: ``zoo predict --images DIR``'s folder. ``corruptions``: ``zoo test --corruptions``'."""
     argv = list(argv)
     command = argv[0] if argv else 'fit'
     try:
@@ -367,6 +405,7 @@ def run_cli(argv: list[str], raise_errors: bool = False, trial=None, images: str
             ZooCLI(model_class=LightningModule, datamodule_class=LightningDataModule, subclass_mode_model=True,
                    subclass_mode_data=True, args=argv, auto_configure_optimizers=False,
                    save_config_kwargs={'overwrite': False}, trial=trial, result=result, images=images,
+                   corruptions=corruptions,
                    parser_kwargs={'prog': 'zoo', 'exit_on_error': False, 'allow_abbrev': False})
     except SystemExit as e:  # --help, --print_config
         result.code = e.code if isinstance(e.code, int) else (0 if e.code is None else 2)

@@ -331,7 +331,8 @@ _TRAIN_EXAMPLES = {
             f'zoo fit -c {DEMO} --seeds 0,1,2 --db results.db',
             f'zoo fit -c {DEMO} --ckpt_path last'],
     'validate': [f'zoo validate -c {DEMO} --ckpt_path best'],
-    'test': [f'zoo test -c {DEMO} --ckpt_path best'],
+    'test': [f'zoo test -c {DEMO} --ckpt_path best',
+             f'zoo test -c {DEMO} --ckpt_path best --corruptions gaussian_noise,fog --severities 1,3,5'],
     'predict': [f'zoo predict -c {DEMO} --ckpt_path best'],
 }
 
@@ -350,6 +351,11 @@ def train_help(command: str) -> str:
         ('--compile', 'torch.compile the network inside the system (--model.compile true)'),
         ('--runtime RUNTIME', 'zoo test: evaluate the network in eager, compile, onnxruntime or openvino '
                               '(zoo.optimize; recorded as the run\'s runtime)'),
+        ('--corruptions [NAMES]', 'zoo test: also test corrupted copies of the test split (ImageNet-C style; all, a '
+                                  'group such as noise, or gaussian_noise,fog,...), docs/robustness.md'),
+        ('--severities 1,3,5', 'zoo test --corruptions: the severities (default 1,2,3,4,5)'),
+        ('--corruptions-reference RUN', 'zoo test --corruptions: a run id or recipe in the results database whose '
+                                        'corruption errors normalise test_c/mce'),
         ('--images DIR', 'zoo predict: predict the image files in DIR and its sub-folders (any size; no labels) '
                          'instead of the test split, each prepared as the recipe prepares a test image'),
         ('--seed_everything N', 'the seed of a single run'),
@@ -380,6 +386,9 @@ def train_parser(command: str) -> argparse.ArgumentParser:
     p.add_argument('--compile', action='store_true')
     p.add_argument('--runtime')
     p.add_argument('--images')
+    p.add_argument('--corruptions', nargs='?', const='all')
+    p.add_argument('--severities')
+    p.add_argument('--corruptions-reference')
     return p
 
 
@@ -639,6 +648,22 @@ def main(argv: list[str] | None = None) -> int:
         return 1
 
 
+def _corruptions(command: str, ns):
+    """``zoo test --corruptions [NAMES] --severities S --corruptions-reference RUN``, checked before anything runs
+    (``recipes.cli.Corruptions``), or None without ``--corruptions``."""
+    if ns.corruptions is None:
+        if ns.severities is not None or ns.corruptions_reference is not None:
+            raise ValueError('--severities and --corruptions-reference go with --corruptions')
+        return None
+    if command != 'test':
+        raise ValueError(f'--corruptions is for zoo test (accuracy on corrupted copies of the test split); '
+                         f'zoo {command} uses the clean data')
+    from zoo.datasets.corruptions import parse_corruptions, parse_severities
+
+    from .cli import Corruptions
+    return Corruptions(parse_corruptions(ns.corruptions), parse_severities(ns.severities), ns.corruptions_reference)
+
+
 def _command(argv: list[str] | None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     if argv and argv[0] in TRAIN_COMMANDS:
@@ -667,10 +692,15 @@ def _command(argv: list[str] | None) -> int:
             print(f'zoo {argv[0]}: error: --images is for zoo predict (a folder of new images to predict); '
                   f'zoo {argv[0]} uses the recipe\'s data', file=sys.stderr)
             return 2
+        try:
+            corruptions = _corruptions(argv[0], ns)
+        except ValueError as e:
+            print(f'zoo {argv[0]}: error: {e}', file=sys.stderr)
+            return 2
         if ns.seeds is None:
-            return run_lightning_cli([argv[0], *rest], images=ns.images)
-        codes = [run_lightning_cli([argv[0], *rest, f'--seed_everything={seed}'], images=ns.images)
-                 for seed in ns.seeds]
+            return run_lightning_cli([argv[0], *rest], images=ns.images, corruptions=corruptions)
+        codes = [run_lightning_cli([argv[0], *rest, f'--seed_everything={seed}'], images=ns.images,
+                                   corruptions=corruptions) for seed in ns.seeds]
         return next((c for c in codes if c), 0)
     parser = build_parser()
     args, unknown = parser.parse_known_args(_join_trial_args(argv))

@@ -115,7 +115,7 @@ def aggregate(metric: str = 'val/acc1', *, db=None, model: str | None = None, ta
 HIGHER_IS_BETTER = {'acc', 'acc1', 'acc5', 'token_acc', 'acc_generated', 'acc_depth', 'acc_tag', 'psnr', 'ssim',
                     'map', 'map50', 'map75', 'map50_95', 'miou', 'macc', 'aacc', 'f1', 'auc', 'throughput'}
 LOWER_IS_BETTER = {'loss', 'nll', 'ppl', 'perplexity', 'bpb', 'mse', 'mae', 'err', 'error', 'err1', 'err5',
-                   'latency_ms'}
+                   'latency_ms', 'ece', 'ce', 'mce'}  # ece: calibration error; ce, mce: corruption error (test_c/)
 
 
 def is_higher_better(metric: str) -> bool:
@@ -127,6 +127,8 @@ def is_higher_better(metric: str) -> bool:
     if mode is not None:
         return mode == 'max'
     leaf = metric.rsplit('/', 1)[-1].lower()
+    if metric.startswith('test_c/'):  # test_c/acc1/fog/3: the quantity is the name after the split
+        leaf = metric.split('/')[1].lower()
     if leaf not in HIGHER_IS_BETTER | LOWER_IS_BETTER:
         leaf = re.sub(r'\d+$', '', leaf)  # acc_depth3 -> acc_depth
     if leaf in HIGHER_IS_BETTER:
