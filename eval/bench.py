@@ -188,6 +188,12 @@ def scaling_fit(pixels, latencies_ms) -> dict:
     return {'exponent': float(slope), 'r2': 1.0 - residual / total if total > 0 else 1.0, 'n': len(x)}
 
 
+def _extent(size) -> tuple:
+    """The spatial part of one sample's shape: (H, W) of a (C, H, W) image, the shape itself otherwise ((T,) tokens)."""
+    size = tuple(size)
+    return size[1:] if len(size) == 3 else size
+
+
 def scaling_rows(rows: list[dict]) -> list[dict]:
     """The fit of ``scaling_fit`` per model, runtime, dtype and batch size among ``run``'s rows (those measured at
     two or more sizes): ``{'model', 'runtime', 'dtype', 'batch_size', 'sizes', 'exponent', 'r2', 'n'}``."""
@@ -197,12 +203,12 @@ def scaling_rows(rows: list[dict]) -> list[dict]:
         groups.setdefault(key, []).append(r)
     out = []
     for (model, runtime, dtype, bs), rs in groups.items():
-        rs = sorted(rs, key=lambda r: r['input_size'][-2] * r['input_size'][-1])
+        rs = sorted(rs, key=lambda r: math.prod(_extent(r['input_size'])))
         if len({tuple(r['input_size']) for r in rs}) < 2:
             continue
-        fit = scaling_fit([r['input_size'][-2] * r['input_size'][-1] for r in rs], [r['median_ms'] for r in rs])
+        fit = scaling_fit([math.prod(_extent(r['input_size'])) for r in rs], [r['median_ms'] for r in rs])
         out.append({'model': model, 'runtime': runtime, 'dtype': dtype, 'batch_size': bs,
-                    'sizes': ' '.join(f"{r['input_size'][-2]}x{r['input_size'][-1]}" for r in rs), **fit})
+                    'sizes': ' '.join('x'.join(map(str, _extent(r['input_size']))) for r in rs), **fit})
     return out
 
 
@@ -277,10 +283,13 @@ def run(names: list[str], vs: str | None = None, batch_sizes=(1,), img_size=None
         entries = {}
         for s in sizes:
             size = tasks.input_size(name, img_size=s)
-            label = name if len(sizes) == 1 else f"{name} @{'x'.join(map(str, size[1:]))}"
+            shown = 'x'.join(map(str, _extent(size)))
+            label = name if len(sizes) == 1 else f'{name} @{shown}'
+            if label in entries:     # a task whose input ignores the image size (token ids): one entry
+                continue
             why = size_problem(base, size, task) if len(sizes) > 1 else None
             if why:
-                warn(f"zoo bench: {name} skipped at {'x'.join(map(str, size[1:]))}: {why}")
+                warn(f'zoo bench: {name} skipped at {shown}: {why}')
                 continue
             entries[label] = (base, size, name)
         if not entries:
