@@ -83,6 +83,7 @@ def test_the_leaderboard_keeps_devices_and_gpus_apart():
     assert lat[lat.device == 'cpu'].gpu_name.isna().all()
     cpu_board = R.leaderboard('classification')
     assert cpu_board.latency_ms.tolist() == [5.0]                 # never a GPU figure on the CPU board
+    assert R.data(db=db).latency_eager_ms.tolist() == [5.0]      # nor in data()'s CPU latency columns
     board = R.leaderboard('classification', device='cuda')        # the GPU most records were taken on
     assert board.attrs['cpu'] == 'NVIDIA H100 80GB HBM3' and board.latency_cpu.tolist() == ['NVIDIA H100 80GB HBM3']
     assert board.latency_ms.iloc[0] in (0.3, 0.4)
