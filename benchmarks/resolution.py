@@ -49,21 +49,22 @@ def _macs(base: str, mixer: str, dims: tuple, size: int) -> int:
 
 
 def matched_dims(base: str, mixer: str, target: int, size: int, tolerance: float = 0.1) -> tuple[tuple, int]:
-    """The widths that bring ``mixer``'s MACs at ``size`` closest to ``target``: the MLPs dominate, so MACs grow
-    about as the square of the width; two corrections of the scale, then the closest of the tried widths."""
+    """The widths that bring ``mixer``'s MACs at ``size`` closest to ``target`` and those MACs: the MLPs dominate, so
+    MACs grow about as the square of the width; up to three corrections of the best width so far, then the closest
+    of the tried widths (attention at 224 px cannot be matched from above: see docs/runtimes.md)."""
     nominal = _nominal(base, mixer, size)
-    tried = {nominal: _macs(base, mixer, nominal, size)}
-    scale = 1.0
+    tried = {nominal: (1.0, _macs(base, mixer, nominal, size))}     # dims -> (width scale, MACs)
     for _ in range(3):
-        dims, macs = min(tried.items(), key=lambda kv: abs(kv[1] - target))
+        scale, macs = min(tried.values(), key=lambda t: abs(t[1] - target))
         if abs(macs - target) <= tolerance * target:
             break
         scale *= (target / macs) ** 0.5
         dims = _dims(nominal, scale)
         if dims in tried:
             break
-        tried[dims] = _macs(base, mixer, dims, size)
-    return min(tried.items(), key=lambda kv: abs(kv[1] - target))
+        tried[dims] = (scale, _macs(base, mixer, dims, size))
+    dims, (_, macs) = min(tried.items(), key=lambda kv: abs(kv[1][1] - target))
+    return dims, macs
 
 
 def main(argv=None) -> int:
