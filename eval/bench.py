@@ -139,11 +139,107 @@ def _compared(net, x):
     return net.forward_raw(x) if hasattr(net, 'forward_raw') else net(x)
 
 
-def run(names: list[str], vs: str | None = None, batch_sizes=(1,), img_size: int | None = None,
+def _sizes(img_size) -> list:
+    """``--img-size``: None (the model's own size), one size, or several (a resolution sweep), each once, in order."""
+    if img_size is None or isinstance(img_size, int):
+        return [img_size]
+    sizes = list(dict.fromkeys(img_size))
+    return sizes or [None]
+
+
+def size_problem(model, size, task: str | None = None, device='cpu') -> str | None:
+    """Why ``model`` cannot run at ``size`` (one sample's shape), in one line, or None when it can.
+
+    A model with a fixed input size (timm's ``pretrained_cfg['fixed_input_size']``: position embeddings or token
+    mixers whose weights are built for one grid, e.g. TNT, Strip-MLP) cannot take any size but the one it was built
+    for: a resolution sweep skips it there rather than build another network (other weights, other parameters) at
+    each size. Any other size is tried with one eager forward of one sample: a size the model refuses (below its
+    ``min_input_size``, not a multiple of a patch embedding's stride) is skipped with the model's own error."""
+    cfg = dict(getattr(model, 'pretrained_cfg', None) or {})
+    built = tuple(cfg.get('input_size') or ())
+    if cfg.get('fixed_input_size') and len(built) == 3 and tuple(size[-2:]) != built[-2:]:
+        return (f'fixed input size {built[1]}x{built[2]} (pretrained_cfg fixed_input_size: its weights are built for '
+                f'one grid)')
+    try:
+        with torch.inference_mode():
+            _compared(model.eval(), example_input(model, size, 1, task).to(device))
+    except Exception as e:  # the model's own words for a size it cannot take
+        return error_summary(e)
+    return None
+
+
+def scaling_fit(pixels, latencies_ms) -> dict:
+    """How latency grows with resolution: the least-squares line of log(median latency) on log(pixels), ``latency
+    ~ c * pixels ** exponent``; ``{'exponent', 'r2', 'n'}``. An exponent of 1 is linear in pixels (convolutions,
+    pooling), 2 quadratic (global attention over the tokens); ``r2`` is the fit's coefficient of determination (1:
+    a straight line in log-log). Fewer than two distinct pixel counts: exponent and r2 None."""
+    import numpy as np
+
+    x = np.log(np.asarray(pixels, dtype=float))
+    y = np.log(np.asarray(latencies_ms, dtype=float))
+    if len(x) != len(y):
+        raise ValueError(f'scaling_fit needs one latency per pixel count, got {len(x)} pixel counts and {len(y)} '
+                         'latencies')
+    if len(np.unique(x)) < 2:
+        return {'exponent': None, 'r2': None, 'n': len(x)}
+    slope, intercept = np.polyfit(x, y, 1)
+    residual = float(((y - (slope * x + intercept)) ** 2).sum())
+    total = float(((y - y.mean()) ** 2).sum())
+    return {'exponent': float(slope), 'r2': 1.0 - residual / total if total > 0 else 1.0, 'n': len(x)}
+
+
+def _extent(size) -> tuple:
+    """The spatial part of one sample's shape: (H, W) of a (C, H, W) image, the shape itself otherwise ((T,) tokens)."""
+    size = tuple(size)
+    return size[1:] if len(size) == 3 else size
+
+
+def scaling_rows(rows: list[dict]) -> list[dict]:
+    """The fit of ``scaling_fit`` per model, runtime, dtype and batch size among ``run``'s rows (those measured at
+    two or more sizes): ``{'model', 'runtime', 'dtype', 'batch_size', 'sizes', 'exponent', 'r2', 'n'}``."""
+    groups: dict[tuple, list[dict]] = {}
+    for r in rows:
+        key = (r['model'], r.get('runtime', 'eager'), r.get('dtype', 'float32'), r['batch_size'])
+        groups.setdefault(key, []).append(r)
+    out = []
+    for (model, runtime, dtype, bs), rs in groups.items():
+        rs = sorted(rs, key=lambda r: math.prod(_extent(r['input_size'])))
+        if len({tuple(r['input_size']) for r in rs}) < 2:
+            continue
+        fit = scaling_fit([math.prod(_extent(r['input_size'])) for r in rs], [r['median_ms'] for r in rs])
+        out.append({'model': model, 'runtime': runtime, 'dtype': dtype, 'batch_size': bs,
+                    'sizes': ' '.join('x'.join(map(str, _extent(r['input_size']))) for r in rs), **fit})
+    return out
+
+
+def check_device(device: str, runtimes=('eager',)) -> str:
+    """``device`` if zoo bench can time on it here: ``cpu``, or ``cuda``/``cuda:N`` when PyTorch sees that GPU
+    (eager and compile only: zoo's ONNX Runtime and OpenVINO sessions run on the CPU); else a one-line error."""
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError):
+        raise ValueError(f'unknown device {device!r}; expected cpu or cuda (cuda:N for one GPU)') from None
+    if dev.type not in ('cpu', 'cuda'):
+        raise ValueError(f'unknown device {device!r}; expected cpu or cuda (cuda:N for one GPU)')
+    if dev.type == 'cuda':
+        if not torch.cuda.is_available():
+            raise ValueError(f'--device {device} needs a CUDA GPU, and PyTorch sees none here (torch '
+                             f'{torch.__version__}, built with CUDA {torch.version.cuda}); time on --device cpu')
+        if dev.index is not None and dev.index >= torch.cuda.device_count():
+            raise ValueError(f'--device {device}: this machine has {torch.cuda.device_count()} CUDA device(s), '
+                             f'cuda:0 to cuda:{torch.cuda.device_count() - 1}')
+        other = [r for r in runtimes if r not in ('eager', 'compile')]
+        if other:
+            raise ValueError(f'--device {device} times eager and compile; {", ".join(other)} run(s) on the CPU '
+                             '(time them with --device cpu)')
+    return str(dev)
+
+
+def run(names: list[str], vs: str | None = None, batch_sizes=(1,), img_size=None,
         repeats: int = MIN_REPEATS, warmup: int = WARMUP, threads: int | None = None, dtype: str = 'float32',
         mode: str = 'inference', num_classes: int | None = None, budget_s: float | None = BUDGET_S,
         max_repeats: int | None = None, runtimes=('eager',), compile_mode: str | None = None,
-        warn=None) -> list[dict]:
+        warn=None, device: str = 'cpu') -> list[dict]:
     """Benchmark each model (and the ``vs`` reference) in each runtime at each batch size: one dict per
     (model, runtime, batch). Every runtime of every model at one batch size runs interleaved in one process
     under the one timer (``profile.benchmark``).
@@ -154,11 +250,24 @@ def run(names: list[str], vs: str | None = None, batch_sizes=(1,), img_size: int
     (this runtime's throughput over eager's, same model) and ``max_abs_diff_eager`` (largest output difference
     from eager on the timed input); the zoo model's rows also have ``speedup`` (its throughput over the
     reference's in the same runtime) and ``max_abs_diff`` (logits against the reference with its weights).
-    ``dtype`` bfloat16 runs eager and compile under autocast; ONNX Runtime and OpenVINO stay float32 (said once
-    to ``warn``). A runtime that fails on a model (export or compile error) is reported to ``warn`` and left out."""
+    ``dtype`` bfloat16 (or float16) runs eager and compile under autocast; ONNX Runtime and OpenVINO stay float32
+    (said once to ``warn``). A runtime that fails on a model (export or compile error) is reported to ``warn`` and
+    left out.
+
+    ``img_size``: one size (int), or several (a resolution sweep): each model is built once and timed at every
+    size, all sizes interleaved in one process, one row per size (its ``input_size``); ``scaling_rows`` fits the
+    exponent. A size a model cannot take is skipped with its reason to ``warn`` (``size_problem``).
+
+    ``device``: ``cpu``, or ``cuda`` (``check_device``): models and inputs on the GPU, each call timed with CUDA
+    events after a synchronize (``zoo._timing``), the peak memory of one call (``peak_mem_mb``) and the GPU's name,
+    driver and clocks in each row."""
     warn = warn or (lambda msg: print(msg, file=sys.stderr))
     _set_threads(threads)
     runtimes = parse_runtimes(runtimes)
+    device = check_device(device, runtimes)
+    sizes = _sizes(img_size)
+    if vs and len(sizes) > 1:
+        raise ValueError('--vs compares two models at one size; give one --img-size (or none)')
     if mode != 'inference' and runtimes != ('eager',):
         raise ValueError(f'--mode {mode} times training steps, which only the eager runtime runs; '
                          'other runtimes are inference only')
@@ -168,18 +277,37 @@ def run(names: list[str], vs: str | None = None, batch_sizes=(1,), img_size: int
         warn(f'zoo bench: the ONNX runtimes take float32 inputs; only eager and compile run {dtype}')
     rows = []
     for name in names:
-        models = {name: _build(name, vs, num_classes)}
+        base = _build(name, vs, num_classes)
+        task = tasks.task_of(name)
+        # one entry per (model, size): label -> (module, one sample's shape, the model's name)
+        entries = {}
+        for s in sizes:
+            size = tasks.input_size(name, img_size=s)
+            shown = 'x'.join(map(str, _extent(size)))
+            label = name if len(sizes) == 1 else f'{name} @{shown}'
+            if label in entries:     # a task whose input ignores the image size (token ids): one entry
+                continue
+            why = size_problem(base, size, task) if len(sizes) > 1 else None
+            if why:
+                warn(f'zoo bench: {name} skipped at {shown}: {why}')
+                continue
+            entries[label] = (base, size, name)
+        if not entries:
+            continue
         if vs:
-            models[vs] = _reference(vs, models[name], num_classes)
-        size, task = tasks.input_size(name, img_size=img_size), tasks.task_of(name)
-        diff = max_logit_diff(models[name], models[vs], size, task) if vs else None
+            entries[vs] = (_reference(vs, base, num_classes), entries[name][1], vs)
+        models = {k: e[0] for k, e in entries.items()}
+        diff = max_logit_diff(base, models[vs], entries[name][1], task) if vs else None
         static = {n: {**count_params(m), 'arch_fingerprint': fingerprint(m),
-                      'macs': count_macs(m, example=example_input(m, size, 1, task))} for n, m in models.items()}
-        prepared = {}                                           # (model, runtime) -> its module, or None: failed
+                      'macs': count_macs(m, example=example_input(m, entries[n][1], 1, task))}
+                  for n, m in models.items()}
+        for m in dict.fromkeys(models.values()):    # (one module serves every size)
+            m.to(device)
+        prepared = {}                                           # (entry, runtime) -> its module, or None: failed
         for bs in batch_sizes:
-            inputs = {n: example_input(m, size, bs, task) for n, m in models.items()}
+            inputs = {n: example_input(m, entries[n][1], bs, task).to(device) for n, m in models.items()}
             plain = runtimes == ('eager',) and low is None    # one eager float32 module per model, as it is
-            timed = {}                                          # key -> (model, runtime, module, max |Δ|, secs)
+            timed = {}                                          # key -> (entry, runtime, module, max |Δ|, secs)
             if plain:
                 timed = {n: (n, 'eager', m.eval(), None, None) for n, m in models.items()}
             done, eager_out = {}, {}
@@ -211,12 +339,12 @@ def run(names: list[str], vs: str | None = None, batch_sizes=(1,), img_size: int
                     done[n, rt] = (n, rt, net, d_eager, secs + time.perf_counter() - t0)
             timed.update({f'{n} [{rt}]': done[n, rt] for n in models for rt in runtimes if (n, rt) in done})
             lat: dict[str, Latency] = benchmark(
-                {k: t[2] for k, t in timed.items()}, input_size=size, batch_size=bs, threads=threads,
+                {k: t[2] for k, t in timed.items()}, batch_size=bs, threads=threads,
                 dtype=dtype if plain else 'float32', mode=mode, inputs={k: inputs[t[0]] for k, t in timed.items()},
-                **_timing(repeats, warmup, budget_s * len(timed) if budget_s else None, max_repeats))
+                device=device, **_timing(repeats, warmup, budget_s * len(timed) if budget_s else None, max_repeats))
             for key, (n, rt, _, d_eager, secs) in timed.items():
                 res = lat[key]
-                res.model, res.runtime, res.compiled = n, rt, rt == 'compile'
+                res.model, res.runtime, res.compiled = entries[n][2], rt, rt == 'compile'
                 res.dtype = dtype if rt in ('eager', 'compile') else 'float32'
                 res.compile_mode = (compile_mode or 'default') + '+freezing' if rt == 'compile' else None
                 row = {**static[n], **res.as_dict(), 'source': 'bench', 'label': key}
@@ -396,13 +524,17 @@ def print_table(rows: list[dict]) -> None:
         load = (f", 1-minute load {r0['load_1m_start']:.2f} on {r0['cpus']} CPUs at the start, "
                 f"{r0['load_1m']:.2f} before timing")
     runtimes = any('compile_s' in r or r.get('runtime', 'eager') != 'eager' for r in rows)
-    table = Table(title=f'zoo bench (CPU, median and IQR over repeats, models interleaved{load})'
-                        + (f"\n{r0.get('cpu_model') or _cpu()}" if runtimes else ''))
+    gpu = r0.get('gpu_name')
+    where = (f"{gpu}, driver {r0.get('gpu_driver') or '?'}" if gpu else r0.get('cpu_model') or _cpu())
+    table = Table(title=f"zoo bench ({'GPU, CUDA events' if gpu else 'CPU'}, median and IQR over repeats, models "
+                        f'interleaved{load})' + (f'\n{where}' if runtimes or gpu else ''))
     cols = ['model', 'input', 'params (M)', 'MACs (G)', 'batch', 'threads', 'repeats', 'median ms', 'IQR ms',
             'samples/s', 'speedup', 'max |Δ| logits']
     if runtimes:
         cols[1:1] = ['runtime', 'dtype']
         cols += ['vs eager', 'max |Δ| eager', 'compile/export s']
+    if gpu:
+        cols.append('peak MiB')
     for col in cols:
         table.add_column(col, justify='left' if col in ('model', 'runtime', 'dtype') else 'right')
     for r in rows:
@@ -417,7 +549,25 @@ def print_table(rows: list[dict]) -> None:
             cells += [f"{r['vs_eager']:.2f}x" if 'vs_eager' in r else '',
                       '' if r.get('max_abs_diff_eager') is None else f"{r['max_abs_diff_eager']:.1e}",
                       '' if r.get('compile_s') is None else f"{r['compile_s']:.1f}"]
+        if gpu:
+            cells.append('' if r.get('peak_mem_mb') is None else f"{r['peak_mem_mb']:.0f}")
         table.add_row(*cells)
+    console().print(table)
+
+
+def print_scaling(fits: list[dict]) -> None:
+    """``scaling_rows``'s fits as a table: per model (and runtime, dtype, batch) the exponent of latency ~
+    pixels^k and its R^2."""
+    from rich.table import Table
+
+    from zoo._console import console
+
+    table = Table(title='latency ~ pixels^k (least squares on log median latency against log pixels)')
+    for col in ('model', 'runtime', 'dtype', 'batch', 'sizes', 'k', 'R^2'):
+        table.add_column(col, justify='right' if col in ('batch', 'k', 'R^2') else 'left')
+    for f in fits:
+        table.add_row(f['model'], f['runtime'], f['dtype'], str(f['batch_size']), f['sizes'],
+                      f"{f['exponent']:.2f}", f"{f['r2']:.3f}")
     console().print(table)
 
 

@@ -118,6 +118,12 @@ class Latency:
     load_1m_after: float | None = None    # ... and after the timed rounds (includes this process)
     cpus: int | None = None
     duration_s: float | None = None       # wall time of the timed rounds (all interleaved models)
+    # on a GPU: the memory one call allocates at its peak (torch.cuda.max_memory_allocated, weights included), and
+    # which GPU, driver and clocks (zoo._timing.gpu); None on the CPU
+    peak_mem_mb: float | None = None
+    gpu_name: str | None = None
+    gpu_driver: str | None = None
+    gpu_clocks: dict | None = None
     times_ms: list = field(default_factory=list, repr=False)
 
     @property
@@ -247,19 +253,27 @@ def benchmark(models: dict[str, nn.Module], input_size=(3, 224, 224), batch_size
               repeats: int = 10, threads: int | None = None, dtype: str = 'float32', channels_last: bool = False,
               mode: str = 'inference', inputs: dict[str, torch.Tensor] | None = None, *,
               budget_s: float | None = None, max_repeats: int | None = None, warmup_s: float = 0.0,
-              task: str | None = None) -> dict[str, Latency]:
+              task: str | None = None, device: str = 'cpu') -> dict[str, Latency]:
     """Time several models in one process, interleaved (A, B, A, B, ...), so that machine noise
     hits all of them alike. Returns a ``Latency`` per model with every repeat's time and the load average
     before and after. ``repeats``/``budget_s``/``max_repeats``/``warmup``/``warmup_s``: see ``interleave``
     (the recorded measurements use the protocol constants above). ``inputs`` overrides a model's input;
-    otherwise ``example_input`` draws one (token ids for a language model)."""
+    otherwise ``example_input`` draws one (token ids for a language model).
+
+    ``device``: where the models and inputs are (``cuda``: moved there; ``call_timer`` times each call with CUDA
+    events). On a GPU each model's ``peak_mem_mb`` is the allocator's peak over one call of it alone, before the
+    interleaved rounds (interleaved, the peak would be the largest model's), and the GPU's name, driver and clocks
+    are recorded (``zoo._timing.gpu``)."""
     if threads is not None:
         torch.set_num_threads(threads)
     threads = torch.get_num_threads()
     tdtype = resolve_dtype(dtype)
     steps, results = {}, {}
+    cuda = torch.device(device).type == 'cuda'
     for name, model in models.items():
         x = inputs[name] if inputs and name in inputs else example_input(model, input_size, batch_size, task)
+        if cuda:
+            x, model = x.to(device), (model.to(device) if isinstance(model, nn.Module) else model)
         if x.is_floating_point():
             x = x.to(tdtype)
         model = model.to(tdtype) if tdtype != torch.float32 else model
@@ -267,11 +281,24 @@ def benchmark(models: dict[str, nn.Module], input_size=(3, 224, 224), batch_size
             model = model.to(memory_format=torch.channels_last)
             x = x.contiguous(memory_format=torch.channels_last)
         steps[name] = make_step(model, x, mode)
-        results[name] = Latency(name, batch_size, tuple(x.shape[1:]), 'cpu', threads,
+        results[name] = Latency(name, batch_size, tuple(x.shape[1:]), torch.device(device).type, threads,
                                 str(tdtype).replace('torch.', ''), channels_last, False, mode)
+    if cuda:
+        from zoo._timing import gpu
+        card = gpu(device)
+        for name, step in steps.items():
+            step()                   # the first call's one-off allocations (cuDNN workspaces, compiled graphs)
+            torch.cuda.synchronize(device)
+            reset_peak_memory(device)
+            step()
+            torch.cuda.synchronize(device)
+            results[name].peak_mem_mb = peak_memory_mb(device)
+            results[name].gpu_name = card['gpu_name']
+            results[name].gpu_driver, results[name].gpu_clocks = card['gpu_driver'], card['gpu_clocks']
     load_before, cpus = load_average(), os.cpu_count()
     t0 = time.perf_counter()
-    times = interleave(steps, repeats, warmup, budget_s=budget_s, max_repeats=max_repeats, warmup_s=warmup_s)
+    times = interleave(steps, repeats, warmup, budget_s=budget_s, max_repeats=max_repeats, warmup_s=warmup_s,
+                       device=device)
     duration = time.perf_counter() - t0
     load_after = load_average()
     for name, t in times.items():

@@ -324,7 +324,8 @@ class Runner:
                         # taken under load is re-taken
                         ok = zbench.trusted(lat)
                         have = set() if ok is None or ok.empty else set(
-                            ok[(ok.source == 'bench') & (ok.batch_size == bs) & _runtime_is(ok, rt)]
+                            ok[(ok.source == 'bench') & (ok.batch_size == bs) & _runtime_is(ok, rt)
+                               & (ok.device.astype(str) == 'cpu')]     # a GPU's record is not this CPU figure
                             .arch_fingerprint.dropna())
                         if not self.retry and not failed.empty:   # a recorded failure is retried on request only,
                             gave_up = failed[(failed.batch_size == bs) & (failed.runtime == rt)   # but a noisy

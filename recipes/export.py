@@ -326,6 +326,9 @@ def export_command(args) -> int:
     dm = _data_module(config)
     prep = _preprocessing(task, dm, size, dict(getattr(net, 'pretrained_cfg', None) or {}))
     outputs = _outputs(net, example, args.nms, task, size)  # before anything is written: a failure leaves nothing
+    dynamic_size = getattr(args, 'dynamic_size', False)
+    if dynamic_size and args.int8:
+        raise ValueError('--int8 calibrates one graph at the traced size; it does not combine with --dynamic-size')
     calibration = _int8_calibration(args, dm)
     from zoo._console import progress
 
@@ -333,7 +336,7 @@ def export_command(args) -> int:
     try:
         with progress(what, 'zoo export'):
             if calibration is None:
-                zoo.export(net, out, example, format=args.format, nms=args.nms)
+                zoo.export(net, out, example, format=args.format, nms=args.nms, dynamic_size=dynamic_size)
             else:
                 int8 = _export_int8(net, out, example, args.nms, calibration)
     except (ValueError, TypeError):
@@ -344,10 +347,14 @@ def export_command(args) -> int:
         out.unlink(missing_ok=True)
         raise ValueError(f'{created["name"]} could not be exported to {args.format}: {error_summary(e)}') from None
 
+    from zoo._runtime import size_stride
+
     card = {
         'file': out.name, 'format': args.format, 'opset': _opset(out) if args.format == 'onnx' else None,
-        'input': {'name': 'input', 'shape': ['batch', *size], 'dtype': str(example.dtype).replace('torch.', ''),
-                  'dynamic_batch': True},
+        'input': {'name': 'input', 'shape': ['batch', size[0], 'height', 'width'] if dynamic_size else ['batch', *size],
+                  'dtype': str(example.dtype).replace('torch.', ''), 'dynamic_batch': True,
+                  'dynamic_size': bool(dynamic_size),
+                  'size_multiple': size_stride(net) if dynamic_size else None},
         'preprocessing': prep,
         'mean': prep.get('mean') if prep else None, 'std': prep.get('std') if prep else None,
         'normalisation_from': None if not prep or prep.get('mean') is None else (

@@ -2,7 +2,8 @@
 
     zoo list [PATTERN] [--family F] [--task T] [--blocks]
     zoo info NAME                # or timm/NAME
-    zoo bench NAME... [--batch-size 1 16] [--img-size 224] [--vs timm/NAME|official:FILE.py[:CALLABLE]] [--db URL]
+    zoo bench NAME... [--batch-size 1 16] [--img-size 224 [384 ...]] [--device cpu|cuda]
+              [--vs timm/NAME|official:FILE.py[:CALLABLE]] [--db URL]
               [--runtime eager,compile,onnxruntime[,openvino]] [--dtype bfloat16]
     zoo bench --db URL [--task T] [--dataset D] [--model PATTERN]      (re-measure the models recorded there)
     zoo export -c CONFIG|NAME [--ckpt_path best|last|PATH] [--weights auto|ema|model] [--random-init [--seed S]]
@@ -137,15 +138,16 @@ def _cmd_bench(args) -> int:
                              'they do not combine with model names')
         rows = bench.run(args.names, vs=args.vs, batch_sizes=args.batch_size, img_size=args.img_size,
                          dtype=args.dtype, mode=args.mode, num_classes=args.num_classes,
-                         runtimes=bench.parse_runtimes(args.runtime), **timing)
+                         runtimes=bench.parse_runtimes(args.runtime), device=args.device, **timing)
     elif args.db:
         from zoo.eval.results import resolve_url
         if resolve_url(args.db) is None:
             raise ValueError('--db none records nothing; give the database whose models to re-measure')
-        if args.vs or args.img_size or args.num_classes or args.dtype != 'float32' or args.mode != 'inference':
-            raise ValueError('re-measuring a database uses each run\'s own network and input (float32, inference; '
-                             '--runtime and --batch-size choose where and at which batch sizes); '
-                             '--vs/--img-size/--num-classes/--dtype/--mode need model names')
+        if (args.vs or args.img_size or args.num_classes or args.dtype != 'float32' or args.mode != 'inference'
+                or args.device != 'cpu'):
+            raise ValueError('re-measuring a database uses each run\'s own network and input (float32, inference, '
+                             'CPU; --runtime and --batch-size choose where and at which batch sizes); '
+                             '--vs/--img-size/--num-classes/--dtype/--mode/--device need model names')
         rows = bench.remeasure(args.db, task=args.task, dataset=args.dataset, model=args.model, failures=failures,
                                batch_sizes=tuple(args.batch_size), runtimes=bench.parse_runtimes(args.runtime),
                                **timing)
@@ -155,11 +157,14 @@ def _cmd_bench(args) -> int:
     for r in rows:
         r['load_1m_start'] = load_start
     bench.print_table(rows)
+    fits = bench.scaling_rows(rows)
+    if fits:
+        bench.print_scaling(fits)
     warning = bench.noise_warning(rows)
     if warning:
         print(warning, file=sys.stderr)
     if args.json:
-        print(json.dumps(rows, indent=2, default=str))
+        print(json.dumps(rows if not fits else {'rows': rows, 'scaling': fits}, indent=2, default=str))
     if args.db:
         from zoo.eval.results import resolve_url
         if resolve_url(args.db) is not None:
@@ -255,7 +260,7 @@ def _cmd_results(args) -> int:
         return 0
     # one leaderboard per task (or the one --task), each by its task's primary metric unless --metric says
     boards = results.leaderboards(args.task, args.dataset, args.metric, db=store, model=args.model,
-                                  threads=args.threads, runtime=args.runtime, cpu=args.cpu)
+                                  threads=args.threads, runtime=args.runtime, cpu=args.cpu, device=args.device)
     if not boards:
         print('(no finished runs)' + (' matching the filters' if args.model or args.dataset else ''))
         return 0
@@ -467,7 +472,13 @@ def build_parser() -> argparse.ArgumentParser:
                         'interleaved with the others, with its max |Δ| against eager and its compile or export time '
                         '(default eager)')
     p.add_argument('--batch-size', type=at_least(1), nargs='+', default=[1], help='batch sizes to time (default 1)')
-    p.add_argument('--img-size', type=at_least(1), help='image height and width (default: the model\'s input size)')
+    p.add_argument('--img-size', type=at_least(1), nargs='+',
+                   help='image height and width (default: the model\'s input size); several sizes (64 128 224 384) are '
+                        'timed interleaved, one row each, with the fitted exponent of latency ~ pixels^k per model; '
+                        'a size a model cannot take (a fixed input size, below its minimum) is skipped with the reason')
+    p.add_argument('--device', default='cpu', metavar='cpu|cuda[:N]',
+                   help='where to time: cpu (default) or cuda (CUDA events, peak GPU memory, GPU name, driver and '
+                        'clocks in each row; eager and compile)')
     p.add_argument('--repeats', type=at_least(1), default=20,
                    help='at least this many timed calls per model (default 20)')
     p.add_argument('--time', type=at_least(0, float), default=2.0, metavar='SECONDS',
@@ -476,7 +487,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument('--max-repeats', type=at_least(1), default=500, help='at most this many timed calls (default 500)')
     p.add_argument('--warmup', type=at_least(0), default=5, help='untimed calls before timing (default 5, and 0.5 s)')
     p.add_argument('--threads', type=at_least(1), help='torch threads (default: all cores)')
-    p.add_argument('--dtype', default='float32', choices=['float32', 'bfloat16'], help='weights and inputs dtype')
+    p.add_argument('--dtype', default='float32', choices=['float32', 'bfloat16', 'float16'],
+                   help='float32, or bfloat16 / float16 under autocast (eager and compile)')
     p.add_argument('--mode', default='inference', choices=['inference', 'train'],
                    help='inference (forward under inference_mode) or train (forward + backward)')
     p.add_argument('--num-classes', type=at_least(0), help='classifier head size (default: the model\'s)')
@@ -492,7 +504,8 @@ def build_parser() -> argparse.ArgumentParser:
                                       '.pt2, with a JSON card beside it', formatter_class=raw,
                        epilog=f'examples:\n  zoo export -c {DEMO} --ckpt_path best --out digits.onnx\n'
                               f'  zoo export -c {DEMO} --ckpt_path last --format pt2\n'
-                              '  zoo export resnet_tiny --random-init --seed 0 --out resnet_tiny.onnx\n\n'
+                              '  zoo export resnet_tiny --random-init --seed 0 --out resnet_tiny.onnx\n'
+                              '  zoo export resnet_tiny --random-init --dynamic-size --out resnet_tiny_any_size.onnx\n\n'
                               'With -c CONFIG the newest run of that recipe gives the checkpoint (--ckpt_path best|last'
                               '|interrupted, as zoo test) and the card records that run\'s config, class names and '
                               'preprocessing; --nms puts a detector\'s decode and NMS in the graph. A NAME needs its '
@@ -507,6 +520,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument('--format', default='onnx', choices=['onnx', 'pt2'],
                    help='onnx (torch.onnx.export, dynamo, dynamic batch) or pt2 (torch.export) (default onnx)')
     p.add_argument('--nms', action='store_true', help='detectors: decode and NMS inside the graph (a deployable file)')
+    p.add_argument('--dynamic-size', action='store_true',
+                   help='dynamic height and width too (multiples of the model\'s stride; the card says which): one '
+                        'file for every resolution; refused in one line for a model with a fixed input size')
     p.add_argument('--int8', action='store_true',
                    help="ONNX Runtime int8 (QDQ) graph, calibrated on the recipe's training images (needs -c CONFIG)")
     p.add_argument('--random-init', action='store_true',
@@ -588,6 +604,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument('--cpu', metavar='SUBSTRING',
                    help='use latency records of the CPU whose model name contains this (default: the CPU most '
                         'records were taken on; one board never mixes CPUs; with --data: only that CPU\'s latency)')
+    p.add_argument('--device', default='cpu', choices=['cpu', 'cuda'],
+                   help='use latency records of this device (default cpu; with cuda, --cpu matches the GPU\'s name '
+                        'and one board never mixes GPUs)')
     p.add_argument('--runs', action='store_true', help='list the runs instead of the leaderboard')
     p.add_argument('--data', action='store_true',
                    help='one row per run with every column of zoo.eval.results.data() (metrics, per-epoch time, '

@@ -132,7 +132,7 @@ def test_bench_db_measures_the_recorded_networks_in_other_runtimes(zoo_db, capsy
     assert board.latency_runtime.tolist() == ['onnxruntime'] and board.latency_ms.notna().all()
     assert main(['results', '--runtime', 'onnxruntime']) == 0 and 'no onnxruntime latency' not in capsys.readouterr().err
     assert main(['bench', '--db', str(zoo_db), '--dtype', 'bfloat16']) == 2
-    assert '--vs/--img-size/--num-classes/--dtype/--mode need model names' in capsys.readouterr().err
+    assert '--vs/--img-size/--num-classes/--dtype/--mode/--device need model names' in capsys.readouterr().err
 
 
 def test_a_busy_or_noisy_measurement_is_flagged(capsys, monkeypatch):

@@ -189,7 +189,7 @@ def test_the_committed_benchmark_database_opens_with_the_new_column(tmp_path):
     db_path = tmp_path / 'paper_blocks.db'
     shutil.copyfile(ROOT / 'benchmarks' / 'paper_blocks.db', db_path)     # the committed file stays as it is
     db = R.open_db(str(db_path))
-    assert db.schema_version() == R.SCHEMA_VERSION == 7
+    assert db.schema_version() == R.SCHEMA_VERSION == 8
     lat = db.latency()
     old = lat[lat.measured_at.astype(str) < '2026-12-01']                # taken before schema 7 existed
     assert len(old) and old.max_abs_delta.isna().all()                    # nobody compared the old records

@@ -85,11 +85,11 @@ def test_an_older_file_is_migrated_and_keeps_its_rows(zoo_db, version):
     lat_cols = [c['name'] for c in sa.inspect(engine).get_columns('zoo_latency')]
     assert ('source' in lat_cols) == (version >= 4) and ('runtime' in lat_cols) == (version >= 5)
     assert ('zoo_latency_failures' in sa.inspect(engine).get_table_names()) == (version >= 6)
-    assert 'max_abs_delta' not in lat_cols                      # version 7's
+    assert ('max_abs_delta' in lat_cols) == (version >= 7) and 'gpu_name' not in lat_cols   # 7's and 8's
     engine.dispose()
 
     db = R.open_db()
-    assert db.schema_version() == R.SCHEMA_VERSION == 7
+    assert db.schema_version() == R.SCHEMA_VERSION == 8
     reference = sa.create_engine(f'sqlite:///{zoo_db.parent / "reference.db"}')
     R.metadata.create_all(reference)
     assert _describe(db.engine) == _describe(reference)

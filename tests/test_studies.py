@@ -41,6 +41,12 @@ SMOKE = {
                                  ['CPU: ', '$ zoo bench raftmlp_tiny --vs official:', '| raftmlp_tiny | 2 | eager |',
                                   '| stripmlp_tiny | 2 | best: zoo eager, official eager |', 'target >= 1.3'])],
     'benchmarks.piip_bench': [(['deform', '--repeats', '1', '--threads', '1'], ['T<-S', 'S<-T', 'B<-S', 'per-head'])],
+    'benchmarks.resolution': [(['--base', 'metaformer_tiny', '--mixers', 'pooling', 'attention', '--sizes', '32', '64',
+                                 '--match-size', '32', '--repeats', '1', '--warmup', '0', '--time', '0', '--threads',
+                                 '1', '--markdown'],
+                                ['| mixer | dims | size |', '| pooling |', '| attention |', 'exponent k'])],
+    'benchmarks.gpu_check': [([], ['gpu_check needs a CUDA GPU'] if not __import__('torch').cuda.is_available()
+                              else ['GPU paths ok'])],
     'benchmarks.runtimes': [(['--pairs', 'vgg_tiny:resnet10t', '--runtimes', 'eager', 'onnxruntime', '--batch-sizes',
                               '2', '--img-size', '32', '--repeats', '1', '--warmup', '0', '--threads', '1',
                               '--settle', '0'],

@@ -206,12 +206,54 @@ def _batch2(example: torch.Tensor) -> torch.Tensor:
     return example if example.shape[0] >= 2 else example.expand(2, *example.shape[1:]).contiguous()
 
 
-def _dynamic(dynamic_batch: bool):
-    return ({0: torch.export.Dim('batch', min=1, max=4096)},) if dynamic_batch else None
+def size_stride(model: nn.Module) -> int:
+    """The multiple a model's input height and width must be for its feature maps to tile the image exactly: its
+    largest feature stride (a detector's or segmenter's ``strides``, a classifier's ``feature_info`` reductions), 1
+    for a network that keeps the resolution (DnCNN)."""
+    strides = list(getattr(model, 'strides', None) or ())
+    for owner in (model, getattr(model, 'backbone', None)):
+        strides += [f['reduction'] for f in (getattr(owner, 'feature_info', None) or ())]
+    return max(strides, default=1)
+
+
+def check_dynamic_size(model: nn.Module) -> None:
+    """A one-line error when ``model`` cannot be exported with a dynamic height and width: its weights are built
+    for one grid (timm's ``pretrained_cfg['fixed_input_size']``: TNT's and PIIP's position embeddings, Strip-MLP's
+    strip mixers)."""
+    cfg = dict(getattr(model, 'pretrained_cfg', None) or {})
+    if cfg.get('fixed_input_size'):
+        size = tuple(cfg.get('input_size') or ())[-2:]
+        name = getattr(model, 'zoo_name', type(model).__name__)
+        raise ValueError(f'{name} has a fixed input size ({"x".join(map(str, size))}: pretrained_cfg '
+                         'fixed_input_size, its weights are built for one grid), so its height and width cannot be '
+                         'dynamic; export it without --dynamic-size, at the size it was built for')
+
+
+def _dynamic(dynamic_batch: bool, stride: int | None = None):
+    """``torch.export`` dynamic shapes of the input: the batch (``dynamic_batch``), and with ``stride`` the height and
+    width as multiples of it (``stride * Dim``: derived dimensions, so the exporter knows every stage's map tiles
+    exactly and emits no shape guard it cannot prove)."""
+    dims = {0: torch.export.Dim('batch', min=1, max=4096)} if dynamic_batch else {}
+    if stride is not None:
+        dims[2] = stride * torch.export.Dim('height_blocks', min=1, max=8192 // stride)
+        dims[3] = stride * torch.export.Dim('width_blocks', min=1, max=8192 // stride)
+    return (dims,) if dims else None
+
+
+def _size_example(example: torch.Tensor, stride: int) -> torch.Tensor:
+    """The traced input of a dynamic-size export: its height and width must be multiples of ``stride``, and at least
+    2 strides (torch.export specialises a dimension of size 1, which would fix that size in the graph); a smaller
+    example is tiled (its values do not matter to the trace)."""
+    h, w = example.shape[-2:]
+    if h % stride or w % stride:
+        raise ValueError(f'a dynamic-size export traces an input whose height and width are multiples of the model\'s '
+                         f'stride {stride}; got {h}x{w} (give --img-size {max(2, -(-h // stride)) * stride})')
+    reps = max(1, -(-2 * stride // min(h, w)))
+    return example.repeat(1, 1, reps, reps) if reps > 1 else example
 
 
 def export(model: nn.Module, path, example: torch.Tensor, *, format: str = 'onnx', dynamic_batch: bool = True,
-           nms: bool = False) -> pathlib.Path:
+           nms: bool = False, dynamic_size: bool = False) -> pathlib.Path:
     """Save ``model`` (eval mode) as an ONNX file (``torch.onnx.export(..., dynamo=True)``) or a ``torch.export``
     program (``format='pt2'``, ``torch.export.save``), traced on ``example`` with a dynamic batch.
 
@@ -221,6 +263,12 @@ def export(model: nn.Module, path, example: torch.Tensor, *, format: str = 'onnx
     tracing again.
     The ONNX graph's input is ``input``, its outputs are named by :func:`output_names` (a program's keep the
     exporter's names) and its dynamic dimension is ``batch``. Returns the path.
+
+    ``dynamic_size``: the height and width are dynamic too, as multiples of the model's stride (:func:`size_stride`;
+    ``stride * Dim('height_blocks')`` in torch.export's dynamic shapes), so one file serves every resolution the
+    architecture takes: convolutional and pooling families (ResNet, VGG, PoolFormer/MetaFormer with pooling,
+    DnCNN). A model whose weights are built for one grid (``fixed_input_size``: TNT, PIIP, Strip-MLP) is refused
+    in one line (:func:`check_dynamic_size`); one whose forward fixes the size in another way fails in the exporter.
     """
     if format not in FORMATS:
         raise ValueError(f"unknown export format {format!r}; expected one of {', '.join(FORMATS)}")
@@ -234,18 +282,59 @@ def export(model: nn.Module, path, example: torch.Tensor, *, format: str = 'onnx
         return path
     names = output_names(model, nms)
     example = _batch2(example) if dynamic_batch else example
+    stride = None
+    if dynamic_size:
+        check_dynamic_size(model)
+        stride = size_stride(model)
+        example = _size_example(example, stride)
     with _frozen(model):
         net = _graph_module(model, nms)
         if format == 'pt2':
-            ep = torch.export.export(net, (example,), dynamic_shapes=_dynamic(dynamic_batch))
+            ep = torch.export.export(net, (example,), dynamic_shapes=_dynamic(dynamic_batch, stride))
             torch.export.save(ep, path)
         else:
-            _onnx_program(net, example, dynamic_batch, names).save(str(path))
+            _onnx_program(net, example, dynamic_batch, names, stride).save(str(path))
+            if stride is not None and not _missing('onnxruntime'):
+                _check_sizes(net, path, example, stride)
     return path
 
 
+def _check_sizes(net: nn.Module, path: pathlib.Path, example: torch.Tensor, stride: int) -> None:
+    """A dynamic-size ONNX file must run in ONNX Runtime at the traced size and at another one (one stride more in
+    height, two in width) and give the eager network's output there: an exporter can write a graph that only the
+    traced size runs (RaftMLP's bicubic resize of its token grid becomes a Resize that ONNX Runtime refuses at other
+    scales). Otherwise the file is removed and a one-line error says why."""
+    from zoo.layers._torch_compat import tree_flatten
+
+    import onnxruntime as ort
+
+    name = getattr(net, 'zoo_name', getattr(getattr(net, 'model', None), 'zoo_name', type(net).__name__))
+    opts = ort_session_options()
+    opts.log_severity_level = 4      # a refusal is reported below in one line, not also by ONNX Runtime's logger
+    sess = ort.InferenceSession(str(path), opts, providers=['CPUExecutionProvider'])
+
+    def run(x):
+        return [torch.from_numpy(o) for o in sess.run(None, {sess.get_inputs()[0].name: x.numpy()})]
+    h, w = example.shape[-2:]
+    for size in ((h, w), (h + stride, w + 2 * stride)):
+        x = torch.randn(1, *example.shape[1:-2], *size, generator=torch.Generator().manual_seed(0))
+        try:
+            got = run(x)
+            with torch.no_grad():
+                want = tree_flatten(net(x))[0]
+            ok = len(got) == len(want) and all(g.shape == e.shape and torch.allclose(g, e.float(), rtol=1e-3, atol=1e-4)
+                                               for g, e in zip(got, want))
+            why = None if ok else 'its output differs from eager'
+        except Exception as e:  # ONNX Runtime's refusal of the graph at this size
+            why = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
+        if why:
+            path.unlink(missing_ok=True)
+            raise ValueError(f'{name}: the dynamic-size ONNX graph does not run at {size[0]}x{size[1]} in ONNX Runtime '
+                             f'({why}); export it without --dynamic-size')
+
+
 def _onnx_program(net: nn.Module, example: torch.Tensor, dynamic_batch: bool = True,
-                  names: list[str] | None = None):
+                  names: list[str] | None = None, stride: int | None = None):
     """``torch.onnx.export(dynamo=True)``, then constant folding, common subexpressions and dead nodes removed.
 
     Not the exporter's ``optimize=True``: its pattern rewriter took 2/3 of a Mamba-YOLO export (~70 s of ~100 s
@@ -263,8 +352,9 @@ def _onnx_program(net: nn.Module, example: torch.Tensor, dynamic_batch: bool = T
         warnings.simplefilter('ignore')
         # zoo's operators (the selective scan) have no ONNX meaning: exported written out as plain tensor ops
         # the dynamic shapes again: given a program without them, the exporter names the batch after its symbol (s77)
-        program = torch.onnx.export(decompose(net, (example,), _dynamic(dynamic_batch)), (example,), dynamo=True,
-                                    input_names=['input'], output_names=names, dynamic_shapes=_dynamic(dynamic_batch),
+        shapes = _dynamic(dynamic_batch, stride)      # stride: dynamic height and width too
+        program = torch.onnx.export(decompose(net, (example,), shapes), (example,), dynamo=True,
+                                    input_names=['input'], output_names=names, dynamic_shapes=shapes,
                                     verbose=False, report=False, optimize=False)
     model = program.model
     common.InlinePass()(model)

@@ -221,7 +221,7 @@ def leaderboard(task: str | None = None, dataset: str | None = None, metric: str
     steps = _trained_steps(store, df.id.tolist())
     all_lat = store.latency()
     lat = _latency_candidates(all_lat, device, runtime)
-    cpu_pick = _cpu_filter(all_lat, cpu)
+    cpu_pick = _cpu_filter(_on_device(all_lat, device), cpu)
     rows, candidates = [], []
     for (name, _, key), g in df.groupby(['model', 'dataset', 'config_key'], dropna=False, sort=False):
         vals = g[metric].to_numpy(dtype=float)
@@ -347,11 +347,25 @@ def _latency_candidates(lat, device: str, runtime: str = 'eager'):
         raise ResultsDBError(f'unknown runtime {runtime!r}; expected one of {", ".join(LATENCY_RUNTIMES)}')
     if lat.empty:
         return lat
-    ok = (lat.batch_size == 1) & (lat.device == device) & (lat.runtime.fillna('eager') == runtime)
+    lat = _on_device(lat, device)
+    ok = (lat.batch_size == 1) & (lat.runtime.fillna('eager') == runtime)
     for col, want in (('mode', 'inference'), ('dtype', 'float32')):
         ok &= lat[col].isna() | (lat[col] == want)
     ok &= lat.channels_last.isna() | ~lat.channels_last.astype('boolean').fillna(False)
-    return lat.assign(cpu_model=lat.cpu_model.fillna(UNKNOWN_CPU))[ok]
+    return lat[ok]
+
+
+def _on_device(lat, device: str):
+    """The records taken on ``device`` (``cpu``, ``cuda``; a record of ``cuda:1`` is a ``cuda`` record), with
+    ``cpu_model`` set to the machine that ran the network: the CPU's model name, or on a GPU the GPU's name (its
+    host CPU barely matters there), so one board never mixes GPUs, as it never mixes CPUs."""
+    if lat.empty:
+        return lat
+    kind = device.split(':')[0]
+    lat = lat[lat.device.astype(str).str.split(':').str[0] == kind]
+    machine = lat.cpu_model.fillna(UNKNOWN_CPU) if kind == 'cpu' else \
+        (lat.gpu_name if 'gpu_name' in lat else lat.cpu_model).fillna(UNKNOWN_CPU)
+    return lat.assign(cpu_model=machine)
 
 
 def latency_cpus(lat) -> list[str]:

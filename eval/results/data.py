@@ -188,7 +188,8 @@ def _block_kinds() -> list[str]:
 def _latency_records(lat, cpu: str | None, host_cpu: dict | None = None):
     """Inference records at float32, with a ``runtime`` (schema 5's column; before it, ``compile`` for a compiled
     record and ``eager`` otherwise) and a ``cpu_name`` (schema 5's ``cpu_model``; before it, the CPU that runs
-    recorded in their environment on the record's host, else unknown)."""
+    recorded in their environment on the record's host, else unknown). CPU records only: a GPU's figure (schema 8,
+    ``device`` 'cuda') is another machine's, and the columns name CPUs (``leaderboard(device='cuda')`` shows them)."""
     if lat.empty:
         return lat.assign(runtime=[], cpu_name=[])
     lat = lat.copy()
@@ -202,6 +203,7 @@ def _latency_records(lat, cpu: str | None, host_cpu: dict | None = None):
         lat['cpu_name'] = by_host
     ok = lat['mode'].isna() | (lat['mode'] == 'inference')
     ok &= lat['dtype'].isna() | (lat['dtype'] == 'float32')
+    ok &= lat['device'].astype(str).str.split(':').str[0] == 'cpu'
     if cpu is not None:
         ok &= lat.cpu_name.fillna(UNKNOWN_CPU).str.lower().str.contains(cpu.lower(), regex=False)
     return lat[ok]

@@ -5,7 +5,7 @@ import datetime as _dt
 
 import sqlalchemy as sa
 
-SCHEMA_VERSION = 7
+SCHEMA_VERSION = 8
 DEFAULT_PATH = 'zoo-results.db'
 STATUSES = ('running', 'finished', 'failed', 'pruned', 'crashed')
 DISABLED = ('none', 'off', '0', 'false', '')
@@ -134,6 +134,12 @@ latency_table = sa.Table(
     # v7: how far this runtime's output is from eager float32's on the timed input (eager float32: 0.0; rows
     # before v7, and outputs that cannot be compared such as detections after NMS: NULL)
     sa.Column('max_abs_delta', sa.Float),
+    # v8: a GPU's figures (``device`` 'cuda'): which GPU, driver and clocks (nvidia-smi; NULL where it is not
+    # installed), and the peak memory one call allocates (torch.cuda.max_memory_allocated); NULL on the CPU
+    sa.Column('gpu_name', sa.String(200), index=True),       # torch.cuda.get_device_name
+    sa.Column('gpu_driver', sa.String(50)),
+    sa.Column('gpu_clocks', sa.JSON),                         # {'sm_mhz', 'max_sm_mhz', 'mem_mhz'} when timed
+    sa.Column('peak_mem_mb', sa.Float),
 )
 
 # The columns of zoo_latency that version 4 added, in order.
@@ -142,6 +148,8 @@ LATENCY_V4 = ('source', 'warmup', 'load_1m', 'load_1m_after', 'cpus', 'duration_
 LATENCY_V5 = ('runtime', 'compile_mode', 'cpu_model', 'isa', 'versions')
 # ... and version 7.
 LATENCY_V7 = ('max_abs_delta',)
+# ... and version 8.
+LATENCY_V8 = ('gpu_name', 'gpu_driver', 'gpu_clocks', 'peak_mem_mb')
 # The runtimes a latency row may name (the same names as ``zoo.RUNTIMES``; the store must not import torch).
 LATENCY_RUNTIMES = ('eager', 'compile', 'onnxruntime', 'openvino', 'onnxruntime-int8', 'openvino-int8', 'auto')
 UNKNOWN_CPU = 'unknown'
@@ -182,7 +190,7 @@ def _col(table: sa.Table, name: str) -> sa.Column:
 def _v1(op) -> None:
     """Version 1: runs, metrics and latency, without fingerprints or sweep links."""
     later = {'zoo_runs': {'arch_fingerprint', 'params', 'macs', 'study_name', 'trial_number', 'heartbeat_s', 'runtime'},
-             'zoo_latency': {'arch_fingerprint', *LATENCY_V4, *LATENCY_V5, *LATENCY_V7}, 'zoo_metrics': set()}
+             'zoo_latency': {'arch_fingerprint', *LATENCY_V4, *LATENCY_V5, *LATENCY_V7, *LATENCY_V8}, 'zoo_metrics': set()}
     fks = {'zoo_runs': [], 'zoo_metrics': [sa.ForeignKeyConstraint(['run_id'], ['zoo_runs.id'], ondelete='CASCADE')],
            'zoo_latency': [sa.ForeignKeyConstraint(['run_id'], ['zoo_runs.id'], ondelete='SET NULL')]}
     for table in (runs_table, metrics_table, latency_table):
@@ -252,5 +260,14 @@ def _v7(op) -> None:
         op.add_column('zoo_latency', _col(latency_table, name))
 
 
-MIGRATIONS = [_v1, _v2, _v3, _v4, _v5, _v6, _v7]      # MIGRATIONS[i] takes the schema from version i to version i + 1
+def _v8(op) -> None:
+    """Version 8: latency on a GPU (``device`` 'cuda'): the GPU's name, driver and clocks, and the peak memory of
+    one call, so a GPU figure says what it was taken on as a CPU figure does (``cpu_model``), and the leaderboard
+    keeps GPUs apart. CPU rows, old and new, leave them NULL."""
+    for name in LATENCY_V8:
+        op.add_column('zoo_latency', _col(latency_table, name))
+    op.create_index('ix_zoo_latency_gpu_name', 'zoo_latency', ['gpu_name'])
+
+
+MIGRATIONS = [_v1, _v2, _v3, _v4, _v5, _v6, _v7, _v8]      # MIGRATIONS[i] takes the schema from version i to version i + 1
 assert len(MIGRATIONS) == SCHEMA_VERSION
