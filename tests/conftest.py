@@ -60,6 +60,17 @@ def _results_db_in_tmp(tmp_path_factory, monkeypatch):
 
 
 @pytest.fixture
+def zoo_db(tmp_path, monkeypatch):
+    """This test's own results database at ``tmp_path / 'results.db'`` (its path), closed after the test."""
+    from zoo.eval import results as R
+
+    path = tmp_path / 'results.db'
+    monkeypatch.setenv('ZOO_DB', str(path))
+    yield path
+    R.close_all()
+
+
+@pytest.fixture
 def runs(tmp_path, monkeypatch):
     """Run folders of `zoo fit/validate/...` under tmp; the runs root is also where `--ckpt_path last` looks."""
     root = tmp_path / 'runs'

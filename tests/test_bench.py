@@ -15,12 +15,7 @@ from zoo.eval.profile import benchmark, example_input, interleave
 from zoo.recipes.main import main
 
 
-@pytest.fixture(autouse=True)
-def zoo_db(tmp_path, monkeypatch):
-    path = tmp_path / 'results.db'
-    monkeypatch.setenv('ZOO_DB', str(path))
-    yield path
-    R.close_all()
+pytestmark = pytest.mark.usefixtures('zoo_db')  # conftest: a results database per test
 
 
 def test_interleave_repeats_budget_and_cap():

@@ -13,12 +13,7 @@ from zoo.eval import results as R
 from zoo.recipes.main import main
 
 
-@pytest.fixture(autouse=True)
-def zoo_db(tmp_path, monkeypatch):
-    path = tmp_path / 'results.db'
-    monkeypatch.setenv('ZOO_DB', str(path))
-    yield path
-    R.close_all()
+pytestmark = pytest.mark.usefixtures('zoo_db')  # conftest: a results database per test
 
 
 def test_the_clock_is_chosen_by_device():
