@@ -174,7 +174,10 @@ class Distiller(nn.Module):
         if not Path(spec.checkpoint).is_file():
             raise FileNotFoundError(f'distill.checkpoint: no file {spec.checkpoint} (the teacher\'s weights; train '
                                     f'it with zoo fit and give its .ckpt)')
-        require_task(spec.teacher, task, 'distill.teacher')
+        try:
+            require_task(spec.teacher, task, 'distill.teacher')
+        except KeyError as e:  # an unknown name: the registry's message with its close matches, on one line
+            raise ValueError(f'distill.teacher: {e.args[0]}') from None
         self.spec, self.forward_fn = spec, forward
         self.level = spec.level if spec.kind == 'feature' else None
         self.adapter = None

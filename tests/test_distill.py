@@ -156,7 +156,8 @@ def _one_error_line(capfd) -> str:
 
 
 @pytest.mark.parametrize('args, expected', [
-    (['--model.distill.teacher', 'resnet_tiyn'], "resnet_tiny"),  # close matches
+    (['--model.distill.teacher', 'resnet_tiyn'], "distill.teacher: no model named 'resnet_tiyn'. Did you mean "
+                                                 "'resnet_tiny'"),  # close matches
     (['--model.distill.checkpoint', '/nonexistent/teacher.ckpt'], 'distill.checkpoint: no file /nonexistent/'),
     (['--model.distill.kind', 'logits'], 'did you mean logit'),
     (['--model.distill.kind', 'feature', '--model.distill.level', '7'], 'distill.level 7: the student resnet_tiny'
