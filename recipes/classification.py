@@ -4,7 +4,8 @@ Cross-entropy with label smoothing, optional mixup/cutmix (timm's ``Mixup``) and
 (torchmetrics). The model, the injected optimizer and schedule (the configs: AdamW or SGD, warm-up then
 cosine), the EMA of the weights and the non-finite guard are :class:`ZooSystem`'s; gradient clipping is the
 Trainer's (``trainer.gradient_clip_val``). ``zoo predict`` writes ``predictions.csv`` (id, label, score) and the
-class probabilities (:class:`ProbabilityWriter`).
+class probabilities (:class:`ProbabilityWriter`). ``distill`` adds a frozen teacher's logits, argmax or feature maps
+as a second target (``recipes/distill.py``).
 """
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
 from tqdm import tqdm  # its write() prints above a running progress bar, not glued to its line
 
 from . import optim
+from .distill import Distill, Distiller, classifier_forward
 from .system import ZooSystem
 
 __all__ = ['ImageClassifier', 'ProbabilityWriter', 'TensorWriter']
@@ -30,6 +32,10 @@ class ImageClassifier(ZooSystem):
     Args:
         label_smoothing: for the cross-entropy (also applied to mixed targets).
         mixup_alpha, cutmix_alpha, mixup_prob: timm ``Mixup``; off when both alphas are 0.
+        distill: knowledge distillation from a trained teacher (:class:`zoo.recipes.distill.Distill`:
+            ``{teacher: NAME, checkpoint: PATH, kind: logit|hard|feature, temperature: 4, alpha: 0.5, level: -1}``);
+            the teacher (name, checkpoint sha256) is kept in the run's hyper-parameters and its accuracy on the
+            validation split, measured when the fit starts, as the metric ``teacher/val_acc1``.
         Everything else: :class:`ZooSystem` (``name``, ``model_args``, ``optimizer``, ``lr_scheduler``,
         ``ema_decay``, ...).
     """
@@ -37,7 +43,7 @@ class ImageClassifier(ZooSystem):
     task = 'classification'
 
     def __init__(self, name: str, label_smoothing: float = 0.0, mixup_alpha: float = 0.0, cutmix_alpha: float = 0.0,
-                 mixup_prob: float = 1.0,
+                 mixup_prob: float = 1.0, distill: Optional[Distill] = None,
                  optimizer: OptimizerCallable = lambda params: torch.optim.AdamW(params, lr=1e-3, weight_decay=0.05),
                  lr_scheduler: Optional[LRSchedulerCallable] = lambda opt: optim.WarmupCosine(opt), **kwargs):
         super().__init__(name, optimizer=optimizer, lr_scheduler=lr_scheduler, **kwargs)
@@ -60,17 +66,45 @@ class ImageClassifier(ZooSystem):
             setattr(self, f'{split}_ece', MulticlassCalibrationError(self.num_classes, n_bins=ECE_BINS, norm='l1'))
         self.corruption_reference = None  # zoo test --corruptions-reference: {(corruption, severity): top-1 error}
         self._corrupted: list = []        # one accuracy per corrupted test split (``on_test_start``)
+        self.distiller = None
+        if distill is not None:
+            self.distiller = Distiller(distill, self.model, self.sizes, self.task, classifier_forward)
+            self.hparams['distill'] = self.distiller.record()  # plain values, with the teacher's checkpoint sha256
 
     # -- steps -------------------------------------------------------------------------------------------
     def training_step(self, batch, batch_idx):
         x, y = batch
+        soft = None
         if self.mixup is not None and len(x) % 2 == 0:  # timm's Mixup pairs samples: even batches only
             x, soft = self.mixup(x, y)
-            loss = torch.sum(-soft * F.log_softmax(self.model(x), dim=-1), dim=-1).mean()
+        if self.distiller is None:
+            logits, feature = self.model(x), None
         else:
-            loss = F.cross_entropy(self.model(x), y, label_smoothing=self.hparams.label_smoothing)
-        self.log_train(loss)
+            logits, feature = self.distiller.student_outputs(self.model, x)
+        if soft is not None:
+            loss = torch.sum(-soft * F.log_softmax(logits, dim=-1), dim=-1).mean()
+        else:
+            loss = F.cross_entropy(logits, y, label_smoothing=self.hparams.label_smoothing)
+        if self.distiller is None:
+            self.log_train(loss)
+            return loss
+        task_loss = loss  # the teacher sees the same (mixed) images as the student
+        loss, kd = self.distiller.loss(task_loss, x, logits, feature)
+        self.log_train(loss, task_loss=task_loss, kd_loss=kd)
         return loss
+
+    def on_train_start(self) -> None:
+        """A distilling fit records its teacher's top-1 accuracy on the validation split (``teacher/val_acc1``),
+        written straight to the run's loggers as :class:`FineTuner`'s probe is (one pass, before the first step)."""
+        super().on_train_start()
+        if self.distiller is None or not self.trainer.is_global_zero:
+            return
+        dm = getattr(self.trainer, 'datamodule', None)
+        if dm is None or not hasattr(dm, 'val_dataloader'):
+            return
+        acc = self.distiller.teacher_accuracy(dm.val_dataloader(), limit=1 if self.trainer.fast_dev_run else None)
+        for logger in self.loggers:
+            logger.log_metrics({'teacher/val_acc1': acc, 'epoch': 0}, step=0)
 
     def _evaluate(self, batch, split: str):
         x, y = batch

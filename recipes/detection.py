@@ -13,6 +13,10 @@ After each validation a PNG grid of a few validation images is written to ``<run
 ``plot_conf``), in the network's input pixels. ``zoo predict``
 writes each test image, as its file, with its boxes (``predictions/<image_id>.png``) and ``predictions.json``
 in COCO results format (:class:`DetectionWriter`).
+
+``distill: {teacher: DETECTOR, checkpoint: PATH, kind: feature, level: -1}`` adds feature distillation from a
+trained detector: one neck output of the student, through a 1x1-convolution adapter, matched (MSE) to the
+teacher's at the same level (``recipes/distill.py``). Logit distillation of dense outputs is not offered.
 """
 from __future__ import annotations
 
@@ -25,6 +29,7 @@ from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
 
 from . import optim
 from .dense import DenseSystem, DenseWriter
+from .distill import Distill, Distiller, dense_forward
 
 __all__ = ['Detection', 'DetectionWriter', 'coco_metric', 'draw_predictions']
 
@@ -87,6 +92,8 @@ class Detection(DenseSystem):
         plot_conf: the score from which boxes are drawn (validation grids, ``zoo predict`` pictures).
         predict_conf: the score from which ``zoo predict`` keeps a detection in ``predictions.json`` (0.001:
             every detection, for COCOeval).
+        distill: feature distillation from a trained detector (:class:`zoo.recipes.distill.Distill` with
+            ``kind: feature``; ``level`` indexes the neck's outputs, ``-1`` the coarsest).
         Everything else: :class:`ZooSystem` (default AdamW lr 2e-3, weight decay 5e-4, betas (0.937, 0.999);
         warm-up 1 epoch, cosine to 2e-5).
     """
@@ -97,6 +104,7 @@ class Detection(DenseSystem):
 
     def __init__(self, name: str = 'yolo_det', conf: float = 0.001, iou: float = 0.7, max_det: int = 300,
                  plot_images: int = 8, plot_conf: float = 0.25, predict_conf: float = 0.25,
+                 distill: Optional[Distill] = None,
                  optimizer: OptimizerCallable = lambda params: torch.optim.AdamW(params, lr=2e-3, weight_decay=5e-4,
                                                                                  betas=(0.937, 0.999)),
                  lr_scheduler: Optional[LRSchedulerCallable] = lambda opt: optim.WarmupCosine(opt, warmup_epochs=1.0,
@@ -105,12 +113,23 @@ class Detection(DenseSystem):
         super().__init__(name, optimizer=optimizer, lr_scheduler=lr_scheduler, **kwargs)
         self.num_classes = self.model.num_classes
         self.val_metric, self.test_metric = coco_metric(), coco_metric()
+        self.distiller = None
+        if distill is not None:
+            self.distiller = Distiller(distill, self.model, self.sizes, self.task, dense_forward, kinds=('feature',))
+            self.hparams['distill'] = self.distiller.record()
 
     def training_step(self, batch, batch_idx):
         x, targets = batch
-        loss, parts = self.model.head.loss(self.model.forward_raw(x), targets)
-        self.log_train(loss / len(x), **{f'{k}_loss': v for k, v in parts.items()})
-        return loss
+        if self.distiller is None:
+            loss, parts = self.model.head.loss(self.model.forward_raw(x), targets)
+            self.log_train(loss / len(x), **{f'{k}_loss': v for k, v in parts.items()})
+            return loss
+        maps, neck = self.distiller.student_outputs(self.model, x)
+        task_loss, parts = self.model.head.loss(maps, targets)  # summed over the batch's images
+        # the head's loss is a sum over images, the feature MSE a mean: the batch size puts them on one scale
+        loss, kd = self.distiller.loss(task_loss / len(x), x, maps, neck)
+        self.log_train(loss, **{f'{k}_loss': v for k, v in parts.items()}, kd_loss=kd)
+        return loss * len(x)
 
     # -- the task's part of DenseSystem's evaluation -------------------------------------------------------
     def _nms(self) -> dict:

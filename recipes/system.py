@@ -267,6 +267,9 @@ class ZooSystem(LightningModule):
 
     def configure_optimizers(self):
         groups = self.param_groups()
+        distiller = getattr(self, 'distiller', None)  # a distilling system's trainable adapter (recipes/distill.py);
+        if distiller is not None and any(p.requires_grad for p in distiller.parameters()):  # never its teacher
+            groups = groups + optim.param_groups(distiller)
         if not groups:
             raise ValueError(f'{self.model_name}: no trainable parameters')
         opt = optim.apply_lr_scale(self.optimizer_factory(groups))

@@ -65,6 +65,12 @@ def _model_overrides(cfg: dict, tmp_path: Path) -> list[str]:
         net = zoo.create(args['name'], num_classes=3, **(args.get('model_args') or {}))
         torch.save(net.state_dict(), tmp_path / 'start.pth')
         overrides += ['--model.checkpoint', str(tmp_path / 'start.pth')]
+    distill = args.get('distill')
+    if distill:  # a distillation recipe's teacher, trained by an earlier zoo fit: random weights of its architecture
+        classes = (cfg.get('data', {}).get('init_args') or {}).get('num_classes')
+        net = zoo.create(distill['teacher'], num_classes=classes, **(distill.get('model_args') or {}))
+        torch.save(net.state_dict(), tmp_path / 'teacher.pth')
+        overrides += ['--model.distill.checkpoint', str(tmp_path / 'teacher.pth')]
     name = args.get('name')
     if isinstance(name, str) and name in zoo.list_models():
         info = zoo.model_info(name)

@@ -68,11 +68,15 @@ class DenseModel(nn.Module):
             raise ValueError(f'{name} needs H and W divisible by {s}, got {x.shape[-2]}x{x.shape[-1]} '
                              f'(letterbox or resize the images to a multiple of {s})')
 
-    def forward_raw(self, x: torch.Tensor) -> list[torch.Tensor]:
-        """The head's raw outputs (what ``head.loss`` and ``head.predict`` take), in train or eval mode."""
+    def forward_neck(self, x: torch.Tensor) -> list[torch.Tensor]:
+        """The neck's maps, one per head stride (what the head reads; feature distillation matches one)."""
         self._check(x)
         feats = list(self.backbone(x))[-len(self.strides):]
-        return self.head(self.neck(feats))
+        return self.neck(feats)
+
+    def forward_raw(self, x: torch.Tensor) -> list[torch.Tensor]:
+        """The head's raw outputs (what ``head.loss`` and ``head.predict`` take), in train or eval mode."""
+        return self.head(self.forward_neck(x))
 
     def compile(self, *args, **kwargs) -> None:
         """``torch.compile`` the backbone, neck and head in place (``nn.Module.compile`` on each, so the state dict
