@@ -50,6 +50,7 @@ def from_checkpoint(ckpt: str, batch_size: int, repeats: int) -> tuple[str, list
     net, created, dm = trained_run(ckpt)
     if dm is None:
         raise ValueError(f'{ckpt}: its run has no config.yaml with a DataModule (needed for the test split)')
+    torch.manual_seed(0)  # the training loader's shuffle picks the calibration images: the same ones every run
     calibration = training_calibration(dm)
     dm.setup('test')
     x = _timed_batch(dm.test_dataloader(), batch_size)

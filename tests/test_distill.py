@@ -15,7 +15,7 @@ from zoo.recipes.distill import Distiller, FeatureAdapter, feature_loss, file_sh
 from zoo.recipes.main import main
 
 ROOT = Path(__file__).resolve().parents[1]
-KD = ROOT / 'recipes' / 'configs' / 'distill' / 'resnet_tiny_shapes_kd_3e.yaml'
+KD = ROOT / 'recipes' / 'configs' / 'distill' / 'resnet_tiny_shapes_kd_10e.yaml'
 DET = ROOT / 'recipes' / 'configs' / 'detection' / 'yolo_det_tiny_shapes_det_128.yaml'
 QUIET = ['--trainer.enable_progress_bar', 'false', '--trainer.enable_model_summary', 'false']
 WIDE = dict(conv_layer='standard', widths=[32, 64, 128, 256])  # the recipe's teacher
