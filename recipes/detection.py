@@ -14,9 +14,10 @@ After each validation a PNG grid of a few validation images is written to ``<run
 writes each test image, as its file, with its boxes (``predictions/<image_id>.png``) and ``predictions.json``
 in COCO results format (:class:`DetectionWriter`).
 
-``distill: {teacher: DETECTOR, checkpoint: PATH, kind: feature, level: -1}`` adds feature distillation from a
-trained detector: one neck output of the student, through a 1x1-convolution adapter, matched (MSE) to the
-teacher's at the same level (``recipes/distill.py``). Logit distillation of dense outputs is not offered.
+``distill: {teacher: DETECTOR, checkpoint: PATH, kind: logit | feature}`` distils a trained detector
+(``recipes/distill.py``): ``logit``, its class scores per anchor as soft targets at a temperature (the same strides
+and input size); ``feature``, one neck output of the student (``level``) through a 1x1-convolution adapter, matched
+(MSE) to the teacher's at the same level. DeiT's ``hard`` labels are a classifier's.
 """
 from __future__ import annotations
 
@@ -92,8 +93,8 @@ class Detection(DenseSystem):
         plot_conf: the score from which boxes are drawn (validation grids, ``zoo predict`` pictures).
         predict_conf: the score from which ``zoo predict`` keeps a detection in ``predictions.json`` (0.001:
             every detection, for COCOeval).
-        distill: feature distillation from a trained detector (:class:`zoo.recipes.distill.Distill` with
-            ``kind: feature``; ``level`` indexes the neck's outputs, ``-1`` the coarsest).
+        distill: distillation from a trained detector (:class:`zoo.recipes.distill.Distill` with ``kind: logit``,
+            the class scores, or ``feature``, whose ``level`` indexes the neck's outputs, ``-1`` the coarsest).
         Everything else: :class:`ZooSystem` (default AdamW lr 2e-3, weight decay 5e-4, betas (0.937, 0.999);
         warm-up 1 epoch, cosine to 2e-5).
     """
@@ -115,7 +116,8 @@ class Detection(DenseSystem):
         self.val_metric, self.test_metric = coco_metric(), coco_metric()
         self.distiller = None
         if distill is not None:
-            self.distiller = Distiller(distill, self.model, self.sizes, self.task, dense_forward, kinds=('feature',))
+            self.distiller = Distiller(distill, self.model, self.sizes, self.task, dense_forward,
+                                       kinds=('logit', 'feature'))
             self.hparams['distill'] = self.distiller.record()
 
     def training_step(self, batch, batch_idx):

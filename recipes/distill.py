@@ -13,6 +13,8 @@ Three kinds, chosen by :class:`Distill` (``--model.distill '{teacher: NAME, chec
   1x1-convolution adapter onto the teacher's channels, resized to the teacher's map (bilinear), MSE against it;
   timm's ``FeatureDistillationTask`` does the same with a linear adapter on the pooled pre-logits.
 
+A detector distils ``logit`` (its class scores per anchor, :func:`dense_logit_loss`) or ``feature``.
+
 The loss is DeiT's mixture: ``(1 - alpha) * task loss + alpha * distillation loss``.
 
 timm's tasks own their training loop (``TrainingTask``), which a Lightning system does not use, and hold the two
@@ -42,7 +44,7 @@ from zoo import tasks
 
 from .errors import close_matches
 
-__all__ = ['Distill', 'Distiller', 'KINDS', 'logit_loss', 'hard_loss', 'feature_loss', 'FeatureAdapter',
+__all__ = ['Distill', 'Distiller', 'KINDS', 'logit_loss', 'dense_logit_loss', 'hard_loss', 'feature_loss', 'FeatureAdapter',
            'classifier_forward', 'dense_forward', 'file_sha256']
 
 KINDS = ('logit', 'hard', 'feature')
@@ -87,6 +89,24 @@ def logit_loss(student: torch.Tensor, teacher: torch.Tensor, temperature: float)
     log_s = F.log_softmax(student / temperature, dim=-1)
     log_t = F.log_softmax(teacher / temperature, dim=-1)
     return F.kl_div(log_s, log_t, reduction='batchmean', log_target=True) * temperature ** 2
+
+
+def dense_logit_loss(student: list, teacher: list, num_classes: int, temperature: float) -> torch.Tensor:
+    """Soft targets for a dense detector's class scores: per anchor and class, the binary cross-entropy between the
+    student's sigmoid at temperature ``T`` and the teacher's (the sigmoid analogue of Hinton's softmax, since
+    YOLOv8's classes are independent sigmoids), times ``T**2``, summed over classes and averaged over the batch's
+    anchors. ``student``/``teacher``: the raw maps, one (B, 4 * reg_max + nc, H_i, W_i) per level; the class logits
+    are each map's last ``num_classes`` channels (``DetectHead.split``'s layout), so the two box branches may differ."""
+    def classes(maps):  # (B, 4R + nc, H_i, W_i) per level -> (B, nc, A)
+        return torch.cat([m[:, -num_classes:].flatten(2) for m in maps], 2)
+
+    s, t = classes(student), classes(teacher)
+    if s.shape != t.shape:
+        raise ValueError(f'distill: the student and teacher predict on different anchors ({tuple(s.shape)} vs '
+                         f'{tuple(t.shape)}); logit distillation needs the same strides and input size')
+    bce = F.binary_cross_entropy_with_logits(s.float() / temperature, torch.sigmoid(t.float() / temperature),
+                                             reduction='none')
+    return bce.sum(1).mean() * temperature ** 2
 
 
 def hard_loss(student: torch.Tensor, teacher: torch.Tensor) -> torch.Tensor:
@@ -227,7 +247,9 @@ class Distiller(nn.Module):
         """``((1 - alpha) * task_loss + alpha * kd, kd)`` for the student's ``output`` / ``feature`` on ``x``."""
         t_out, t_feat = self.teacher_outputs(x)
         kind = self.spec.kind
-        if kind == 'logit':
+        if kind == 'logit' and self.forward_fn is dense_forward:
+            kd = dense_logit_loss(output, t_out, self.teacher.head.num_classes, self.spec.temperature)
+        elif kind == 'logit':
             kd = logit_loss(output, t_out, self.spec.temperature)
         elif kind == 'hard':
             kd = hard_loss(output, t_out)

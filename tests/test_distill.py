@@ -136,7 +136,7 @@ def test_classification_fit_records_the_teacher(teacher, quiet_runs, tmp_path):
     results.close_all()
 
 
-def test_detection_fast_dev_run_with_feature_distillation(quiet_runs, tmp_path):
+def test_detection_fast_dev_run_with_feature_and_logit_distillation(quiet_runs, tmp_path):
     path = tmp_path / 'det_teacher.pth'
     torch.save(zoo.create('yolo_det_tiny', num_classes=6).state_dict(), path)  # shapes_det's 6 classes
     small = ['--data.img_size', '64', '--data.num_samples', '40', '--data.batch_size', '4', '--data.min_px', '8',
@@ -145,7 +145,27 @@ def test_detection_fast_dev_run_with_feature_distillation(quiet_runs, tmp_path):
                  f'{{teacher: yolo_det_tiny, checkpoint: {path}, kind: feature, level: 0}}',
                  '--trainer.fast_dev_run', 'true', *small, *QUIET]) == 0
     assert main(['fit', '-c', str(DET), '--model.distill', f'{{teacher: yolo_det_tiny, checkpoint: {path}}}',
-                 '--trainer.fast_dev_run', 'true', *small, *QUIET]) == 2  # logit: classification only
+                 '--trainer.fast_dev_run', 'true', *small, *QUIET]) == 0  # logit: the class scores per anchor
+    assert main(['fit', '-c', str(DET), '--model.distill',
+                 f'{{teacher: yolo_det_tiny, checkpoint: {path}, kind: hard}}',
+                 '--trainer.fast_dev_run', 'true', *small, *QUIET]) == 2  # hard labels: classification only
+
+
+def test_dense_logit_loss_by_hand():
+    """Two anchors on one level, 4 box bins per side (16 box channels) then 2 classes: BCE(sigmoid(s/T) against
+    sigmoid(t/T)) summed over classes, averaged over the anchors, times T^2; the box channels are not read."""
+    from zoo.recipes.distill import dense_logit_loss
+
+    s_cls = torch.tensor([[[0.5, -1.0], [2.0, 0.0]]])    # (B=1, nc=2, A=2)
+    t_cls = torch.tensor([[[1.0, -2.0], [1.0, 1.0]]])
+    temp = 2.0
+    student = [torch.cat([torch.randn(1, 16, 1, 2), s_cls.view(1, 2, 1, 2)], 1)]
+    teacher = [torch.cat([torch.zeros(1, 16, 1, 2), t_cls.view(1, 2, 1, 2)], 1)]
+    p, q = torch.sigmoid(t_cls / temp), torch.sigmoid(s_cls / temp)
+    by_hand = -(p * q.log() + (1 - p) * (1 - q).log()).sum(1).mean() * temp ** 2
+    assert dense_logit_loss(student, teacher, 2, temp).item() == pytest.approx(by_hand.item(), rel=1e-6)
+    with pytest.raises(ValueError, match='different anchors'):
+        dense_logit_loss(student, [teacher[0][..., :1]], 2, temp)
 
 
 def _one_error_line(capfd) -> str:
