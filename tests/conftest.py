@@ -38,6 +38,14 @@ def model_output(model, x):
     return out[0] if isinstance(out, (tuple, list)) else out
 
 
+def one_error_line(capfd) -> str:
+    """stderr at the file-descriptor level (Lightning's log handlers hold the real stderr) must be one line: it."""
+    err = capfd.readouterr().err
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert len(lines) == 1, err
+    return lines[0]
+
+
 @pytest.fixture
 def one_thread():
     """Tiny models train faster on one thread (no OpenMP barriers per small op on a busy machine)."""

@@ -8,18 +8,11 @@ from pathlib import Path
 
 import pytest
 
+from conftest import one_error_line
 from zoo.recipes.main import DEMO, main
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG = str(ROOT / DEMO)
-
-
-def _one_error_line(capfd) -> str:
-    """stderr at the file-descriptor level (Lightning's log handlers hold the real stderr): one line."""
-    err = capfd.readouterr().err
-    lines = [line for line in err.splitlines() if line.strip()]
-    assert len(lines) == 1, err
-    return lines[0]
 
 
 @pytest.mark.parametrize('args, expected', [
@@ -39,7 +32,7 @@ def test_bad_fit_arguments(args, expected, runs, capfd, tmp_path, monkeypatch):
     db = tmp_path / 'results.db'
     monkeypatch.setenv('ZOO_DB', str(db))
     assert main(['fit', '-c', CONFIG, *args, '--trainer.fast_dev_run', '1']) == 2
-    line = _one_error_line(capfd)
+    line = one_error_line(capfd)
     assert line.startswith('zoo fit: error: ') and expected in line, line
     assert not runs.exists() and not db.exists()  # no run folder (nor the runs root), no database
 
@@ -49,7 +42,7 @@ def test_garbage_checkpoint(content, runs, capfd, tmp_path):
     ckpt = tmp_path / 'garbage.ckpt'
     ckpt.write_bytes(content)
     assert main(['test', '-c', CONFIG, '--ckpt_path', str(ckpt)]) == 2
-    line = _one_error_line(capfd)
+    line = one_error_line(capfd)
     assert 'is not a readable Lightning checkpoint' in line or 'is not a Lightning checkpoint' in line, line
     assert 'weights_only' not in line  # torch's advice to unpickle an untrusted file is not repeated
     assert ckpt.read_bytes() == content and not runs.exists()
@@ -57,7 +50,7 @@ def test_garbage_checkpoint(content, runs, capfd, tmp_path):
 
 def test_no_recipe(runs, capfd):
     assert main(['test']) == 2
-    assert 'a recipe gives both: -c recipes/configs/<family>/<name>.yaml' in _one_error_line(capfd)
+    assert 'a recipe gives both: -c recipes/configs/<family>/<name>.yaml' in one_error_line(capfd)
 
 
 def test_condensing_never_fails(monkeypatch):
@@ -80,7 +73,7 @@ def test_bad_commands_and_options(argv, expected, capfd):
     with pytest.raises(SystemExit) as e:
         main(argv)
     assert e.value.code == 2
-    assert expected in _one_error_line(capfd)
+    assert expected in one_error_line(capfd)
 
 
 def test_info_of_timm_models(capsys):
@@ -192,7 +185,7 @@ def test_invalid_coco_json_names_the_file(split, runs, capfd, tmp_path, monkeypa
 
 def test_abbreviated_options_are_refused(runs, capfd):
     assert main(['fit', '-c', CONFIG, '--trainer.max_epoch', '1', *FAST]) == 2
-    line = _one_error_line(capfd)
+    line = one_error_line(capfd)
     assert 'unknown option --trainer.max_epoch; did you mean --trainer.max_epochs' in line, line
 
 
@@ -203,7 +196,7 @@ def test_shipped_recipes_by_name_from_any_folder(runs, capfd, tmp_path, monkeypa
         assert main(['fit', '-c', name, '--print_config']) == 0, name
         assert 'yolo_det_tiny' in capfd.readouterr().out
     assert main(['fit', '-c', 'detection/yolo_det_tiny_shapes_det', '--print_config']) == 2
-    line = _one_error_line(capfd)
+    line = one_error_line(capfd)
     assert 'no shipped recipe is named so; did you mean detection/yolo_det_tiny_shapes_det_128' in line, line
     assert main(['list', '--recipes', 'detection/yolo*']) == 0
     assert 'detection/yolo_det_tiny_shapes_det_128' in capfd.readouterr().out
@@ -278,7 +271,7 @@ def test_detection_predict_draws_on_the_file(runs, tmp_path, monkeypatch):
 def test_bad_runtime_arguments(argv, expected, runs, capfd, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     assert main(argv) == 2
-    line = _one_error_line(capfd)
+    line = one_error_line(capfd)
     assert line.startswith(f'zoo {argv[0]}: error: ') and expected in line, line
     assert not runs.exists() and list(tmp_path.iterdir()) == []            # nothing written
 
@@ -289,7 +282,7 @@ def test_bad_runtime_choices(argv, capfd):
     with pytest.raises(SystemExit) as e:
         main(argv)
     assert e.value.code == 2
-    line = _one_error_line(capfd)
+    line = one_error_line(capfd)
     assert 'is not one of' in line, line
 
 
@@ -311,6 +304,6 @@ def test_counts_and_sizes_below_their_minimum(argv, expected, capfd, tmp_path, m
     with pytest.raises(SystemExit) as e:
         main(argv)
     assert e.value.code == 2
-    line = _one_error_line(capfd)
+    line = one_error_line(capfd)
     assert line.startswith(f'zoo {argv[0]}: error: ') and expected in line, line
     assert list(tmp_path.iterdir()) == []

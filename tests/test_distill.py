@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from conftest import one_error_line
 import zoo
 from zoo.recipes.distill import Distiller, FeatureAdapter, feature_loss, file_sha256, hard_loss, logit_loss
 from zoo.recipes.main import main
@@ -168,13 +169,6 @@ def test_dense_logit_loss_by_hand():
         dense_logit_loss(student, [teacher[0][..., :1]], 2, temp)
 
 
-def _one_error_line(capfd) -> str:
-    err = capfd.readouterr().err
-    lines = [line for line in err.splitlines() if line.strip()]
-    assert len(lines) == 1, err
-    return lines[0]
-
-
 @pytest.mark.parametrize('args, expected', [
     (['--model.distill.teacher', 'resnet_tiyn'], "distill.teacher: no model named 'resnet_tiyn'. Did you mean "
                                                  "'resnet_tiny'"),  # close matches
@@ -187,7 +181,7 @@ def _one_error_line(capfd) -> str:
 def test_bad_distill_input_is_one_line(args, expected, teacher, quiet_runs, capfd):
     assert main(['fit', '-c', str(KD), '--model.distill.checkpoint', teacher, *args,
                  '--trainer.fast_dev_run', 'true', *QUIET]) == 2
-    line = _one_error_line(capfd)
+    line = one_error_line(capfd)
     assert line.startswith('zoo fit: error: ') and expected in line, line
     assert not quiet_runs.exists()
 
