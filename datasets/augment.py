@@ -16,7 +16,7 @@ each image to a PIL image at the edge (:class:`OnPIL`).
 """
 from __future__ import annotations
 
-import difflib
+from zoo._console import close_matches
 
 # the options a recipe names under ``data.init_args``; all default to None ("not named": the DataModule's own
 # transforms). ``crop_pct`` is the evaluation crop; the others shape the training transform.
@@ -30,14 +30,9 @@ _AUTO_AUGMENT_FORMS = ("RandAugment 'rand-m<magnitude>[-n<ops>][-mstd<std>][-inc
                        + ', '.join(AUTO_AUGMENT_POLICIES))
 
 
-def _close(word: str, choices) -> str:
-    found = difflib.get_close_matches(str(word), list(choices), n=2, cutoff=0.6)
-    return f"; did you mean {' or '.join(found)}?" if found else ''
-
-
 def _one_of(option: str, value, choices) -> None:
     if value not in choices:
-        raise ValueError(f"{option} {value!r} is not one of {', '.join(choices)}{_close(value, choices)}")
+        raise ValueError(f"{option} {value!r} is not one of {', '.join(choices)}{close_matches(value, choices, n=2)}")
 
 
 class TimmAugment:
@@ -66,7 +61,7 @@ class TimmAugment:
                 raise ValueError(f'auto_augment {aa!r}: expected {_AUTO_AUGMENT_FORMS}')
             if not aa.startswith(('rand', 'augmix')) and aa not in AUTO_AUGMENT_POLICIES:
                 raise ValueError(f'auto_augment {aa!r} is not a timm policy: expected {_AUTO_AUGMENT_FORMS}'
-                                 + _close(aa, AUTO_AUGMENT_POLICIES))
+                                 + close_matches(aa, AUTO_AUGMENT_POLICIES, n=2))
         if 're_mode' in o:
             _one_of('re_mode', o['re_mode'], RE_MODES)
         if 'interpolation' in o:

@@ -16,12 +16,13 @@ severity)``, so an image's corruption does not depend on the batch it is in or t
 """
 from __future__ import annotations
 
-import difflib
 import math
 import zlib
 
 import torch
 import torch.nn.functional as F
+
+from zoo._console import close_matches
 
 __all__ = ['CORRUPTIONS', 'GROUPS', 'SEVERITIES', 'IMAGENET_C', 'CIFAR_C', 'corrupt', 'parse_corruptions',
            'parse_severities', 'params', 'CorruptedDataset']
@@ -233,9 +234,8 @@ def parse_corruptions(spec: str | None) -> tuple[str, ...]:
         elif part in CORRUPTIONS:
             names.append(part)
         else:
-            close = difflib.get_close_matches(part, [*CORRUPTIONS, *GROUPS], n=3, cutoff=0.5)
-            raise ValueError(f'unknown corruption {part!r}' + (f"; did you mean {' or '.join(close)}?" if close else '')
-                             + f' (known: all, {", ".join(GROUPS)}, {", ".join(CORRUPTIONS)})')
+            raise ValueError(f'unknown corruption {part!r}{close_matches(part, [*CORRUPTIONS, *GROUPS], cutoff=0.5)}'
+                             f' (known: all, {", ".join(GROUPS)}, {", ".join(CORRUPTIONS)})')
     return tuple(dict.fromkeys(names))
 
 

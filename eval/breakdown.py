@@ -198,14 +198,15 @@ def print_table(name: str, result: dict, input_shape, runtimes: dict | None = No
                         'a compiled or exported graph)')
 
 
-def weighted_kinds(model: nn.Module) -> dict[str, int]:
+def weighted_kinds(model: nn.Module, kinds: dict[str, str] | None = None) -> dict[str, int]:
     """``{kind: number of convolutions and linear layers it owns}`` (the ops an int8 runtime quantizes), for the
     kinds that own at least one; a layer belongs to the innermost kind-carrying module above it. The layers every
     int8 runtime keeps float (``zoo._quantize.float_modules``: the classifier, the first convolution) are left
     out."""
     from zoo._quantize import float_modules
 
-    kinds, keep = kind_map(model), float_modules(model)
+    kinds = kind_map(model) if kinds is None else kinds  # ``kinds``: the caller's kind_map(model), not rebuilt
+    keep = float_modules(model)
     out = defaultdict(int)
     for path, m in model.named_modules():
         if isinstance(m, (nn.Linear, nn.Conv1d, nn.Conv2d, nn.Conv3d)) and \
@@ -231,8 +232,8 @@ def int8_sensitivity(model: nn.Module, x: torch.Tensor, calibration, evaluate=No
     from .profile import benchmark
 
     model.eval()
-    layers = weighted_kinds(model)
     kinds = kind_map(model)
+    layers = weighted_kinds(model, kinds)
     base = runtime.removesuffix('-int8')
     nets = {'float32': zoo.optimize(model, base, x), 'all': zoo.optimize(model, runtime, x, calibration=calibration)}
     for kind in sorted(layers):

@@ -160,13 +160,14 @@ def _levels(model: nn.Module, forward: Callable) -> int:
     return len(info)
 
 
-def file_sha256(path: str | Path, hex_chars: int = 16) -> str:
-    """The first ``hex_chars`` hex digits of a file's sha256 (what names a teacher's weights in the results DB)."""
+def file_sha256(path: str | Path, hex_chars: int | None = 16) -> str:
+    """The first ``hex_chars`` hex digits of a file's sha256 (what names a teacher's weights in the results DB;
+    None: all 64, what ``zoo weights --verify`` compares with a release's hash)."""
     h = hashlib.sha256()
     with open(path, 'rb') as f:
         for block in iter(lambda: f.read(1 << 20), b''):
             h.update(block)
-    return h.hexdigest()[:hex_chars]
+    return h.hexdigest()[:hex_chars]  # [:None] is the whole digest
 
 
 class Distiller(nn.Module):

@@ -11,12 +11,13 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import difflib
 import importlib
 import inspect
 import logging
 import re
 import warnings
+
+from zoo._console import close_matches
 
 __all__ = ['one_line_error', 'usage_errors', 'quiet_lightning', 'close_matches', 'subcommand_parser', 'at_least']
 
@@ -39,11 +40,6 @@ def subcommand_parser(parser, sub: str | None):
 
 def _option_names(parser) -> list[str]:
     return [o for a in getattr(parser, '_actions', []) for o in a.option_strings if o.startswith('--')]
-
-
-def close_matches(word: str, choices, n: int = 3) -> str:
-    found = difflib.get_close_matches(word, list(choices), n=n, cutoff=0.6)
-    return f"; did you mean {' or '.join(found)}?" if found else ''
 
 
 def at_least(minimum: int | float, kind: type = int):

@@ -19,7 +19,6 @@ URL, sha256 where a source states one, else "hash unknown"); ``--verify FILE`` c
 """
 from __future__ import annotations
 
-import hashlib
 import os
 import shutil
 import sys
@@ -29,6 +28,7 @@ from pathlib import Path
 import zoo
 
 from . import runs
+from .distill import file_sha256
 from .export import _checkpoint, _class_names, _data_module, _floats, _from_lightning, _recipe, _run_config, _task
 
 # The Hub's task and metric vocabulary (huggingface.co/tasks, the model-index metric types) for zoo's tasks and
@@ -301,14 +301,6 @@ def _fmt(v, digits: int = 4) -> str:
 
 
 # ------------------------------------------------------------------------------------------------- zoo weights
-def sha256(path: str | Path) -> str:
-    h = hashlib.sha256()
-    with open(path, 'rb') as f:
-        for block in iter(lambda: f.read(1 << 20), b''):
-            h.update(block)
-    return h.hexdigest()
-
-
 def weights_command(args) -> int:
     """``zoo weights NAME [--verify FILE]``: the released files of NAME, or a check of a downloaded one."""
     info = zoo.model_info(args.name)       # an unknown name: the registry's one-line error with close matches
@@ -325,7 +317,7 @@ def weights_command(args) -> int:
     if not path.is_file():
         raise FileNotFoundError(f'--verify {path}: no such file')
     known = {w.sha256 for w in info.weights if w.sha256}
-    digest = sha256(path)
+    digest = file_sha256(path, hex_chars=None)
     if known and digest not in known:
         raise ValueError(f'{path}: sha256 {digest} is not the released file\'s ({", ".join(sorted(known))})')
     try:

@@ -224,8 +224,8 @@ def test_weights_lists_released_files_and_verifies_one(tmp_path, monkeypatch, ca
     err = capsys.readouterr().err.strip()
     assert 'does not load into poolformer_tiny' in err and '\n' not in err
 
-    from zoo.recipes.publish import sha256
-    known = dataclasses.replace(release, sha256=sha256(good))
+    from zoo.recipes.distill import file_sha256
+    known = dataclasses.replace(release, sha256=file_sha256(good, hex_chars=None))
     monkeypatch.setitem(_registry._MODELS, 'poolformer_tiny', dataclasses.replace(tiny, weights=(known,)))
     assert main(['weights', 'poolformer_tiny', '--verify', str(good)]) == 0
     assert 'sha256 matches' in capsys.readouterr().out

@@ -1,8 +1,9 @@
-"""A rich console that does not squeeze tables when output is piped or captured, and the progress lines of slow
-steps."""
+"""A rich console that does not squeeze tables when output is piped or captured, the progress lines of slow
+steps, and the close-match hint of a one-line error."""
 from __future__ import annotations
 
 import contextlib
+import difflib
 import sys
 import time
 
@@ -20,3 +21,10 @@ def progress(what: str, prefix: str = 'zoo'):
     start = time.perf_counter()
     yield
     print(f'{prefix}: {what} ... done in {time.perf_counter() - start:.1f} s', file=sys.stderr, flush=True)
+
+
+def close_matches(word: str, choices, n: int = 3, cutoff: float = 0.6) -> str:
+    """``'; did you mean a or b?'`` for the ``choices`` close to ``word`` (difflib), or ``''``: the tail of a
+    one-line error (the CLI's, the DataModules', the recipes')."""
+    found = difflib.get_close_matches(str(word), list(choices), n=n, cutoff=cutoff)
+    return f"; did you mean {' or '.join(found)}?" if found else ''
